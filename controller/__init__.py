@@ -1,0 +1,1 @@
+"""The draftctl daemon: gateway, classifier, stats, admin API, dashboard and CLI."""

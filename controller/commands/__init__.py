@@ -1,0 +1,1 @@
+"""draftctl subcommands: one module each, each exposing ``register(subparsers)``."""

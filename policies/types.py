@@ -1,0 +1,89 @@
+"""The vocabulary shared by every policy: tasks, observations and decisions.
+
+Glossary: k (``spec_tokens``) is the number of drafted tokens verified per step
+(vLLM ``num_speculative_tokens``; SGLang ``--speculative-num-draft-tokens`` = k + 1).
+k = 0 means drafting is off. Accept length counts the bonus token: a step that accepts
+no draft still yields 1 token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class Task(StrEnum):
+    MATH = "math"
+    CODE = "code"
+    CHAT = "chat"
+
+
+TASKS: tuple[Task, ...] = (Task.MATH, Task.CODE, Task.CHAT)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What a policy may know about one pool of engine servers started with a fixed k."""
+
+    name: str
+    spec_tokens: int
+    block_size: int
+    num_inflight: int
+    is_healthy: bool = True
+    # Observed time per output token at the pool's current load (None until measured).
+    tpot_s: float | None = None
+    # Observed mean accept length for the request's task on this pool (None until measured).
+    accept_length: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything a policy sees for one decision. Built by the daemon; policies never do I/O.
+
+    ``concurrency`` is the live number of requests in flight where the request will run
+    (the engine's batch for the embedded engine; the fleet's in-flight count for pools).
+    Per-position acceptance ``accept_rates[i]`` is the estimated probability that drafted
+    position i+1 is accepted given positions 1..i were (conditional, per task).
+    """
+
+    task: Task
+    confidence: float
+    concurrency: int
+    min_spec_tokens: int
+    max_spec_tokens: int
+    block_size: int
+    pools: tuple[PoolView, ...] = ()
+    accept_rates: tuple[float, ...] = ()
+    # This request's own history (embedded engine, per step): recent accept lengths.
+    request_accept_lengths: tuple[int, ...] = ()
+    previous_spec_tokens: int | None = None
+    step_index: int = 0
+    now_s: float = 0.0
+    # A uniform random number in [0, 1) supplied by the caller (policies draw no randomness).
+    rng_u: float = 0.5
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's answer: k, optionally a pool, and a reason a person can read."""
+
+    spec_tokens: int
+    reason: str
+    pool: str | None = None
+
+
+class Policy(Protocol):
+    """A pure function from observation to decision."""
+
+    name: str
+
+    def decide(self, observation: Observation) -> Decision: ...
+
+
+def clamp_spec_tokens(k: int, min_spec_tokens: int, max_spec_tokens: int) -> int:
+    """Clamp a non-zero k into [min, max]; 0 (drafting off) stays 0."""
+    if k <= 0:
+        return 0
+    return max(min_spec_tokens, min(max_spec_tokens, k))
