@@ -8,11 +8,10 @@ request (accept lengths), which the daemon feeds into its statistics.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from policies.types import Decision, Task
+from policies.types import Task
 
 Endpoint = Literal["chat", "completion"]
 

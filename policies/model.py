@@ -7,6 +7,7 @@ resolved per backend at decision time). k = 0 always means drafting off.
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -43,7 +44,7 @@ class StaticSpec(StrictModel):
     def _ascending(cls, bands: list[int]) -> list[int]:
         if any(b < 1 for b in bands):
             raise ValueError("band edges must be >= 1")
-        if any(b >= c for b, c in zip(bands, bands[1:], strict=False)):
+        if any(b >= c for b, c in itertools.pairwise(bands)):
             raise ValueError("band edges must be strictly ascending")
         return bands
 
