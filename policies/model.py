@@ -22,6 +22,16 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _default_table() -> dict[Task, list[SpecTokens]]:
+    # Usual tuning advice: full block for math and code up to moderate concurrency, smaller k
+    # for chat as load grows, drafting off for chat at high concurrency.
+    return {
+        Task.MATH: ["max", "max", 7, 4],
+        Task.CODE: ["max", "max", 7, 4],
+        Task.CHAT: [7, 4, 4, 0],
+    }
+
+
 class StaticSpec(StrictModel):
     """A table of (task, concurrency band) -> k.
 
@@ -31,13 +41,7 @@ class StaticSpec(StrictModel):
     """
 
     concurrency_bands: list[int] = Field(default_factory=lambda: [8, 32, 64])
-    spec_tokens: dict[Task, list[SpecTokens]] = Field(
-        default_factory=lambda: {
-            Task.MATH: ["max", "max", 7, 4],
-            Task.CODE: ["max", "max", 7, 4],
-            Task.CHAT: [7, 4, 4, 0],
-        }
-    )
+    spec_tokens: dict[Task, list[SpecTokens]] = Field(default_factory=lambda: _default_table())
 
     @field_validator("concurrency_bands")
     @classmethod
