@@ -83,7 +83,10 @@ class Policy(Protocol):
 
 
 def clamp_spec_tokens(k: int, min_spec_tokens: int, max_spec_tokens: int) -> int:
-    """Clamp a non-zero k into [min, max]; 0 (drafting off) stays 0."""
-    if k <= 0:
+    """Clamp a non-zero k into [min, max]; 0 (drafting off) stays 0.
+
+    The ceiling wins when the bounds cross (a small block cannot honour min_spec_tokens).
+    """
+    if k <= 0 or max_spec_tokens <= 0:
         return 0
-    return max(min_spec_tokens, min(max_spec_tokens, k))
+    return min(max_spec_tokens, max(min_spec_tokens, k))
