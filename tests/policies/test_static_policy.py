@@ -99,6 +99,9 @@ def test_min_above_max_rejected() -> None:
 
 
 def test_negative_k_rejected() -> None:
-    text = "static:\n  spec_tokens: {math: [max, max, 7, -1], code: [1, 1, 1, 1], chat: [1, 1, 1, 1]}\n"
+    text = (
+        "static:\n  spec_tokens:\n"
+        "    {math: [max, max, 7, -1], code: [1, 1, 1, 1], chat: [1, 1, 1, 1]}\n"
+    )
     with pytest.raises(InvalidDocument, match="k must be >= 0"):
         parse_policy(text)
