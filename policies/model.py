@@ -76,6 +76,69 @@ class StaticSpec(StrictModel):
         return self
 
 
+def _default_priors() -> dict[Task, list[float]]:
+    # Conditional per-position acceptance of a block-16 DFlash draft, deliberately a little
+    # below published figures (math ~7, code ~6, chat ~3.5 tokens per step at full block) so
+    # that a fresh daemon does not over-draft before it has seen traffic.
+    return {Task.MATH: [0.9, 0.86], Task.CODE: [0.86, 0.82], Task.CHAT: [0.75, 0.68]}
+
+
+class GoodputSpec(StrictModel):
+    """Settings of the ``goodput`` policy: choose k maximising E(k) / T(B, k).
+
+    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j with a_j the conditional acceptance of drafted
+    position j (per task, online); T(B, k) the cost of a step at batch size B and verify width
+    k + 1 (cost table, refined online). See docs/goodput.md.
+    """
+
+    # Prior conditional acceptance per draft position, per task; the last value repeats for
+    # the remaining positions ([0.9, 0.86] = 0.9 at position 1, 0.86 from position 2 on).
+    prior_accept_rates: dict[Task, list[float]] = Field(default_factory=_default_priors)
+    # Weight of the prior, in pseudo-trials per position.
+    prior_strength: float = Field(default=30.0, gt=0)
+    # Task estimates forget old steps with this half-life (in recorded steps of that task).
+    task_half_life_steps: float = Field(default=3000.0, gt=0)
+    # A request's own steps outweigh the task estimate after this many observations.
+    request_prior_strength: float = Field(default=6.0, gt=0)
+    # How many of the request's most recent steps are used.
+    request_window_steps: int = Field(default=32, ge=1)
+    # Steps at the start of a request that use the task estimate only and never switch k.
+    warmup_steps: int = Field(default=1, ge=0)
+    # Keep the previous k unless another k is better by this relative margin.
+    hysteresis: float = Field(default=0.03, ge=0, le=1)
+    # Drafting must beat a plain step by this relative margin (guards against noise).
+    min_gain: float = Field(default=0.02, ge=0, le=1)
+    # Chance per decision of verifying a wider k to observe censored positions ...
+    probe_probability: float = Field(default=0.02, ge=0, le=1)
+    # ... but only while those positions have fewer effective trials than this.
+    probe_min_trials: float = Field(default=200.0, ge=0)
+    # Verify widths (k + 1) are padded up to a multiple of this (engine's captured widths).
+    verify_width_multiple: int = Field(default=8, ge=1)
+    # Draft forward cost as a fraction of a target forward at full block width.
+    draft_cost_fraction: float = Field(default=0.14, ge=0)
+    # Cost table JSON (relative paths resolve against the policy file's directory).
+    cost_table: str | None = None
+    # EWMA rate at which observed step times correct the table.
+    cost_learning_rate: float = Field(default=0.05, gt=0, le=1)
+
+    @field_validator("prior_accept_rates")
+    @classmethod
+    def _rates(cls, table: dict[Task, list[float]]) -> dict[Task, list[float]]:
+        for task in TASKS:
+            row = table.get(task)
+            if not row:
+                raise ValueError(f"needs a non-empty list for task {task.value!r}")
+            bad = [r for r in row if not 0.0 < r < 1.0]
+            if bad:
+                raise ValueError(f"{task.value}: rates must be in (0, 1), got {bad}")
+        return table
+
+    def prior_for(self, task: Task, num_positions: int) -> list[float]:
+        """The prior rates for ``task`` over ``num_positions`` positions (last value repeats)."""
+        row = self.prior_accept_rates[task]
+        return [row[min(i, len(row) - 1)] for i in range(num_positions)]
+
+
 class PolicySpec(StrictModel):
     """The whole policy document."""
 
@@ -85,6 +148,7 @@ class PolicySpec(StrictModel):
         default=None, ge=1, description="default: block_size - 1 of the backend"
     )
     static: StaticSpec = Field(default_factory=StaticSpec)
+    goodput: GoodputSpec = Field(default_factory=GoodputSpec)
 
     @model_validator(mode="after")
     def _bounds(self) -> PolicySpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from policies.goodput import GoodputPolicy
 from policies.model import PolicySpec
 from policies.static import StaticPolicy
 from policies.types import Policy
@@ -13,7 +14,11 @@ def _static(spec: PolicySpec) -> Policy:
     return StaticPolicy(spec.static)
 
 
-_BUILDERS: dict[str, Callable[[PolicySpec], Policy]] = {"static": _static}
+def _goodput(spec: PolicySpec) -> Policy:
+    return GoodputPolicy(spec.goodput)
+
+
+_BUILDERS: dict[str, Callable[[PolicySpec], Policy]] = {"static": _static, "goodput": _goodput}
 
 
 def build_policy(spec: PolicySpec) -> Policy:

@@ -37,6 +37,12 @@ class PoolView:
     accept_length: float | None = None
 
 
+class StepCost(Protocol):
+    """Seconds for one step of ``batch_size`` requests each verifying ``spec_tokens`` drafts."""
+
+    def step_time_s(self, batch_size: int, spec_tokens: int) -> float: ...
+
+
 @dataclass(frozen=True)
 class Observation:
     """Everything a policy sees for one decision. Built by the daemon; policies never do I/O.
@@ -63,6 +69,13 @@ class Observation:
     # A uniform random number in [0, 1) supplied by the caller (policies draw no randomness).
     rng_u: float = 0.5
     extra: dict[str, float] = field(default_factory=dict)
+    # k used at each of ``request_accept_lengths``' steps (same order), so that a policy can
+    # tell a rejection from a position that was never drafted (censoring).
+    request_spec_tokens: tuple[int, ...] = ()
+    # Effective number of observations behind each ``accept_rates`` entry (for probing).
+    accept_trials: tuple[float, ...] = ()
+    # Step cost model T(B, k) snapshot (None: the policy uses its built-in estimate).
+    step_cost: StepCost | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""Online per-task, per-position acceptance estimates with priors and censoring.
+
+Model: ``a[i]`` is the *conditional* probability that drafted position ``i + 1`` is accepted
+given that positions ``1..i`` were. Under this form censoring is simple and exact:
+
+- a step that drafted k tokens and accepted n (accept length n + 1, bonus included) is a
+  success at positions 1..n and, if n < k, a failure at position n + 1;
+- positions beyond n + 1 were never at risk and positions beyond k were never drafted: they
+  contribute no trial at all (they are censored, not failures).
+
+Each position keeps decayed counts (successes, trials) and a Beta prior of ``prior_strength``
+pseudo-trials at the configured prior rate, so the estimate is
+``(s + strength * prior) / (t + strength)``. Decay (``half_life_steps``) lets the estimate
+follow a shifting workload and lets counts at rarely observed positions shrink, which is what
+makes the goodput policy probe them again. Everything here is plain data, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Renormalise lazily-decayed counts once the running scale gets this large.
+_RESCALE_AT = 1e12
+
+
+def expected_accept_length(rates: Sequence[float], spec_tokens: int) -> float:
+    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens gained by a step verifying k."""
+    total, survive = 1.0, 1.0
+    for rate in rates[:spec_tokens]:
+        survive *= rate
+        total += survive
+    return total
+
+
+def trials_from_step(spec_tokens: int, accept_length: int) -> tuple[int, bool]:
+    """(positions accepted, whether position n+1 was rejected) for one verify step."""
+    accepted = max(0, min(accept_length - 1, spec_tokens))
+    return accepted, accepted < spec_tokens
+
+
+@dataclass(frozen=True)
+class AcceptanceSnapshot:
+    """Conditional per-position rates and effective trials per position (for probing)."""
+
+    rates: tuple[float, ...]
+    trials: tuple[float, ...]
+
+
+class PositionCounts:
+    """Decayed successes/trials per draft position, with a per-position Beta prior."""
+
+    def __init__(self, prior: Sequence[float], prior_strength: float, half_life_steps: float):
+        if not prior:
+            raise ValueError("prior needs at least one position")
+        self._prior = tuple(prior)
+        self._strength = prior_strength
+        # Lazy decay: stored counts are divided by _scale; each step multiplies _scale by 1/g.
+        self._growth = 0.5 ** (-1.0 / half_life_steps) if half_life_steps > 0 else 1.0
+        self._scale = 1.0
+        self._successes = [0.0] * len(prior)
+        self._trials = [0.0] * len(prior)
+        self._snapshot: AcceptanceSnapshot | None = None
+
+    @property
+    def num_positions(self) -> int:
+        return len(self._prior)
+
+    def _tick(self) -> None:
+        self._scale *= self._growth
+        if self._scale > _RESCALE_AT:
+            self._successes = [s / self._scale for s in self._successes]
+            self._trials = [t / self._scale for t in self._trials]
+            self._scale = 1.0
+        self._snapshot = None
+
+    def add_step(self, spec_tokens: int, accept_length: int) -> None:
+        """Record one verify step that drafted ``spec_tokens`` and gained ``accept_length``."""
+        if spec_tokens <= 0:
+            return
+        self._tick()
+        accepted, rejected = trials_from_step(min(spec_tokens, self.num_positions), accept_length)
+        w = self._scale
+        for i in range(accepted):
+            self._successes[i] += w
+            self._trials[i] += w
+        if rejected and accepted < self.num_positions:
+            self._trials[accepted] += w
+
+    def add_position_counts(self, num_drafts: int, accepted_per_position: Sequence[int]) -> None:
+        """Record aggregate counts (vLLM style): drafts made, and accepts at each position.
+
+        Position i was at risk in every draft that accepted position i-1 (all drafts for
+        position 1), so trials[i] = accepted[i-1]; positions past the list were not drafted.
+        """
+        if num_drafts <= 0 or not accepted_per_position:
+            return
+        self._tick()
+        w = self._scale
+        at_risk = float(num_drafts)
+        for i, accepted in enumerate(accepted_per_position[: self.num_positions]):
+            hits = min(float(accepted), at_risk)
+            self._successes[i] += w * hits
+            self._trials[i] += w * at_risk
+            at_risk = hits
+
+    def snapshot(self) -> AcceptanceSnapshot:
+        if self._snapshot is None:
+            inv = 1.0 / self._scale
+            k = self._strength
+            rates = tuple(
+                (s * inv + k * p) / (t * inv + k)
+                for s, t, p in zip(self._successes, self._trials, self._prior, strict=True)
+            )
+            self._snapshot = AcceptanceSnapshot(rates, tuple(t * inv for t in self._trials))
+        return self._snapshot
+
+
+def blend_request_history(
+    task_rates: Sequence[float],
+    spec_tokens_used: Sequence[int],
+    accept_lengths: Sequence[int],
+    strength: float,
+) -> list[float]:
+    """Blend task rates with one request's own recent steps (same censoring rules).
+
+    The task rate acts as a prior of ``strength`` pseudo-trials per position, so a request
+    with few observations keeps the task estimate and one with many follows its own data.
+    """
+    n = len(task_rates)
+    successes = [0.0] * n
+    trials = [0.0] * n
+    for k, length in zip(spec_tokens_used, accept_lengths, strict=False):
+        if k <= 0:
+            continue
+        accepted, rejected = trials_from_step(min(k, n), length)
+        for i in range(accepted):
+            successes[i] += 1.0
+            trials[i] += 1.0
+        if rejected and accepted < n:
+            trials[accepted] += 1.0
+    return [
+        (s + strength * p) / (t + strength)
+        for s, t, p in zip(successes, trials, task_rates, strict=True)
+    ]

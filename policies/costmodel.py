@@ -1,0 +1,212 @@
+"""Step cost T(batch, k): a profiled table, interpolated, padded and refined online.
+
+The table (``cost_tables/*.json``) holds the engine's measured time of one target forward
+with ``tokens_per_request`` new tokens for each of ``batch_sizes`` requests. A verify step
+with k drafted tokens has width k + 1; engines that replay captured shapes pad that width up
+to a multiple (``verify_width_multiple``, 8 on the H200 notes: T = 5 and 9 cost more than 8
+and 16). A step that drafts also pays the draft forward, modelled as ``draft_cost_fraction``
+of a target forward at the full block width when the table has no draft row.
+
+Online refinement: each observed step time updates an EWMA of observed/predicted per batch
+size row of the table; predictions are scaled by the interpolated factor. Plain data; the one
+function that reads a file, ``load_cost_table``, is for the daemon and tools, never a policy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """step_time_s[b][t]: seconds for batch_sizes[b] requests x tokens_per_request[t] tokens."""
+
+    batch_sizes: tuple[int, ...]
+    tokens_per_request: tuple[int, ...]
+    step_time_s: tuple[tuple[float, ...], ...]
+    shape: str = ""
+    device: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_axis("batch_sizes", self.batch_sizes)
+        _check_axis("tokens_per_request", self.tokens_per_request)
+        if len(self.step_time_s) != len(self.batch_sizes):
+            raise ValueError(
+                f"step_time_s has {len(self.step_time_s)} rows but there are "
+                f"{len(self.batch_sizes)} batch_sizes"
+            )
+        for b, row in zip(self.batch_sizes, self.step_time_s, strict=True):
+            if len(row) != len(self.tokens_per_request) or any(t <= 0 for t in row):
+                raise ValueError(
+                    f"step_time_s row for batch {b} must hold {len(self.tokens_per_request)} "
+                    "positive times (one per tokens_per_request)"
+                )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "") -> CostTable:
+        """Build from the cost table JSON format; raises ValueError naming the bad field."""
+        missing = [k for k in ("batch_sizes", "tokens_per_request", "step_time_s") if k not in data]
+        if missing:
+            raise ValueError(f"cost table {source or '<data>'}: missing keys {missing}")
+        if data.get("unit", "s") != "s":
+            raise ValueError(f"cost table {source}: unit must be 's', got {data['unit']!r}")
+        return cls(
+            batch_sizes=tuple(int(b) for b in data["batch_sizes"]),
+            tokens_per_request=tuple(int(t) for t in data["tokens_per_request"]),
+            step_time_s=tuple(tuple(float(x) for x in row) for row in data["step_time_s"]),
+            shape=str(data.get("shape", "")),
+            device=str(data.get("device", "")),
+            source=source,
+        )
+
+    def time_s(self, batch_size: float, tokens: float) -> float:
+        """Bilinear interpolation; linear extrapolation past the largest batch or width."""
+        bi, bw = _bracket(self.batch_sizes, batch_size)
+        ti, tw = _bracket(self.tokens_per_request, tokens)
+        rows = self.step_time_s
+
+        def at(b: int) -> float:
+            return rows[b][ti] + tw * (rows[b][ti + 1] - rows[b][ti])
+
+        value = at(bi) + bw * (at(bi + 1) - at(bi))
+        return max(value, 1e-9)
+
+
+def load_cost_table(path: str | Path) -> CostTable:
+    """Read a cost table JSON file; errors name the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cost table {path}: cannot read it ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"cost table {path}: expected a JSON object")
+    try:
+        return CostTable.from_dict(data, source=str(path))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cost table {path}: {exc}") from exc
+
+
+def _check_axis(name: str, values: Sequence[int]) -> None:
+    if len(values) < 2 or any(v < 1 for v in values):
+        raise ValueError(f"{name} needs at least two values >= 1, got {list(values)}")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError(f"{name} must be strictly ascending, got {list(values)}")
+
+
+def _bracket(axis: Sequence[int], x: float) -> tuple[int, float]:
+    """Index i and weight w so that x ~ axis[i] + w * (axis[i+1] - axis[i]); w may be > 1."""
+    x = max(float(axis[0]), x)
+    i = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
+    return i, (x - axis[i]) / (axis[i + 1] - axis[i])
+
+
+def padded_width(spec_tokens: int, multiple: int) -> int:
+    """Verify width (k + 1) rounded up to the engine's captured widths; 1 when k = 0."""
+    width = spec_tokens + 1
+    if spec_tokens <= 0 or multiple <= 1:
+        return max(1, width)
+    return int(math.ceil(width / multiple) * multiple)
+
+
+@dataclass
+class CostModel:
+    """Table + online correction. ``snapshot()`` gives the immutable view policies use."""
+
+    table: CostTable
+    block_size: int = 16
+    verify_width_multiple: int = 8
+    draft_cost_fraction: float = 0.14
+    learning_rate: float = 0.05
+    _correction: list[float] = field(default_factory=list)
+    _version: int = 0
+    _snapshot: CostSnapshot | None = None
+
+    def __post_init__(self) -> None:
+        self._correction = [1.0] * len(self.table.batch_sizes)
+
+    def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
+        """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
+        target = self.table.time_s(batch_size, mean_width)
+        if drafting <= 0:
+            return target
+        draft = self.table.time_s(max(1.0, batch_size * drafting), float(self.block_size))
+        return target + self.draft_cost_fraction * draft
+
+    def observe_step(
+        self, batch_size: int, mean_width: float, drafting: float, observed_s: float
+    ) -> None:
+        """Fold one measured step time into the correction of the nearest table rows."""
+        if observed_s <= 0 or batch_size <= 0:
+            return
+        ratio = observed_s / self.base_step_time_s(batch_size, mean_width, drafting)
+        i, w = _bracket(self.table.batch_sizes, batch_size)
+        w = min(max(w, 0.0), 1.0)
+        for row, share in ((i, 1.0 - w), (i + 1, w)):
+            rate = self.learning_rate * share
+            self._correction[row] += rate * (ratio - self._correction[row])
+        self._version += 1
+        self._snapshot = None
+
+    def snapshot(self) -> CostSnapshot:
+        if self._snapshot is None:
+            self._snapshot = CostSnapshot(self, tuple(self._correction))
+        return self._snapshot
+
+
+class CostSnapshot:
+    """Immutable T(B, k) for one decision; memoised because policies ask many times."""
+
+    def __init__(self, model: CostModel, correction: tuple[float, ...]):
+        self._model = model
+        self._correction = correction
+        self._memo: dict[tuple[int, int], float] = {}
+        self.verify_width_multiple = model.verify_width_multiple
+
+    @property
+    def corrections(self) -> tuple[float, ...]:
+        """observed / table factor per batch size row."""
+        return self._correction
+
+    def correction(self, batch_size: float) -> float:
+        i, w = _bracket(self._model.table.batch_sizes, batch_size)
+        w = min(max(w, 0.0), 1.0)
+        return self._correction[i] + w * (self._correction[i + 1] - self._correction[i])
+
+    def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+        """Seconds for one step of ``batch_size`` requests all verifying ``spec_tokens``."""
+        key = (batch_size, spec_tokens)
+        cached = self._memo.get(key)
+        if cached is None:
+            width = padded_width(spec_tokens, self.verify_width_multiple)
+            base = self._model.base_step_time_s(batch_size, width, 1.0 if spec_tokens else 0.0)
+            cached = base * self.correction(batch_size)
+            self._memo[key] = cached
+        return cached
+
+
+class RelativeCost:
+    """Fallback T(B, k) in units of a plain batch-1 step, when no table was loaded.
+
+    A fit to the Qwen3-8B H200 ratios in the GPU notes: each extra verified token per request
+    costs ~0.45% of a plain step per request in the batch, on top of ~15% fixed overhead for
+    a speculative step (memory-bound floor plus the draft forward). Only ratios matter to a
+    policy choosing among k at one batch size, so the unit does not.
+    """
+
+    def __init__(self, verify_width_multiple: int = 8):
+        self.verify_width_multiple = verify_width_multiple
+
+    def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+        width = padded_width(spec_tokens, self.verify_width_multiple)
+        base = 1.0 + 0.0063 * (batch_size - 1)  # KV reads grow the plain step with B
+        if spec_tokens <= 0:
+            return base
+        return base * (1.15 + 0.0045 * batch_size * (width - 1))
