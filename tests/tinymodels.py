@@ -61,7 +61,7 @@ def write_tiny_pair(
     num_draft_layers: int = 2,
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
-    head_dim: int = 16,
+    head_dim: int = 32,  # vLLM CPU attention supports 32, 64, 80, ...; not 16
     max_position_embeddings: int = 2048,
     target_layer_ids: list[int] | None = None,
     bias_token_id: int | None = None,
