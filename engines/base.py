@@ -8,8 +8,9 @@ request (accept lengths), which the daemon feeds into its statistics.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from policies.types import Task
 
@@ -55,3 +56,52 @@ class Outcome:
         if self.num_drafts and self.num_accepted_tokens is not None:
             return 1.0 + self.num_accepted_tokens / self.num_drafts
         return None
+
+
+# --- The backend protocol the gateway drives (added with the gateway, issue 2). ---
+
+# Builds the top-level ``draftctl`` object for the final chunk/body from what the backend
+# reported; the backend calls it once, when it writes that final chunk.
+Annotator = Callable[[Outcome], dict[str, Any]]
+
+
+@dataclass
+class BackendResponse:
+    """A started response: status, content type and the body bytes to send to the client.
+
+    ``outcome`` is filled in while ``body`` is consumed; read it after the body ends.
+    """
+
+    status: int
+    media_type: str
+    body: AsyncIterator[bytes]
+    outcome: Outcome = field(default_factory=Outcome)
+    # Set by the body iterator when the backend failed mid-stream (the client got an error).
+    error: str | None = None
+
+
+class Backend(Protocol):
+    """One pool (servers with one fixed k) or an engine that sets k per request.
+
+    ``spec_tokens`` is None when k is chosen per request (the embedded engine).
+    ``submit`` raises BackendUnavailable before the first byte (the gateway retries on
+    another pool); failures after that end the body with an error event instead.
+    """
+
+    name: str
+    kind: str
+    model: str
+    block_size: int
+    spec_tokens: int | None
+
+    def is_healthy(self) -> bool: ...
+
+    def num_inflight(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(
+        self, request: BackendRequest, spec_tokens: int, annotate: Annotator
+    ) -> BackendResponse: ...

@@ -1,0 +1,74 @@
+"""The Starlette application: every HTTP route the daemon answers, in one list."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from controller.fleet import Fleet
+from controller.gateway import Gateway
+from controller.metrics import Metrics
+from controller.policy_state import RunningPolicy
+from controller.stats import LiveStats
+
+
+class Probes:
+    """``/healthz``, ``/readyz``, ``/metrics`` and ``/api/stats``."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        stats: LiveStats,
+        metrics: Metrics,
+        policy: Callable[[], RunningPolicy],
+        is_draining: Callable[[], bool],
+    ) -> None:
+        self.fleet = fleet
+        self.stats = stats
+        self.metrics = metrics
+        self.policy = policy
+        self.is_draining = is_draining
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        models = self.fleet.is_ready()
+        is_ready = all(models.values()) and not self.is_draining()
+        body = {"ready": is_ready, "draining": self.is_draining(), "models": models}
+        return JSONResponse(body, status_code=200 if is_ready else 503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        self.refresh_gauges()
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def refresh_gauges(self) -> None:
+        self.metrics.policy_version.set(self.policy().version)
+        for backend in self.fleet.backends:
+            self.metrics.inflight.labels(backend.name).set(backend.num_inflight())
+            self.metrics.backend_up.labels(backend.name).set(1 if backend.is_healthy() else 0)
+
+    async def api_stats(self, request: Request) -> Response:
+        snapshot = self.stats.snapshot(
+            time.monotonic(), time.time(), self.fleet.backends, self.policy().describe()
+        )
+        return JSONResponse(snapshot)
+
+
+def build_app(gateway: Gateway, probes: Probes, extra: list[BaseRoute]) -> Starlette:
+    routes: list[BaseRoute] = [
+        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/healthz", probes.healthz, methods=["GET"]),
+        Route("/readyz", probes.readyz, methods=["GET"]),
+        Route("/metrics", probes.metrics_text, methods=["GET"]),
+        Route("/api/stats", probes.api_stats, methods=["GET"]),
+        *extra,
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,198 @@
+"""The OpenAI-compatible request path: parse, plan, forward with retry, stream back.
+
+Response headers ``x-draftctl-task``, ``x-draftctl-spec-tokens`` and ``x-draftctl-backend``
+say what happened; the ``draftctl`` object in the body (or the final streamed chunk) adds
+confidence, the policy's reason and the request's acceptance where the backend reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from controller.config import ServerConfig
+from controller.fleet import Fleet, routing_view
+from controller.metrics import Metrics
+from controller.openai_errors import (
+    ApiError,
+    bad_request,
+    body_too_large,
+    model_not_found,
+    no_backend,
+)
+from controller.planner import Plan, Planner
+from controller.policy_state import RunningPolicy
+from controller.request_parse import TASK_HEADER, ParsedRequest, check_length, parse_request
+from controller.stats import LiveStats
+from engines.base import (
+    Backend,
+    BackendRequest,
+    BackendResponse,
+    BackendUnavailable,
+    Endpoint,
+    Outcome,
+)
+from policies.routing import served_spec_tokens
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: ServerConfig,
+        fleet: Fleet,
+        planner: Planner,
+        stats: LiveStats,
+        metrics: Metrics,
+        policy: Callable[[], RunningPolicy],
+        allow_hint: bool,
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.planner = planner
+        self.stats = stats
+        self.metrics = metrics
+        self.policy = policy
+        self.allow_hint = allow_hint
+        self.num_inflight = 0
+
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "completion")
+
+    async def models(self, request: Request) -> Response:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "draftctl"}
+            for m in self.fleet.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _handle(self, request: Request, endpoint: Endpoint) -> Response:
+        started_s = time.perf_counter()
+        try:
+            parsed = parse_request(
+                endpoint,
+                await self._read_body(request),
+                request.headers.get(TASK_HEADER),
+                self.allow_hint,
+            )
+            backends = self.fleet.backends_for(parsed.model)
+            if not backends:
+                raise model_not_found(parsed.model, self.fleet.models())
+            plan = self.planner.plan(parsed, backends, self.policy())
+            backend, k, response = await self._submit(parsed, plan)
+        except ApiError as error:
+            return error.response()
+        self.metrics.count_request(plan.task.value, backend.name, k)
+        self.stats.record_decision(plan.task, plan.confidence, backend.name, k)
+        headers = {
+            TASK_HEADER: plan.task.value,
+            "x-draftctl-spec-tokens": str(k),
+            "x-draftctl-backend": backend.name,
+        }
+        body = self._finish(response, plan, backend, started_s)
+        if parsed.is_stream and response.status == 200:
+            headers["cache-control"] = "no-cache"
+            return StreamingResponse(body, response.status, headers, response.media_type)
+        content = b"".join([chunk async for chunk in body])
+        return Response(content, response.status, headers, response.media_type)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        check_length(request.headers.get("content-length"), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(size, limit)
+            chunks.append(chunk)
+        if not size:
+            raise bad_request("Request body is empty; send a JSON object")
+        return b"".join(chunks)
+
+    async def _submit(
+        self, parsed: ParsedRequest, plan: Plan
+    ) -> tuple[Backend, int, BackendResponse]:
+        request_id = uuid.uuid4().hex
+        adjustable = [b.name for b in plan.pools if b.spec_tokens is None]
+        for backend in plan.pools:
+            k = served_spec_tokens(routing_view(backend), plan.decision, adjustable)
+            backend_request = BackendRequest(
+                parsed.endpoint, parsed.body, parsed.is_stream, plan.task, request_id
+            )
+            annotate = self._annotator(plan, backend, k)
+            try:
+                return backend, k, await backend.submit(backend_request, k, annotate)
+            except BackendUnavailable as exc:
+                log.warning("backend %s unavailable, trying the next pool: %s", backend.name, exc)
+                self.metrics.errors.labels(backend.name, "before_first_byte").inc()
+                self.stats.record_error(backend.name)
+        raise no_backend(parsed.model)
+
+    def _annotator(
+        self, plan: Plan, backend: Backend, k: int
+    ) -> Callable[[Outcome], dict[str, Any]]:
+        def annotate(outcome: Outcome) -> dict[str, Any]:
+            return {
+                "task": plan.task.value,
+                "task_source": plan.task_source,
+                "confidence": round(plan.confidence, 4),
+                "spec_tokens": k,
+                "backend": backend.name,
+                "reason": plan.decision.reason,
+                "accept_length": outcome.mean_accept_length,
+                "num_drafts": outcome.num_drafts,
+                "num_accepted_tokens": outcome.num_accepted_tokens,
+            }
+
+        return annotate
+
+    async def _finish(
+        self, response: BackendResponse, plan: Plan, backend: Backend, started_s: float
+    ) -> AsyncIterator[bytes]:
+        """Relay the body; when it ends, record timings and what the backend reported."""
+        self.num_inflight += 1
+        first_s: float | None = None
+        num_chunks = 0
+        try:
+            async for chunk in response.body:
+                if first_s is None:
+                    first_s = time.perf_counter()
+                num_chunks += 1
+                yield chunk
+        finally:
+            self.num_inflight -= 1
+            end_s = time.perf_counter()
+            self._record(response, plan, backend, end_s - started_s, first_s and end_s - first_s)
+
+    def _record(
+        self,
+        response: BackendResponse,
+        plan: Plan,
+        backend: Backend,
+        total_s: float,
+        decode_s: float | None,
+    ) -> None:
+        self.metrics.request_seconds.observe(total_s)
+        if response.error is not None:
+            self.metrics.errors.labels(backend.name, "mid_stream").inc()
+            self.stats.record_error(backend.name)
+        outcome = response.outcome
+        tpot_s = None
+        if decode_s and outcome.num_output_tokens and outcome.num_output_tokens > 1:
+            tpot_s = decode_s / (outcome.num_output_tokens - 1)
+        accept = self.stats.record_outcome(
+            time.monotonic(), plan.task, backend.name, outcome, tpot_s
+        )
+        if accept is not None:
+            self.metrics.accept_length.labels(plan.task.value, backend.name).set(accept)

@@ -1,0 +1,76 @@
+"""Prometheus metrics for one daemon, in their own registry (so tests can run several).
+
+Labelled children are cached: ``labels()`` costs a lock and a dict build per call, and the
+request path touches several metrics per request.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_CLASSIFY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "draftctl_requests", "Requests served", ["task", "backend"], registry=r
+        )
+        self.spec_tokens_chosen = Counter(
+            "draftctl_spec_tokens_chosen",
+            "k each request ran with",
+            ["task", "spec_tokens"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "draftctl_inflight_requests", "Requests in flight", ["backend"], registry=r
+        )
+        self.accept_length = Gauge(
+            "draftctl_accept_length",
+            "Mean accepted tokens per verify step incl. bonus (windowed)",
+            ["task", "backend"],
+            registry=r,
+        )
+        self.classify_seconds = Histogram(
+            "draftctl_classify_seconds",
+            "Classifier latency",
+            buckets=_CLASSIFY_BUCKETS,
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "draftctl_request_seconds",
+            "Request latency through the gateway",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.policy_version = Gauge("draftctl_policy_version", "Running policy version", registry=r)
+        self.backend_up = Gauge(
+            "draftctl_backend_up", "1 if the pool is healthy", ["backend"], registry=r
+        )
+        self.errors = Counter(
+            "draftctl_backend_errors",
+            "Backend failures (retried or mid-stream)",
+            ["backend", "stage"],
+            registry=r,
+        )
+        self.degraded = Counter(
+            "draftctl_degraded_decisions",
+            "Requests served with a safe fallback because a component failed",
+            ["component"],
+            registry=r,
+        )
+        self._children: dict[tuple[str, ...], Counter] = {}
+
+    def count_request(self, task: str, backend: str, spec_tokens: int) -> None:
+        key = ("r", task, backend, str(spec_tokens))
+        if key not in self._children:
+            self._children[key] = self.requests.labels(task, backend)
+            self._children[("k", *key[1:])] = self.spec_tokens_chosen.labels(task, str(spec_tokens))
+        self._children[key].inc()
+        self._children[("k", *key[1:])].inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,63 @@
+"""Build the Observation a policy decides on: the one place that gathers live inputs.
+
+Concurrency is where the request will run: for a fleet of pools, the sum over its pools of
+the larger of draftctl's own in-flight count and the scraped running + waiting count (other
+clients may use the servers too), plus this request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.stats import LiveStats
+from engines.base import Backend
+from policies.model import PolicySpec
+from policies.types import Observation, PoolView, Task
+
+
+def pool_load(backend: Backend, stats: LiveStats) -> int:
+    scraped = stats.scraped.get(backend.name)
+    own = backend.num_inflight()
+    if scraped is None or scraped.running is None:
+        return own
+    return max(own, scraped.running + (scraped.waiting or 0))
+
+
+def pool_view(backend: Backend, task: Task, stats: LiveStats, now_s: float) -> PoolView:
+    tpots = stats.task_tpots(task, now_s).get(backend.name) or []
+    return PoolView(
+        name=backend.name,
+        # A per-request-k engine can serve any k up to block_size - 1.
+        spec_tokens=backend.block_size - 1 if backend.spec_tokens is None else backend.spec_tokens,
+        block_size=backend.block_size,
+        num_inflight=backend.num_inflight(),
+        is_healthy=backend.is_healthy(),
+        tpot_s=sorted(tpots)[len(tpots) // 2] if tpots else None,
+        accept_length=stats.cell_accept_length(task, backend.name, now_s),
+    )
+
+
+def build_observation(
+    task: Task,
+    confidence: float,
+    fleet: Sequence[Backend],
+    spec: PolicySpec,
+    stats: LiveStats,
+    now_s: float,
+    rng_u: float,
+) -> Observation:
+    """Everything the policy may know for one request bound to ``fleet`` (one model)."""
+    block_size = max(b.block_size for b in fleet)
+    min_k, max_k = spec.bounds_for(block_size)
+    return Observation(
+        task=task,
+        confidence=confidence,
+        concurrency=sum(pool_load(b, stats) for b in fleet) + 1,
+        min_spec_tokens=min_k,
+        max_spec_tokens=max_k,
+        block_size=block_size,
+        pools=tuple(pool_view(b, task, stats, now_s) for b in fleet),
+        accept_rates=stats.accept_rates(task, now_s),
+        now_s=now_s,
+        rng_u=rng_u,
+    )

@@ -1,0 +1,73 @@
+"""OpenAI-style error responses: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every message names the bad input and, where it helps, what to do instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from starlette.responses import Response
+
+
+@dataclass(frozen=True)
+class ApiError(Exception):
+    """An error the client caused or must see; rendered as an OpenAI error body."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body_bytes(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+    def response(self) -> Response:
+        return Response(self.body_bytes(), status_code=self.status, media_type="application/json")
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str, known: list[str]) -> ApiError:
+    return ApiError(
+        404,
+        f"The model {model!r} does not exist here; served models: {', '.join(known)}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def body_too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"Request body of {size} bytes exceeds server.max_body_bytes = {limit}; "
+        "send a smaller request or raise the limit in the config",
+        code="request_too_large",
+    )
+
+
+def no_backend(model: str) -> ApiError:
+    return ApiError(
+        503,
+        f"No healthy backend for model {model!r} right now; retry shortly",
+        type="server_error",
+        code="backend_unavailable",
+    )
+
+
+def upstream_error(detail: str) -> ApiError:
+    return ApiError(502, f"Backend error: {detail}", type="server_error", code="backend_error")

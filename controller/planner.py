@@ -1,0 +1,91 @@
+"""Per request: which task, which k, and which pools to try, in order.
+
+Classifier and policy failures never fail the request: the classifier falls back to the
+configured task, the policy to k = 0 (drafting off, always safe), and each is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from controller.classifier.base import Classifier, apply_threshold
+from controller.config import ClassifierConfig
+from controller.fleet import routing_view
+from controller.metrics import Metrics
+from controller.observe import build_observation
+from controller.policy_state import RunningPolicy
+from controller.request_parse import ParsedRequest
+from controller.stats import LiveStats
+from engines.base import Backend
+from policies.routing import rank_pools
+from policies.types import Decision, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    task: Task
+    confidence: float
+    task_source: str  # "hint" | "classifier" | "fallback"
+    decision: Decision
+    pools: list[Backend]  # healthy, best first; the tail is the retry plan
+
+
+class Planner:
+    def __init__(
+        self,
+        config: ClassifierConfig,
+        classifier: Classifier | None,
+        stats: LiveStats,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.classifier = classifier
+        self.stats = stats
+        self.metrics = metrics
+        self.clock = clock
+        self._rng = random.Random()
+
+    def classify(self, parsed: ParsedRequest) -> tuple[Task, float, str]:
+        if parsed.task_hint is not None:
+            return parsed.task_hint, 1.0, "hint"
+        if self.classifier is None:
+            return self.config.fallback_task, 0.0, "fallback"
+        try:
+            guess = self.classifier.classify(parsed.body)
+        except Exception:
+            log.exception("classifier failed; using the fallback task")
+            self.metrics.degraded.labels("classifier").inc()
+            return self.config.fallback_task, 0.0, "fallback"
+        self.metrics.classify_seconds.observe(guess.latency_s)
+        self.stats.record_classify(self.clock(), guess.latency_s)
+        final = apply_threshold(guess, self.config.min_confidence, self.config.fallback_task)
+        return final.task, final.confidence, "fallback" if final.is_fallback else "classifier"
+
+    def decide(
+        self, task: Task, confidence: float, fleet: Sequence[Backend], running: RunningPolicy
+    ) -> Decision:
+        try:
+            observation = build_observation(
+                task, confidence, fleet, running.spec, self.stats, self.clock(), self._rng.random()
+            )
+            return running.policy.decide(observation)
+        except Exception as exc:
+            log.exception("policy %s failed; drafting off for this request", running.spec.kind)
+            self.metrics.degraded.labels("policy").inc()
+            return Decision(0, f"policy failed ({type(exc).__name__}); safe fallback k=0")
+
+    def plan(self, parsed: ParsedRequest, fleet: Sequence[Backend], running: RunningPolicy) -> Plan:
+        task, confidence, source = self.classify(parsed)
+        decision = self.decide(task, confidence, fleet, running)
+        by_name = {b.name: b for b in fleet}
+        views = [routing_view(b) for b in fleet]
+        adjustable = [b.name for b in fleet if b.spec_tokens is None]
+        ranked = rank_pools(views, decision, adjustable)
+        return Plan(task, confidence, source, decision, [by_name[v.name] for v in ranked])

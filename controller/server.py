@@ -1,0 +1,151 @@
+"""The daemon: one Server with startup, main loop and shutdown (the uvicorn shape).
+
+Signal handlers only set flags. SIGTERM/SIGINT stop accepting connections, report
+not-ready, and let in-flight requests finish for up to ``server.drain_timeout_s``; a second
+signal forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+
+import uvicorn
+from starlette.routing import BaseRoute
+
+from controller.app import Probes, build_app
+from controller.backends import build_backend
+from controller.classifier.base import Classifier
+from controller.config import Config
+from controller.fleet import Fleet
+from controller.gateway import Gateway
+from controller.metrics import Metrics
+from controller.planner import Planner
+from controller.policy_loader import PolicySource
+from controller.stats import LiveStats
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.1
+_SAMPLE_EVERY_TICKS = 10
+
+
+class StartupError(RuntimeError):
+    """The daemon cannot start; the message says what to fix."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+class Server:
+    def __init__(self, config: Config, host: str | None = None, port: int | None = None) -> None:
+        self.config = config
+        self.host = host or config.server.host
+        self.port = config.server.port if port is None else port
+        self.should_exit = False
+        self.is_draining = False
+        self.started = asyncio.Event()
+        self.metrics = Metrics()
+        self.stats = LiveStats(config.stats.window_s, time.monotonic())
+        self.fleet = Fleet([build_backend(b) for b in config.backends])
+        self.policy = PolicySource(config.policy, self.metrics)
+        self.gateway: Gateway | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._sock: socket.socket | None = None
+
+    def handle_exit(self, sig: int) -> None:
+        if self.should_exit and self._uvicorn is not None:
+            self._uvicorn.force_exit = True
+        self.should_exit = True
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.handle_exit, sig)
+
+    async def serve(self, install_signals: bool = True) -> None:
+        if install_signals:
+            self.install_signal_handlers()
+        await self.startup()
+        try:
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+
+    async def startup(self) -> None:
+        self._sock = bind_socket(self.host, self.port)
+        self.port = self._sock.getsockname()[1]
+        await self.policy.start()
+        await asyncio.gather(*(b.start() for b in self.fleet.backends))
+        app = build_app(*self._components(), self._extra_routes())
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            http="httptools",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=max(1, round(self.config.server.drain_timeout_s)),
+        )
+        config.load()
+        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn.lifespan = config.lifespan_class(config)
+        await self._uvicorn.startup(sockets=[self._sock])
+        log.info("draftctl listening on http://%s:%d", self.host, self.port)
+        self.started.set()
+
+    def _components(self) -> tuple[Gateway, Probes]:
+        cfg = self.config
+        planner = Planner(cfg.classifier, self._classifier(), self.stats, self.metrics)
+        self.gateway = Gateway(
+            cfg.server,
+            self.fleet,
+            planner,
+            self.stats,
+            self.metrics,
+            self.policy.current,
+            cfg.classifier.allow_client_hint,
+        )
+        probes = Probes(
+            self.fleet, self.stats, self.metrics, self.policy.current, lambda: self.is_draining
+        )
+        return self.gateway, probes
+
+    def _classifier(self) -> Classifier | None:
+        return None
+
+    def _extra_routes(self) -> list[BaseRoute]:
+        return []
+
+    async def main_loop(self) -> None:
+        assert self._uvicorn is not None, "startup() first"
+        counter = 0
+        while not self.should_exit:
+            await self._uvicorn.on_tick(counter)
+            if counter % _SAMPLE_EVERY_TICKS == 0:
+                inflight = self.gateway.num_inflight if self.gateway else 0
+                self.stats.sample_concurrency(time.monotonic(), time.time(), inflight)
+            counter += 1
+            await asyncio.sleep(_TICK_S)
+
+    async def shutdown(self) -> None:
+        self.is_draining = True
+        inflight = self.gateway.num_inflight if self.gateway else 0
+        log.info("shutting down: draining %d in-flight request(s)", inflight)
+        if self._uvicorn is not None:
+            await self._uvicorn.shutdown(sockets=[self._sock] if self._sock else None)
+        await self.policy.close()
+        await asyncio.gather(*(b.close() for b in self.fleet.backends), return_exceptions=True)
+        log.info("stopped")

@@ -1,0 +1,42 @@
+"""How much faster speculation made a task, and how that number was obtained.
+
+Method ``tpot-vs-no-spec-pool``: the median time per output token of the task's requests
+on pools without speculation (k = 0) divided by the same on pools with k > 0, both over
+the stats window. It compares real requests, but at whatever load each pool had.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.windows import quantile
+
+
+def _unknown(why: str) -> dict[str, Any]:
+    return {"value": None, "method": None, "is_estimate": False, "explanation": why}
+
+
+def speedup_for_task(
+    tpots_by_backend: dict[str, list[float]], k_by_backend: dict[str, int | None]
+) -> dict[str, Any]:
+    """Speedup from per-backend TPOT samples; ``k_by_backend[name]`` None = per-request k."""
+    plain = [v for b, vs in tpots_by_backend.items() if k_by_backend.get(b) == 0 for v in vs]
+    spec = [v for b, vs in tpots_by_backend.items() if (k_by_backend.get(b) or 0) > 0 for v in vs]
+    if not plain or not spec:
+        return _unknown(
+            "needs TPOT samples of this task on both a k=0 pool and a k>0 pool in the window"
+        )
+    base, fast = quantile(plain, 0.5), quantile(spec, 0.5)
+    assert base is not None and fast is not None, "non-empty samples have a median"
+    if fast <= 0:
+        return _unknown("TPOT on the speculative pools measured as zero")
+    return {
+        "value": round(base / fast, 3),
+        "method": "tpot-vs-no-spec-pool",
+        "is_estimate": False,
+        "explanation": (
+            f"median TPOT {base * 1e3:.2f} ms on k=0 pools ({len(plain)} requests) / "
+            f"{fast * 1e3:.2f} ms on k>0 pools ({len(spec)} requests), last window; "
+            "pools may run at different loads"
+        ),
+    }

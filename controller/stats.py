@@ -1,0 +1,189 @@
+"""Live state behind ``/api/stats``, ``/metrics`` and the policy's observations.
+
+Everything is windowed over ``stats.window_s`` except the plain request/error counters.
+The gateway records what it decided and what each request reported; the scraper records
+what each pool's ``/metrics`` said. Nothing here does I/O; the clock is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.speedup import speedup_for_task
+from controller.windows import CountWindow, Window, quantile
+from engines.base import Backend, Outcome
+from policies.types import TASKS, Task
+
+_HISTORY_LEN = 600  # concurrency samples kept, one a second: ten minutes
+
+
+def spec_counts(outcome: Outcome) -> list[int] | None:
+    """[drafts, accepted tokens, accepted at position 0, 1, ...] or None if not reported."""
+    if outcome.num_drafts is not None and outcome.num_accepted_tokens is not None:
+        return [outcome.num_drafts, outcome.num_accepted_tokens, *outcome.accepted_per_position]
+    if outcome.accept_lengths:
+        return [len(outcome.accept_lengths), sum(a - 1 for a in outcome.accept_lengths)]
+    return None
+
+
+@dataclass
+class ScrapedView:
+    """What the latest scrape of one pool's ``/metrics`` says (windowed by the scraper)."""
+
+    running: int | None = None
+    waiting: int | None = None
+    accept_length_mean: float | None = None
+    accept_rate_per_position: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Cell:
+    """Per (task, backend) windows."""
+
+    spec: CountWindow
+    tpot: Window
+
+
+class LiveStats:
+    def __init__(self, window_s: float, started_s: float) -> None:
+        self.window_s = window_s
+        self.started_s = started_s
+        self._cells: dict[tuple[Task, str], _Cell] = {}
+        self._task_requests: Counter[Task] = Counter()
+        self._confidence_sum: dict[Task, float] = dict.fromkeys(TASKS, 0.0)
+        self._chosen: dict[Task, Counter[int]] = {t: Counter() for t in TASKS}
+        self._backend_requests: Counter[str] = Counter()
+        self._backend_errors: Counter[str] = Counter()
+        self.scraped: dict[str, ScrapedView] = {}
+        self._classify = Window(window_s)
+        self._history: deque[tuple[float, int]] = deque(maxlen=_HISTORY_LEN)
+
+    def _cell(self, task: Task, backend: str) -> _Cell:
+        key = (task, backend)
+        if key not in self._cells:
+            self._cells[key] = _Cell(CountWindow(self.window_s), Window(self.window_s))
+        return self._cells[key]
+
+    def record_classify(self, now_s: float, latency_s: float) -> None:
+        self._classify.record(now_s, latency_s)
+
+    def record_decision(self, task: Task, confidence: float, backend: str, k: int) -> None:
+        self._task_requests[task] += 1
+        self._confidence_sum[task] += confidence
+        self._chosen[task][k] += 1
+        self._backend_requests[backend] += 1
+
+    def record_outcome(
+        self, now_s: float, task: Task, backend: str, outcome: Outcome, tpot_s: float | None
+    ) -> float | None:
+        """Record one finished request; returns the (task, backend) windowed accept length."""
+        cell = self._cell(task, backend)
+        counts = spec_counts(outcome)
+        if counts is not None:
+            cell.spec.record(now_s, counts)
+        if tpot_s is not None:
+            cell.tpot.record(now_s, tpot_s)
+        return _accept_length(cell.spec.total(now_s))
+
+    def record_error(self, backend: str) -> None:
+        self._backend_errors[backend] += 1
+
+    def sample_concurrency(self, now_s: float, wall_s: float, num_inflight: int) -> None:
+        self._history.append((round(wall_s, 3), num_inflight))
+
+    def _task_spec(self, task: Task, now_s: float) -> list[list[int]]:
+        return [c.spec.total(now_s) for (t, _), c in self._cells.items() if t == task]
+
+    def accept_rates(self, task: Task, now_s: float) -> tuple[float, ...]:
+        """Conditional per-position acceptance for ``task`` (see Observation.accept_rates)."""
+        per_backend = [c for c in self._task_spec(task, now_s) if len(c) > 2]
+        width = max((len(c) - 2 for c in per_backend), default=0)
+        rates: list[float] = []
+        for i in range(width):
+            reached = sum(c[1 + i] if i else c[0] for c in per_backend if len(c) - 2 > i)
+            accepted = sum(c[2 + i] for c in per_backend if len(c) - 2 > i)
+            if reached <= 0:
+                break
+            rates.append(accepted / reached)
+        return tuple(rates)
+
+    def task_accept_length(self, task: Task, now_s: float) -> float | None:
+        totals = [c for c in self._task_spec(task, now_s) if c]
+        return _accept_length([sum(c[0] for c in totals), sum(c[1] for c in totals)])
+
+    def cell_accept_length(self, task: Task, backend: str, now_s: float) -> float | None:
+        cell = self._cells.get((task, backend))
+        return None if cell is None else _accept_length(cell.spec.total(now_s))
+
+    def task_tpots(self, task: Task, now_s: float) -> dict[str, list[float]]:
+        return {b: c.tpot.values(now_s) for (t, b), c in self._cells.items() if t == task}
+
+    def snapshot(
+        self, now_s: float, wall_s: float, backends: list[Backend], policy: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The ``/api/stats`` document (schema: docs/gateway.md)."""
+        return {
+            "time_s": wall_s,
+            "uptime_s": now_s - self.started_s,
+            "policy": policy,
+            "tasks": {t.value: self._task_view(t, now_s, backends) for t in TASKS},
+            "backends": [self._backend_view(b, now_s) for b in backends],
+            "concurrency": {
+                "current": sum(b.num_inflight() for b in backends),
+                "history": [list(p) for p in self._history],
+            },
+            "classifier": {
+                "latency_p50_s": self._classify.quantile(now_s, 0.5),
+                "latency_p99_s": self._classify.quantile(now_s, 0.99),
+            },
+        }
+
+    def _task_view(self, task: Task, now_s: float, backends: list[Backend]) -> dict[str, Any]:
+        n = self._task_requests[task]
+        tpots = self.task_tpots(task, now_s)
+        merged = [v for values in tpots.values() for v in values]
+        k_by_backend = {b.name: b.spec_tokens for b in backends}
+        return {
+            "requests": n,
+            "classified_confidence_mean": self._confidence_sum[task] / n if n else None,
+            "accept_length_mean": self.task_accept_length(task, now_s),
+            "spec_tokens_chosen": {str(k): c for k, c in sorted(self._chosen[task].items())},
+            "tpot_p50_s": quantile(merged, 0.5),
+            "tpot_p95_s": quantile(merged, 0.95),
+            "speedup": speedup_for_task(tpots, k_by_backend),
+        }
+
+    def _backend_view(self, backend: Backend, now_s: float) -> dict[str, Any]:
+        mine = [c for (_, b), c in self._cells.items() if b == backend.name]
+        spec = _sum_counts([c.spec.total(now_s) for c in mine])
+        tpots = [v for c in mine for v in c.tpot.values(now_s)]
+        scraped = self.scraped.get(backend.name, ScrapedView())
+        own_rates = [a / spec[0] for a in spec[2:]] if spec and spec[0] else []
+        return {
+            "name": backend.name,
+            "kind": backend.kind,
+            "healthy": backend.is_healthy(),
+            "inflight": backend.num_inflight(),
+            "running": scraped.running,
+            "waiting": scraped.waiting,
+            "spec_tokens": backend.spec_tokens,
+            "block_size": backend.block_size,
+            "accept_length_mean": scraped.accept_length_mean or _accept_length(spec),
+            "accept_rate_per_position": scraped.accept_rate_per_position or own_rates,
+            "tpot_p50_s": quantile(tpots, 0.5),
+            "requests": self._backend_requests[backend.name],
+            "errors": self._backend_errors[backend.name],
+        }
+
+
+def _sum_counts(vectors: list[list[int]]) -> list[int]:
+    width = max((len(v) for v in vectors), default=0)
+    return [sum(v[i] for v in vectors if len(v) > i) for i in range(width)]
+
+
+def _accept_length(counts: list[int]) -> float | None:
+    if len(counts) < 2 or counts[0] <= 0:
+        return None
+    return 1.0 + counts[1] / counts[0]

@@ -1,0 +1,250 @@
+"""A pool of vLLM or SGLang servers started with one fixed k, reached over HTTP (aiohttp).
+
+Within a pool a request goes to the healthy server with the fewest requests in flight.
+A server that refuses a connection or answers 5xx before the first byte is marked down and
+the next one is tried; when none is left the pool raises BackendUnavailable and the gateway
+moves on to another pool. A periodic ``GET /health`` takes servers out and puts them back.
+After the first byte a failure ends the client's stream with an error event, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from controller.config import RemotePool
+from engines.base import (
+    Annotator,
+    BackendRequest,
+    BackendResponse,
+    BackendUnavailable,
+)
+from engines.outcome_readers import reader_for
+from engines.sse import SseAnnotator, merge_outcome
+
+log = logging.getLogger(__name__)
+
+_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+_JSON = {"content-type": "application/json"}
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass
+class ServerSlot:
+    url: str
+    is_healthy: bool = True
+    num_inflight: int = 0
+
+
+class PoolBackend:
+    """Implements engines.base.Backend for ``kind: vllm`` and ``kind: sglang`` pools."""
+
+    def __init__(self, config: RemotePool) -> None:
+        self.config = config
+        self.name = config.name
+        self.kind: str = config.kind
+        self.model = config.model
+        self.block_size = config.block_size
+        self.spec_tokens: int | None = config.spec_tokens
+        self.slots = [ServerSlot(url) for url in config.urls]
+        self._read_outcome = reader_for(config.kind)
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._turn = 0
+
+    def is_healthy(self) -> bool:
+        return any(s.is_healthy for s in self.slots)
+
+    def num_inflight(self) -> int:
+        return sum(s.num_inflight for s in self.slots)
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        )
+        await self.check_health()
+        self._health_task = asyncio.create_task(self._health_loop(), name=f"health-{self.name}")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def check_health(self) -> None:
+        await asyncio.gather(*(self._check(slot) for slot in self.slots))
+
+    async def _check(self, slot: ServerSlot) -> None:
+        assert self._session is not None, "start() first"
+        timeout = aiohttp.ClientTimeout(total=min(self.config.health_interval_s, 5.0))
+        try:
+            async with self._session.get(slot.url + "/health", timeout=timeout) as resp:
+                is_up = resp.status == 200
+        except _UPSTREAM_ERRORS:
+            is_up = False
+        if is_up != slot.is_healthy:
+            log.warning("pool %s: server %s is %s", self.name, slot.url, "up" if is_up else "down")
+        slot.is_healthy = is_up
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self.check_health()
+
+    def _pick(self, tried: set[str]) -> ServerSlot | None:
+        candidates = [s for s in self.slots if s.is_healthy and s.url not in tried]
+        if not candidates:
+            return None
+        self._turn += 1
+        start = self._turn % len(candidates)
+        rotated = candidates[start:] + candidates[:start]
+        return min(rotated, key=lambda s: s.num_inflight)
+
+    def _mark_down(self, slot: ServerSlot, why: str) -> None:
+        if slot.is_healthy:
+            log.warning("pool %s: server %s taken out: %s", self.name, slot.url, why)
+        slot.is_healthy = False
+
+    async def submit(
+        self, request: BackendRequest, spec_tokens: int, annotate: Annotator
+    ) -> BackendResponse:
+        body = dict(request.body)
+        wants_usage = False
+        if request.stream:
+            options = dict(body.get("stream_options") or {})
+            wants_usage = bool(options.get("include_usage"))
+            # Per-request spec-decode metrics ride on the usage chunk; ask for it always.
+            body["stream_options"] = {**options, "include_usage": True}
+        payload = json.dumps(body).encode()
+        tried: set[str] = set()
+        while (slot := self._pick(tried)) is not None:
+            tried.add(slot.url)
+            response = await self._try(slot, request, payload, annotate, wants_usage)
+            if response is not None:
+                return response
+        raise BackendUnavailable(f"pool {self.name}: no healthy server accepted the request")
+
+    async def _try(
+        self,
+        slot: ServerSlot,
+        request: BackendRequest,
+        payload: bytes,
+        annotate: Annotator,
+        wants_usage: bool,
+    ) -> BackendResponse | None:
+        assert self._session is not None, "start() first"
+        slot.num_inflight += 1
+        try:
+            resp = await self._session.post(
+                slot.url + _PATHS[request.endpoint], data=payload, headers=_JSON
+            )
+        except _UPSTREAM_ERRORS as exc:
+            slot.num_inflight -= 1
+            self._mark_down(slot, f"{type(exc).__name__}: {exc}")
+            return None
+        if resp.status >= 500:
+            slot.num_inflight -= 1
+            resp.close()
+            self._mark_down(slot, f"HTTP {resp.status} before the first byte")
+            return None
+        try:
+            if resp.status != 200 or not request.stream:
+                return await self._whole(resp, annotate)
+            return await self._stream(slot, resp, annotate, wants_usage)
+        except _UPSTREAM_ERRORS as exc:
+            self._mark_down(slot, f"{type(exc).__name__} before the first byte")
+            return None
+        finally:
+            if resp.status != 200 or not request.stream:
+                slot.num_inflight -= 1
+
+    async def _whole(self, resp: aiohttp.ClientResponse, annotate: Annotator) -> BackendResponse:
+        raw = await resp.read()
+        resp.release()
+        media_type = resp.headers.get("content-type", "application/json")
+        response = BackendResponse(resp.status, media_type, _once(raw))
+        if resp.status != 200:
+            return response
+        try:
+            obj: dict[str, Any] = json.loads(raw)
+        except json.JSONDecodeError:
+            return response
+        merge_outcome(response.outcome, self._read_outcome(obj), obj)
+        obj["draftctl"] = annotate(response.outcome)
+        response.body = _once(json.dumps(obj).encode())
+        return response
+
+    async def _stream(
+        self,
+        slot: ServerSlot,
+        resp: aiohttp.ClientResponse,
+        annotate: Annotator,
+        wants_usage: bool,
+    ) -> BackendResponse:
+        try:
+            first = await resp.content.readany()  # retryable until this arrives
+        except BaseException:
+            slot.num_inflight -= 1
+            resp.close()
+            raise
+        if not first:
+            slot.num_inflight -= 1
+            resp.close()
+            raise aiohttp.ClientPayloadError("stream closed before the first byte")
+        annotator = SseAnnotator(annotate, self._read_outcome, wants_usage)
+        response = BackendResponse(200, "text/event-stream", _once(b""), annotator.outcome)
+        response.body = self._relay(slot, resp, annotator, first, response)
+        return response
+
+    async def _relay(
+        self,
+        slot: ServerSlot,
+        resp: aiohttp.ClientResponse,
+        annotator: SseAnnotator,
+        first: bytes,
+        response: BackendResponse,
+    ) -> AsyncIterator[bytes]:
+        is_clean = False
+        try:
+            out = annotator.feed(first)
+            if out:
+                yield out
+            async for data in resp.content.iter_any():
+                out = annotator.feed(data)
+                if out:
+                    yield out
+            is_clean = annotator.is_done
+            if not is_clean:
+                response.error = "the backend closed the stream before [DONE]"
+        except _UPSTREAM_ERRORS as exc:
+            response.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finally:
+            slot.num_inflight -= 1
+            if is_clean:
+                resp.release()
+            else:
+                resp.close()
+        if response.error is not None:
+            self._mark_down(slot, f"died mid-stream ({response.error})")
+            yield annotator.finish_with_error(
+                f"backend {self.name} failed mid-stream: {response.error}"
+            )
+        else:
+            tail = annotator.finish()
+            if tail:
+                yield tail
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

@@ -1,0 +1,135 @@
+"""Pass an OpenAI SSE stream through, rewriting only the chunks draftctl must touch.
+
+Almost every event is a content chunk with ``"finish_reason":null``; those bytes go out
+untouched, a whole upstream read at a time. Only three kinds of event are parsed:
+
+- a chunk with a finish_reason: held back until the next event, so that the last one can
+  carry the ``draftctl`` object (the usage chunk that follows holds the acceptance numbers);
+- the usage chunk (``choices: []`` plus ``usage``): the backend's per-request metrics are
+  read from it; it is forwarded with ``draftctl`` if the client asked for usage, else dropped;
+- ``[DONE]``: whatever is held goes out first, annotated if nothing was annotated yet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from engines.base import Annotator, Outcome
+
+# Reads a backend's per-request speculation metrics from a usage chunk or a full body.
+OutcomeReader = Callable[[dict[str, Any]], Outcome | None]
+
+_DONE = b"data: [DONE]"
+_SEP = b"\n\n"
+
+
+def merge_outcome(into: Outcome, found: Outcome | None, body: dict[str, Any]) -> None:
+    """Copy reported metrics and usage token counts into ``into`` (in place)."""
+    if found is not None:
+        for name, value in vars(found).items():
+            if value not in (None, []):
+                setattr(into, name, value)
+    usage = body.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        into.num_output_tokens = usage["completion_tokens"]
+
+
+def _is_plain(block: bytes) -> bool:
+    """True when no event in ``block`` needs rewriting (the hot path: no JSON parsing)."""
+    if _DONE in block or b'"usage":{' in block or b'"usage": {' in block:
+        return False
+    num_finish = block.count(b'"finish_reason"')
+    num_null = block.count(b'"finish_reason":null') + block.count(b'"finish_reason": null')
+    return num_finish == num_null
+
+
+class SseAnnotator:
+    """Incremental rewriter for one response stream; feed upstream reads, send what it returns."""
+
+    def __init__(self, annotate: Annotator, read_outcome: OutcomeReader, wants_usage: bool) -> None:
+        self.outcome = Outcome()
+        self._annotate = annotate
+        self._read_outcome = read_outcome
+        self._wants_usage = wants_usage
+        self._pending = b""
+        self._held: dict[str, Any] | None = None
+        self._is_annotated = False
+        self.is_done = False
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = self._pending + data if self._pending else data
+        end = buffer.rfind(_SEP)
+        if end < 0:
+            self._pending = buffer
+            return b""
+        end += len(_SEP)
+        complete, self._pending = buffer[:end], buffer[end:]
+        if self._held is None and _is_plain(complete):
+            return complete
+        return b"".join(self._event(e + _SEP) for e in complete.split(_SEP) if e.strip())
+
+    def finish(self) -> bytes:
+        """Upstream ended: flush anything held (annotated) and any partial event."""
+        out = self._flush(annotate=not self._is_annotated)
+        rest, self._pending = self._pending, b""
+        return out + rest
+
+    def finish_with_error(self, message: str) -> bytes:
+        """The backend failed mid-stream: flush what is held, then an error event."""
+        out = self._flush(annotate=False)
+        self._pending = b""
+        return out + error_event(message)
+
+    def _event(self, event: bytes) -> bytes:
+        if event.startswith(_DONE):
+            self.is_done = True
+            return self._flush(annotate=not self._is_annotated) + event
+        obj = _json_data(event)
+        if obj is None:
+            return self._flush(annotate=False) + event
+        if not obj.get("choices") and obj.get("usage"):
+            return self._usage(obj)
+        if any(c.get("finish_reason") is not None for c in obj.get("choices") or ()):
+            out = self._flush(annotate=False)
+            self._held = obj
+            return out
+        return self._flush(annotate=False) + event
+
+    def _usage(self, obj: dict[str, Any]) -> bytes:
+        merge_outcome(self.outcome, self._read_outcome(obj), obj)
+        if not self._wants_usage:
+            return b""
+        out = self._flush(annotate=False)
+        self._is_annotated = True
+        return out + _encode({**obj, "draftctl": self._annotate(self.outcome)})
+
+    def _flush(self, annotate: bool) -> bytes:
+        if self._held is None:
+            return b""
+        obj, self._held = self._held, None
+        if annotate:
+            self._is_annotated = True
+            obj = {**obj, "draftctl": self._annotate(self.outcome)}
+        return _encode(obj)
+
+
+def error_event(message: str, code: str = "backend_error") -> bytes:
+    """An SSE event carrying an OpenAI error object; the openai client raises APIError on it."""
+    error = {"message": message, "type": "server_error", "param": None, "code": code}
+    return b"data: " + json.dumps({"error": error}).encode() + _SEP
+
+
+def _json_data(event: bytes) -> dict[str, Any] | None:
+    if not event.startswith(b"data:"):
+        return None
+    try:
+        obj = json.loads(event[5:])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + _SEP
