@@ -128,18 +128,20 @@ def blend_request_history(
     with few observations keeps the task estimate and one with many follows its own data.
     """
     n = len(task_rates)
-    successes = [0.0] * n
-    trials = [0.0] * n
+    # reached[a]: steps that accepted exactly a drafts; failed[a]: of those, rejected at a + 1.
+    reached = [0] * (n + 1)
+    failed = [0] * (n + 1)
     for k, length in zip(spec_tokens_used, accept_lengths, strict=False):
         if k <= 0:
             continue
-        accepted, rejected = trials_from_step(min(k, n), length)
-        for i in range(accepted):
-            successes[i] += 1.0
-            trials[i] += 1.0
-        if rejected and accepted < n:
-            trials[accepted] += 1.0
-    return [
-        (s + strength * p) / (t + strength)
-        for s, t, p in zip(successes, trials, task_rates, strict=True)
-    ]
+        k = k if k < n else n
+        accepted = length - 1 if length - 1 < k else k
+        reached[accepted] += 1
+        if accepted < k:
+            failed[accepted] += 1
+    out = [0.0] * n
+    beyond = 0  # steps that accepted more than i drafts (successes at position i + 1)
+    for i in range(n - 1, -1, -1):
+        beyond += reached[i + 1]
+        out[i] = (beyond + strength * task_rates[i]) / (beyond + failed[i] + strength)
+    return out

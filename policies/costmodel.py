@@ -126,7 +126,6 @@ class CostModel:
     draft_cost_fraction: float = 0.14
     learning_rate: float = 0.05
     _correction: list[float] = field(default_factory=list)
-    _version: int = 0
     _snapshot: CostSnapshot | None = None
 
     def __post_init__(self) -> None:
@@ -152,8 +151,12 @@ class CostModel:
         for row, share in ((i, 1.0 - w), (i + 1, w)):
             rate = self.learning_rate * share
             self._correction[row] += rate * (ratio - self._correction[row])
-        self._version += 1
-        self._snapshot = None
+        # Keep the memoised snapshot until a correction moved by more than 0.1%.
+        if self._snapshot is not None and any(
+            abs(c - s) > 1e-3 * s
+            for c, s in zip(self._correction, self._snapshot.corrections, strict=True)
+        ):
+            self._snapshot = None
 
     def snapshot(self) -> CostSnapshot:
         if self._snapshot is None:

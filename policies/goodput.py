@@ -88,13 +88,12 @@ class GoodputPolicy:
         """(best choice, plain step, previous k if hysteresis or warm-up keeps it)."""
         expected = _expected_by_k(rates)
         plain = _choice(expected, cost, batch, 0)
-        best = plain
+        best_k, best_score = 0, plain.score * (1.0 + self._spec.min_gain)
         for k in range(observation.min_spec_tokens, observation.max_spec_tokens + 1):
-            choice = _choice(expected, cost, batch, k)
-            if choice.score > best.score:
-                best = choice
-        if best.spec_tokens and best.score < plain.score * (1.0 + self._spec.min_gain):
-            best = plain
+            score = expected[min(k, len(expected) - 1)] / cost.step_time_s(batch, k)
+            if score > best_score:
+                best_k, best_score = k, score
+        best = _choice(expected, cost, batch, best_k)
         previous = observation.previous_spec_tokens
         if previous is None or not _valid(previous, observation):
             return best, plain, None

@@ -1,0 +1,1 @@
+"""Discrete-event simulation of a continuous-batching DFlash server (``draftctl simulate``)."""

@@ -1,0 +1,142 @@
+"""The policies a simulation compares, behind one small interface.
+
+Each controller picks k for every request of a decode step. ``no-spec`` and ``static-k<N>``
+are constants, ``goodput`` is the real ``policies.goodput.GoodputPolicy`` fed by the real
+``OnlineModels`` (the same objects the daemon uses), and ``oracle`` reads each request's
+acceptance trace ahead of time and picks the best set of k for the step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from controller.sim.request import SimRequest
+from policies.costmodel import CostModel, CostTable, padded_width
+from policies.goodput import GoodputPolicy
+from policies.model import GoodputSpec
+from policies.online import OnlineModels
+from policies.types import Observation, Task
+
+
+class Controller(Protocol):
+    name: str
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]: ...
+
+    def record(
+        self,
+        batch: Sequence[SimRequest],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+        step: tuple[float, float, float],
+    ) -> None:
+        """After a step: what each request got; ``step`` = (seconds, mean width, drafting)."""
+
+
+class FixedK:
+    """no-spec (k = 0) or static-k<N>: the same k for every request and step."""
+
+    def __init__(self, spec_tokens: int):
+        self.spec_tokens = spec_tokens
+        self.name = "no-spec" if spec_tokens == 0 else f"static-k{spec_tokens}"
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        return [self.spec_tokens] * len(batch)
+
+    def record(self, *_: Any) -> None:
+        return None
+
+
+class GoodputController:
+    """GoodputPolicy + OnlineModels, wired the way the embedded engine adapter wires them."""
+
+    name = "goodput"
+
+    def __init__(self, spec: GoodputSpec, table: CostTable, block_size: int, seed: int, min_k: int):
+        self._policy = GoodputPolicy(spec)
+        self._models = OnlineModels(spec, block_size, table)
+        self._block_size = block_size
+        self._rng = random.Random(f"goodput:{seed}")
+        self._window = spec.request_window_steps
+        self.min_spec_tokens = min_k
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        per_task: dict[Task, dict[str, Any]] = {}
+        out = []
+        for request in batch:
+            task = request.spec.task
+            fields = per_task.get(task)
+            if fields is None:
+                fields = per_task[task] = self._models.observe(task)
+            observation = Observation(
+                task=task,
+                confidence=1.0,
+                concurrency=len(batch),
+                min_spec_tokens=self.min_spec_tokens,
+                max_spec_tokens=self._block_size - 1,
+                block_size=self._block_size,
+                request_accept_lengths=tuple(request.accept_history[-self._window :]),
+                request_spec_tokens=tuple(request.k_history[-self._window :]),
+                previous_spec_tokens=request.k_history[-1] if request.k_history else None,
+                step_index=request.num_steps,
+                now_s=now_s,
+                rng_u=self._rng.random(),
+                **fields,
+            )
+            out.append(self._policy.decide(observation).spec_tokens)
+        return out
+
+    def record(
+        self,
+        batch: Sequence[SimRequest],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+        step: tuple[float, float, float],
+    ) -> None:
+        for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
+            self._models.record_step(request.spec.task, k, length)
+        seconds, mean_width, drafting = step
+        self._models.record_step_time(len(batch), mean_width, drafting, seconds)
+
+
+class Oracle:
+    """Knows every request's accepted length before the step; maximises the step's tokens/s.
+
+    Per request the only sensible choices are k = 0 or the smallest allowed k that covers the
+    accepted run; requests are added best gain-per-width first and the best prefix is kept.
+    """
+
+    name = "oracle"
+
+    def __init__(self, cost: CostModel, block_size: int, min_spec_tokens: int):
+        self._cost = cost
+        self._max_k = block_size - 1
+        self._min_k = min(min_spec_tokens, self._max_k)
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        size = len(batch)
+        options = []
+        for index, request in enumerate(batch):
+            run = min(request.peek_accepted(self._max_k), request.remaining - 1)
+            if run > 0:
+                k = max(self._min_k, run)
+                extra = padded_width(k, self._cost.verify_width_multiple) - 1
+                options.append((run / extra, index, k, run, extra))
+        options.sort(reverse=True)
+        best_m, best_rate = 0, size / self._cost.base_step_time_s(size, 1.0, 0.0)
+        tokens, width = float(size), float(size)
+        for m, (_, _, _, run, extra) in enumerate(options, start=1):
+            tokens += run
+            width += extra
+            seconds = self._cost.base_step_time_s(size, width / size, m / size)
+            if tokens / seconds > best_rate:
+                best_m, best_rate = m, tokens / seconds
+        ks = [0] * size
+        for _, index, k, _, _ in options[:best_m]:
+            ks[index] = k
+        return ks
+
+    def record(self, *_: Any) -> None:
+        return None

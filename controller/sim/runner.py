@@ -1,0 +1,91 @@
+"""Run every policy of a scenario on the same requests and collect the report."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from controller.sim.controllers import Controller, FixedK, GoodputController, Oracle
+from controller.sim.scenario import Scenario
+from controller.sim.server import Progress, SimServer
+from controller.sim.workload import Workload
+from policies.costmodel import CostModel, CostTable, load_cost_table
+
+logger = logging.getLogger(__name__)
+
+
+def engine_cost(scenario: Scenario, table: CostTable) -> CostModel:
+    """The simulated engine's true step cost (the same formula the policy's model uses)."""
+    cost = scenario.cost
+    return CostModel(
+        table=table,
+        block_size=scenario.block_size,
+        verify_width_multiple=cost.verify_width_multiple,
+        draft_cost_fraction=cost.draft_cost_fraction,
+    )
+
+
+def build_controllers(scenario: Scenario, table: CostTable) -> list[Controller]:
+    chosen = scenario.policies
+    max_k = scenario.block_size - 1
+    controllers: list[Controller] = [FixedK(0)]
+    for k in chosen.static_spec_tokens:
+        if not 1 <= k <= max_k:
+            raise ValueError(f"policies.static_spec_tokens: k={k} outside [1, {max_k}]")
+        controllers.append(FixedK(k))
+    min_k = min(chosen.min_spec_tokens, max_k)
+    goodput = GoodputController(chosen.goodput, table, scenario.block_size, scenario.seed, min_k)
+    controllers.append(goodput)
+    if chosen.include_oracle:
+        controllers.append(Oracle(engine_cost(scenario, table), scenario.block_size, min_k))
+    return controllers
+
+
+def run_scenario(scenario: Scenario, progress: Progress | None = None) -> dict[str, Any]:
+    """Simulate every policy; returns the report object (``policies`` + context)."""
+    table = load_cost_table(scenario.resolve(scenario.cost.table))
+    workload = Workload(scenario)
+    results: dict[str, Any] = {}
+    for controller in build_controllers(scenario, table):
+        started = time.perf_counter()
+        server = SimServer(scenario, workload, controller, engine_cost(scenario, table), progress)
+        results[controller.name] = server.run().as_dict()
+        logger.info("%s simulated in %.1f s", controller.name, time.perf_counter() - started)
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "acceptance_source": workload.source,
+        "cost_table": str(scenario.cost.table),
+        "cost_table_device": table.device,
+        "duration_s": scenario.duration_s,
+        "phases": [p.model_dump(mode="json") for p in scenario.phases],
+        "policies": results,
+        "summary": summarise(results),
+    }
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """Goodput's ratios against the best static k, no-spec and the oracle (overall + phase)."""
+    statics = {n: r for n, r in results.items() if n.startswith("static-k")}
+    goodput = results.get("goodput")
+    if goodput is None or not statics:
+        return {}
+    best_name = max(statics, key=lambda n: statics[n]["goodput_tok_s"])
+    out: dict[str, Any] = {
+        "best_static": best_name,
+        "vs_best_static": goodput["goodput_tok_s"] / statics[best_name]["goodput_tok_s"],
+        "vs_no_spec": goodput["goodput_tok_s"] / results["no-spec"]["goodput_tok_s"],
+    }
+    if "oracle" in results:
+        out["vs_oracle"] = goodput["goodput_tok_s"] / results["oracle"]["goodput_tok_s"]
+    out["phases"] = {}
+    for phase, figures in goodput["phases"].items():
+        best = max(s["phases"][phase]["goodput_tok_s"] for s in statics.values())
+        row = {"vs_best_static": figures["goodput_tok_s"] / best}
+        if "oracle" in results:
+            row["vs_oracle"] = figures["goodput_tok_s"] / max(
+                1e-9, results["oracle"]["phases"][phase]["goodput_tok_s"]
+            )
+        out["phases"][phase] = row
+    return out

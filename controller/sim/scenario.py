@@ -1,0 +1,123 @@
+"""Scenario files for ``draftctl simulate``: what load to run, on which costs and traces.
+
+A scenario is a list of phases (closed-loop concurrency and task mix, each for a duration),
+per-task prompt/output lengths, where acceptance comes from (trace files, else a labelled
+parametric model) and the cost table. Relative paths resolve against the scenario file.
+Defaults live here; unknown keys are errors (``<dotted.key>: <message> (line N)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from policies.model import GoodputSpec
+from policies.types import TASKS, Task
+from policies.validation import validate_yaml
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Phase(Section):
+    name: str
+    duration_s: float = Field(gt=0)
+    # Closed loop: this many clients, each sending its next request when the last finishes.
+    concurrency: int = Field(ge=1)
+    # Share of requests per task (normalised; missing tasks get 0).
+    mix: dict[Task, float]
+
+    @model_validator(mode="after")
+    def _mix(self) -> Phase:
+        if any(v < 0 for v in self.mix.values()) or sum(self.mix.values()) <= 0:
+            raise ValueError("mix needs non-negative shares with a positive sum")
+        return self
+
+
+class Lengths(Section):
+    # Uniform ranges [lo, hi] in tokens.
+    prompt_tokens: tuple[int, int] = (200, 800)
+    output_tokens: tuple[int, int] = (200, 800)
+
+
+class ParametricTask(Section):
+    """Conditional acceptance of drafted position 1 and of the last position (linear between).
+
+    Each request draws a logit offset ~ Normal(0, request_spread), so some requests are
+    easier than their task's average; that spread is what per-request blending exploits.
+    """
+
+    first_rate: float = Field(gt=0, lt=1)
+    last_rate: float = Field(gt=0, lt=1)
+    request_spread: float = Field(default=0.5, ge=0)
+
+
+def _parametric_defaults() -> dict[Task, ParametricTask]:
+    # Labelled assumption (not measured): block-16 DFlash on Qwen3-8B accepts ~7 tokens per
+    # step on math, ~6 on code, ~4 on chat at full block (published DFlash figures' range).
+    return {
+        Task.MATH: ParametricTask(first_rate=0.93, last_rate=0.84),
+        Task.CODE: ParametricTask(first_rate=0.9, last_rate=0.8),
+        Task.CHAT: ParametricTask(first_rate=0.8, last_rate=0.7),
+    }
+
+
+class Acceptance(Section):
+    # Folder (or file) of traces/*.jsonl recorded at full block; missing -> parametric model.
+    traces: Path | None = None
+    parametric: dict[Task, ParametricTask] = Field(default_factory=_parametric_defaults)
+
+
+class Costs(Section):
+    # Cost table JSON: T(batch, tokens per request) in seconds (format in docs/goodput.md).
+    table: Path = Path("cost/qwen3-8b-h200-from-notes.json")
+    # Engine pads each verify width (k + 1) up to a multiple of this.
+    verify_width_multiple: int = Field(default=8, ge=1)
+    # Draft forward = this fraction of a target forward at full block width (assumed).
+    draft_cost_fraction: float = Field(default=0.14, ge=0)
+    # Prefill: fixed seconds per prefill step plus seconds per prompt token (assumed).
+    prefill_base_s: float = Field(default=0.006, ge=0)
+    prefill_s_per_token: float = Field(default=2.5e-5, ge=0)
+
+
+class Policies(Section):
+    static_spec_tokens: list[int] = Field(default_factory=lambda: [4, 7, 11, 15])
+    include_oracle: bool = True
+    min_spec_tokens: int = Field(default=4, ge=1)
+    # Goodput policy settings (same keys as the policy file's ``goodput`` section).
+    goodput: GoodputSpec = Field(default_factory=GoodputSpec)
+
+
+class Scenario(Section):
+    name: str
+    description: str = ""
+    seed: int = 0
+    block_size: int = Field(default=16, ge=2)
+    max_batch_size: int = Field(default=128, ge=1)
+    phases: list[Phase] = Field(min_length=1)
+    lengths: dict[Task, Lengths] = Field(default_factory=lambda: {t: Lengths() for t in TASKS})
+    acceptance: Acceptance = Field(default_factory=Acceptance)
+    cost: Costs = Field(default_factory=Costs)
+    policies: Policies = Field(default_factory=Policies)
+    # Width of the time bins in the plots' time series.
+    bin_s: float = Field(default=2.0, gt=0)
+    base_dir: Path = Path(".")
+
+    @property
+    def duration_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def resolve(self, path: Path) -> Path:
+        return path if path.is_absolute() else self.base_dir / path
+
+    def lengths_for(self, task: Task) -> Lengths:
+        return self.lengths.get(task, Lengths())
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; raises InvalidDocument / OSError naming the file."""
+    file = Path(path)
+    scenario = validate_yaml(Scenario, file.read_text())
+    return scenario.model_copy(update={"base_dir": file.parent})

@@ -1,0 +1,121 @@
+"""Acceptance traces: which output tokens the drafter gets wrong, for one request.
+
+A trace line (``traces/*.jsonl``, recorded by the embedded engine verifying the full block,
+k = block_size - 1, at every step) reads::
+
+    {"task": "math", "block_size": 16, "prompt_tokens": 312, "accept_lengths": [7, 3, 16, ...]}
+
+Replaying at a smaller k uses the *hard token* model: a step starting at output position p
+that accepted n < block_size - 1 drafts failed on token p + n (the target emitted it as the
+correction). Any later window that drafts that token fails there again, so a step at
+position p verifying k drafts accepts ``min(k, next_hard(p) - p)``. With k = block_size - 1
+this replays the recorded steps exactly; the oracle reads the same structure ahead of time.
+
+Without trace files the fallback is a *parametric* model (labelled as such in every report):
+per-task conditional acceptance per position, with a per-request logit offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.sim.scenario import ParametricTask
+from policies.types import Task
+
+
+@dataclass(frozen=True)
+class AcceptanceTrace:
+    """Output length and sorted positions of tokens the drafter mispredicts."""
+
+    num_output_tokens: int
+    hard_positions: tuple[int, ...]
+
+    def accepted_at(self, position: int, spec_tokens: int, hint: int = 0) -> tuple[int, int]:
+        """(accepted drafts at ``position`` with k drafts, index hint for the next call)."""
+        hard = self.hard_positions
+        i = hint
+        if i < len(hard) and hard[i] < position:
+            i = bisect.bisect_left(hard, position, lo=i)
+        gap = hard[i] - position if i < len(hard) else spec_tokens
+        return min(spec_tokens, gap), i
+
+
+def trace_from_accept_lengths(accept_lengths: list[int], block_size: int) -> AcceptanceTrace:
+    """Hard positions implied by a full-block run of accept lengths (bonus included)."""
+    hard: list[int] = []
+    position = 0
+    for length in accept_lengths:
+        if length < 1 or length > block_size:
+            raise ValueError(f"accept length {length} outside [1, {block_size}]")
+        if length < block_size:
+            hard.append(position + length - 1)
+        position += length
+    return AcceptanceTrace(position, tuple(hard))
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def parametric_trace(
+    model: ParametricTask, block_size: int, num_output_tokens: int, rng: random.Random
+) -> AcceptanceTrace:
+    """Sample a full-block run from per-position conditional rates, then convert it."""
+    n = block_size - 1
+    shift = rng.gauss(0.0, model.request_spread) if model.request_spread > 0 else 0.0
+    rates = []
+    for i in range(n):
+        base = model.first_rate + (model.last_rate - model.first_rate) * i / max(1, n - 1)
+        rates.append(1.0 / (1.0 + math.exp(-(_logit(base) + shift))))
+    lengths: list[int] = []
+    produced = 0
+    while produced < num_output_tokens:
+        accepted = 0
+        while accepted < n and rng.random() < rates[accepted]:
+            accepted += 1
+        lengths.append(accepted + 1)
+        produced += accepted + 1
+    trace = trace_from_accept_lengths(lengths, block_size)
+    return AcceptanceTrace(num_output_tokens, trace.hard_positions)
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    task: Task
+    prompt_tokens: int
+    trace: AcceptanceTrace
+
+
+def load_traces(path: Path, block_size: int) -> dict[Task, list[TraceRecord]]:
+    """Read every ``*.jsonl`` under ``path`` (or the one file); errors name file and line."""
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    out: dict[Task, list[TraceRecord]] = {}
+    for file in files:
+        for number, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = _record(json.loads(line), block_size)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{file}:{number}: bad trace line ({exc})") from exc
+            out.setdefault(record.task, []).append(record)
+    return out
+
+
+def _record(data: dict[str, object], block_size: int) -> TraceRecord:
+    recorded_block = int(str(data.get("block_size", block_size)))
+    if recorded_block != block_size:
+        raise ValueError(f"block_size {recorded_block} != scenario block_size {block_size}")
+    lengths = data["accept_lengths"]
+    if not isinstance(lengths, list) or not lengths:
+        raise ValueError("accept_lengths must be a non-empty list")
+    return TraceRecord(
+        task=Task(str(data["task"])),
+        prompt_tokens=int(str(data.get("prompt_tokens", 0))),
+        trace=trace_from_accept_lengths([int(x) for x in lengths], block_size),
+    )
