@@ -3,7 +3,7 @@
     GET  /admin/policy                 current YAML; ETag and X-Draftctl-Policy-Version headers
     PUT  /admin/policy                 YAML body; If-Match honoured (412); 200 {"version": N}
                                        or 422 {"errors": [{"path", "message", "line"}]}
-    POST /admin/policy/validate        YAML body; 200 {"ok": true, ...} or 422 like PUT
+    POST /admin/policy/validate        YAML body; 200 {"ok": bool, "errors": [...]} (never applies)
     GET  /admin/policy/versions        {"current": N, "versions": [...newest first], "file": {...}}
     GET  /admin/policy/versions/{n}    that version's YAML
     POST /admin/policy/rollback        {"version": N}; 200 {"version": new, "rolled_back_to": N}
@@ -136,11 +136,12 @@ class AdminAPI:
         return JSONResponse(body, headers=self._version_headers())
 
     async def validate_policy(self, request: Request) -> Response:
+        # 200 either way: the question "is this valid?" was answered. Only PUT refuses (422).
         text = await _read_text(request)
         try:
             spec = validate_policy_text(text)
         except InvalidDocument as exc:
-            return _invalid(exc)
+            return JSONResponse({"ok": False, "errors": [p.as_dict() for p in exc.problems]})
         return JSONResponse({"ok": True, "errors": [], "kind": spec.kind})
 
     async def list_versions(self, request: Request) -> Response:
