@@ -1,24 +1,35 @@
-"""Where the running policy comes from: the policy file (and its store, once started)."""
+"""Where the running policy comes from: the versioned PolicyStore and its file watcher.
+
+The gateway reads ``current()`` on every request; the store's subscription swaps in a
+newly built policy whole, so a request sees either the old or the new policy, never a mix.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from controller.config import PolicyConfig
 from controller.metrics import Metrics
 from controller.policy_state import RunningPolicy
-from policies.model import PolicySpec, parse_policy
+from controller.policy_store import PolicyStore
+from policies.model import PolicySpec
 
 log = logging.getLogger(__name__)
 
 
 class PolicySource:
-    """Holds the RunningPolicy the gateway reads on every request; swapped whole on change."""
-
     def __init__(self, config: PolicyConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._running = RunningPolicy.build(0, PolicySpec())
+        # Raises InvalidDocument when the file is invalid and no kept version exists.
+        self.store = PolicyStore(config.path, config.versions_dir)
+        version, _, spec = self.store.current()
+        self._running = RunningPolicy.build(version, spec)
+        metrics.policy_version.set(version)
+        self.store.subscribe(self.swap)
+        self._watch: asyncio.Task[None] | None = None
 
     def current(self) -> RunningPolicy:
         return self._running
@@ -29,12 +40,11 @@ class PolicySource:
         log.info("policy version %d (%s) is now running", version, spec.kind)
 
     async def start(self) -> None:
-        path = self.config.path
-        if not path.exists():
-            log.warning("policy file %s not found; running the default static policy", path)
-            self.swap(PolicySpec(), 0)
-            return
-        self.swap(parse_policy(path.read_text(encoding="utf-8")), 1)
+        watch = self.store.watch(self.config.reload_debounce_s)
+        self._watch = asyncio.create_task(watch, name="policy-watch")
 
     async def close(self) -> None:
-        return None
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch

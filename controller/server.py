@@ -16,10 +16,13 @@ import time
 import uvicorn
 from starlette.routing import BaseRoute
 
+from controller.admin import admin_routes
+from controller.admin_auth import AdminAuth
 from controller.app import Probes, build_app
 from controller.backends import build_backend
 from controller.classifier.base import Classifier
 from controller.config import Config
+from controller.dashboard import dashboard_routes
 from controller.fleet import Fleet
 from controller.gateway import Gateway
 from controller.metrics import Metrics
@@ -127,7 +130,8 @@ class Server:
         return None
 
     def _extra_routes(self) -> list[BaseRoute]:
-        return []
+        auth = AdminAuth.from_env(self.config.admin.token_env)
+        return [*admin_routes(self.policy.store, auth), *dashboard_routes()]
 
     async def main_loop(self) -> None:
         assert self._uvicorn is not None, "startup() first"

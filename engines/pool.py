@@ -25,7 +25,7 @@ from engines.base import (
     BackendResponse,
     BackendUnavailable,
 )
-from engines.outcome_readers import reader_for
+from engines.outcome_readers import reader_for, request_extras
 from engines.sse import SseAnnotator, merge_outcome
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class PoolBackend:
     async def submit(
         self, request: BackendRequest, spec_tokens: int, annotate: Annotator
     ) -> BackendResponse:
-        body = dict(request.body)
+        body = {**request.body, **request_extras(self.kind, spec_tokens)}
         wants_usage = False
         if request.stream:
             options = dict(body.get("stream_options") or {})

@@ -92,6 +92,7 @@ class SseAnnotator:
         if not obj.get("choices") and obj.get("usage"):
             return self._usage(obj)
         if any(c.get("finish_reason") is not None for c in obj.get("choices") or ()):
+            merge_outcome(self.outcome, self._read_outcome(obj), obj)
             out = self._flush(annotate=False)
             self._held = obj
             return out

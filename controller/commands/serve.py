@@ -30,7 +30,12 @@ def run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             log.error("%s: %s", args.config, problem)
         return 1
-    server = Server(config, host=args.host, port=args.port)
+    try:
+        server = Server(config, host=args.host, port=args.port)
+    except InvalidDocument as exc:
+        for problem in exc.problems:
+            log.error("policy file %s: %s", config.policy.path, problem)
+        return 1
     try:
         uvloop.run(server.serve())
     except StartupError as exc:

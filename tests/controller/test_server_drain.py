@@ -1,0 +1,76 @@
+"""`draftctl serve` as a real process: SIGTERM drains in-flight streams, then exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.controller.conftest import MODEL, StartUpstream, pool
+
+
+async def _start_daemon(config: Path) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert line, "daemon exited before listening"
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            return proc, found.group(1)
+
+
+async def test_sigterm_drains_in_flight_stream(
+    tmp_path: Path, start_upstream: StartUpstream
+) -> None:
+    upstream = await start_upstream(num_chunks=20, chunk_delay_s=0.05)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"drain_timeout_s": 10},
+                "backends": [pool("k7", upstream.url, 7)],
+            }
+        )
+    )
+    proc, url = await _start_daemon(config)
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                first = await resp.content.readany()
+                assert first.startswith(b"data: ")
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                with pytest.raises(aiohttp.ClientConnectionError):  # no longer accepting
+                    async with aiohttp.ClientSession() as other:
+                        await other.get(url + "/healthz")
+                rest = first + await resp.content.read()
+        events = [e for e in rest.split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]"
+        contents = [json.loads(e[6:]) for e in events[:-1]]
+        assert sum(len(c["choices"]) for c in contents) == 20
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
