@@ -58,7 +58,9 @@ def serve(app: ASGIApp) -> Iterator[str]:
         sock.close()
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in this thread
+# while it is open, which would break asyncio tests collected after these modules.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} not found: run scripts/install_browser.sh (make browser-deps)")
