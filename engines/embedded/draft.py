@@ -1,0 +1,96 @@
+"""The DFlash draft: a few non-causal layers that denoise a block ``[last token, mask, ...]``
+while attending to context K/V projected from the target's hidden states.
+
+Draft cache invariant: for a request whose next verify starts at position ``s``, draft cache
+positions ``[0, s)`` hold the *context* K/V of the target features at those positions.
+``insert_context`` writes them after every verify (for all verified positions; the rejected
+tail is overwritten later and never read), ``propose`` writes the noise block's K/V at
+``[s, s + block)`` and attends to every key ``< s + block`` (bidirectional inside the block).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engines.embedded.checkpoint import DraftSpec
+from engines.embedded.kv_cache import KVCache
+from engines.embedded.layers import (
+    DecoderLayer,
+    RMSNorm,
+    Rotary,
+    cached_attention,
+    decoder_layers,
+    write_cache,
+)
+from engines.embedded.target import TargetModel
+
+
+class DraftModel(nn.Module):
+    def __init__(self, spec: DraftSpec, max_positions: int) -> None:
+        super().__init__()
+        shape = spec.shape
+        self.spec = spec
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
+        self.fc = nn.Linear(
+            len(spec.target_layer_ids) * shape.hidden_size, shape.hidden_size, bias=False
+        )
+        self.hidden_norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+
+    def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
+        state = {
+            k.removeprefix("model."): v
+            for k, v in weights.items()
+            if not k.startswith(("embed_tokens", "lm_head", "model.embed_tokens"))
+        }
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"draft weights do not match the config: missing={missing[:5]}, "
+                f"unexpected={unexpected[:5]}"
+            )
+
+    def insert_context(
+        self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache, first_slot: int = 0
+    ) -> None:
+        """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W]."""
+        context = self.hidden_norm(self.fc(features))
+        for index, layer in enumerate(decoder_layers(self.layers)):
+            k, v = layer.key_value(context)
+            k_cache, v_cache = cache.rows(index, first_slot, features.shape[0])
+            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(v_cache, positions, v)
+
+    def propose(
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        target: TargetModel,
+        first_slot: int = 0,
+        num_keys: int | None = None,
+    ) -> torch.Tensor:
+        """block_ids: [B, block] = last token then mask tokens, at positions [B, block].
+
+        Returns draft logits [B, block - 1, vocab] for positions ``s + 1 .. s + block - 1``."""
+        num_keys = num_keys or cache.max_len
+        batch = block_ids.shape[0]
+        key_positions = torch.arange(num_keys, device=block_ids.device)
+        end = positions[:, -1:] + 1  # [B, 1]: s + block
+        visible = (key_positions[None, :] < end)[:, None, :].expand(-1, block_ids.shape[1], -1)
+        h = target.embed_tokens(block_ids) * self.spec.input_embedding_scale
+        for index, layer in enumerate(decoder_layers(self.layers)):
+            x = layer.input_layernorm(h)
+            q = self.rotary(layer.query(x), positions)
+            k, v = layer.key_value(x)
+            k_cache, v_cache = cache.rows(index, first_slot, batch)
+            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(v_cache, positions, v)
+            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], visible)
+            h = h + layer.attention_out(attn)
+            h = layer.feed_forward(h)
+        logits = target.logits(self.norm(h[:, 1:])) * self.spec.output_multiplier
+        cap = self.spec.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits

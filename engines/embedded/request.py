@@ -1,0 +1,49 @@
+"""A running request's bookkeeping (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.embedded.events import FinishReason, SamplingParams, SpecController
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    controller: SpecController
+    context: dict[str, Any]
+    output_ids: list[int] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
+    slot: int = -1
+    finish_reason: FinishReason | None = None
+
+    @property
+    def position(self) -> int:
+        """Position of the last token, the first input of the next verify (not yet cached)."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1]
+
+    @property
+    def num_remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.output_ids)
+
+    def append(self, tokens: list[int]) -> list[int]:
+        """Append up to the length limit and the first stop token; return what was appended."""
+        kept: list[int] = []
+        for token in tokens:
+            if self.num_remaining <= 0:
+                break
+            self.output_ids.append(token)
+            kept.append(token)
+            if token in self.params.stop_token_ids:
+                self.finish_reason = "stop"
+                return kept
+        if self.num_remaining <= 0:
+            self.finish_reason = "length"
+        return kept

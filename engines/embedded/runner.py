@@ -1,0 +1,205 @@
+"""Runs the models for one batch: prefill a request, or one speculative step for all running rows.
+
+A step is: draft proposes a block for every row -> target verifies ``[last, drafts...]``
+(padded to a captured width) -> the verified positions' target features go into the draft's
+context cache -> accept (greedy or rejection sampling). One device->host copy at the end.
+Rows with k = 0 verify only their last token but still get their draft context updated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engines.embedded.cuda_graphs import GraphedCall, padded_size
+from engines.embedded.draft import DraftModel
+from engines.embedded.kv_cache import KVCache
+from engines.embedded.request import Request
+from engines.embedded.sampling import sample_from_probs, sampling_probs
+from engines.embedded.speculative import verify_greedy, verify_rejection
+from engines.embedded.target import TargetModel
+
+GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rounded up
+
+
+@dataclass(frozen=True)
+class StepResult:
+    accepted: list[list[bool]]  # per row, length k of that row
+    new_tokens: list[list[int]]  # per row: accepted drafts then the bonus token
+    step_time_s: float
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        target: TargetModel,
+        draft: DraftModel,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_batch_size: int,
+        max_seq_len: int,
+        use_cuda_graphs: bool,
+    ) -> None:
+        self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
+        self.block_size = draft.spec.block_size
+        self.mask_token_id = draft.spec.mask_token_id
+        self.use_cuda_graphs = use_cuda_graphs
+        self.batch_sizes = [b for b in GRAPH_BATCH_SIZES if b < max_batch_size]
+        self.batch_sizes.append(max_batch_size)
+        # Verify widths 1 (plain decode) and multiples of 8: widths like 5 or 9 cost more on GPU.
+        self.widths = [1, *range(8, self.block_size + 8, 8)]
+        cache_len = max_seq_len + max(self.block_size, self.widths[-1])
+        ts, ds = target.shape, draft.spec.shape
+        self.target_cache = KVCache(
+            ts.num_layers, max_batch_size, ts.num_kv_heads, cache_len, ts.head_dim, dtype, device
+        )
+        self.draft_cache = KVCache(
+            ds.num_layers, max_batch_size, ds.num_kv_heads, cache_len, ds.head_dim, dtype, device
+        )
+        self._graphs: dict[tuple[str, int, int], GraphedCall] = {}
+        if use_cuda_graphs:
+            self._capture()
+
+    # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
+
+    def _verify_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, num_keys: int | None = None
+    ) -> torch.Tensor:
+        hidden, features = self.target(ids, positions, self.target_cache, num_keys=num_keys)
+        self.draft.insert_context(features, positions, self.draft_cache)
+        return self.target.logits(hidden)
+
+    def _draft_forward(
+        self, block_ids: torch.Tensor, positions: torch.Tensor, num_keys: int | None = None
+    ) -> torch.Tensor:
+        return self.draft.propose(
+            block_ids, positions, self.draft_cache, self.target, num_keys=num_keys
+        )
+
+    def _capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for batch in reversed(self.batch_sizes):  # largest first so smaller ones reuse the pool
+            for width in reversed(self.widths):
+                ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+                pos = torch.arange(width, device=self.device).repeat(batch, 1)
+                self._graphs["verify", batch, width] = GraphedCall(
+                    self._verify_forward, (ids, pos), pool
+                )
+            ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
+            pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
+            self._graphs["draft", batch, self.block_size] = GraphedCall(
+                self._draft_forward, (ids, pos), pool
+            )
+
+    def _run(self, name: str, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        rows, width = ids.shape
+        forward = self._verify_forward if name == "verify" else self._draft_forward
+        if not self.use_cuda_graphs:
+            num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
+            return forward(ids, positions, min(num_keys, self.target_cache.max_len))
+        graph = self._graphs[name, padded_size(rows, self.batch_sizes), width]
+        return graph(ids, positions)[:rows]
+
+    # -- prefill -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, request: Request, uniforms: torch.Tensor) -> int:
+        """Fill the request's slot with its prompt; return the first generated token."""
+        ids = torch.tensor([request.prompt_ids], device=self.device)
+        positions = torch.arange(ids.shape[1], device=self.device)[None]
+        slot, num_keys = request.slot, ids.shape[1]
+        hidden, features = self.target(ids, positions, self.target_cache, slot, num_keys)
+        self.draft.insert_context(features, positions, self.draft_cache, slot)
+        logits = self.target.logits(hidden[:, -1:])
+        probs = sampling_probs(logits, *self._params_tensors([request]))
+        return int(sample_from_probs(probs[:, 0], uniforms[:1].to(self.device))[0])
+
+    def release_slot(self, moved: tuple[int, int] | None, length: int) -> None:
+        if moved is not None:
+            self.target_cache.move(*moved, length)
+            self.draft_cache.move(*moved, length)
+
+    # -- one speculative step ----------------------------------------------------------------
+
+    def _params_tensors(self, rows: list[Request]) -> tuple[torch.Tensor, ...]:
+        params = [r.params for r in rows]
+        dev = self.device
+        return (
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev),
+        )
+
+    @torch.inference_mode()
+    def step(
+        self, rows: list[Request], spec_tokens: list[int], uniforms: torch.Tensor
+    ) -> StepResult:
+        """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU)."""
+        started = self._clock()
+        widest = max(spec_tokens)
+        width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
+        is_greedy = all(r.params.temperature <= 0 for r in rows)
+        # One host->device copy of the step's small inputs (cannot be avoided: they are new).
+        host = torch.tensor(
+            [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
+        )
+        last, start, num_draft = host.to(self.device).unbind(1)
+        u = uniforms.to(self.device)
+        params = None if is_greedy else self._params_tensors(rows)
+        offsets = torch.arange(self.block_size, device=self.device)
+        drafts = torch.zeros(len(rows), widest, dtype=torch.long, device=self.device)
+        draft_probs = None
+        if widest > 0:
+            block = torch.full(
+                (len(rows), self.block_size),
+                self.mask_token_id,
+                dtype=torch.long,
+                device=self.device,
+            )
+            block[:, 0] = last
+            draft_logits = self._run("draft", block, start[:, None] + offsets)[:, :widest]
+            if params is None:
+                drafts = draft_logits.argmax(dim=-1)
+            else:
+                draft_probs = sampling_probs(draft_logits, *params)
+                drafts = sample_from_probs(draft_probs, u[:, :widest])
+        ids = torch.cat([last[:, None], drafts], dim=1)
+        if width > ids.shape[1]:
+            ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+        logits = self._run("verify", ids, start[:, None] + offsets[:width])[:, : widest + 1]
+        if params is None:
+            accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
+        else:
+            target_probs = sampling_probs(logits, *params)
+            if draft_probs is None:
+                draft_probs = target_probs.new_zeros(len(rows), 0, target_probs.shape[-1])
+            accepted, bonus = verify_rejection(
+                drafts,
+                num_draft,
+                draft_probs,
+                target_probs,
+                u[:, self.block_size : self.block_size + widest],
+                u[:, -1],
+            )
+        packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1).cpu()  # the sync
+        return self._unpack(packed, spec_tokens, widest, self._clock() - started)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    @staticmethod
+    def _unpack(
+        packed: torch.Tensor, spec_tokens: list[int], widest: int, elapsed_s: float
+    ) -> StepResult:
+        accepted_rows, token_rows = [], []
+        for row, k in zip(packed.tolist(), spec_tokens, strict=True):
+            mask = [bool(x) for x in row[:k]]
+            num_accepted = sum(mask)
+            accepted_rows.append(mask)
+            token_rows.append([*row[widest : widest + num_accepted], row[-1]])
+        return StepResult(accepted_rows, token_rows, elapsed_s)

@@ -1,0 +1,81 @@
+"""The target model (Qwen3 / Llama): a causal forward over new tokens against the KV cache that
+also returns the residual stream after the layers the draft reads (``target_layer_ids``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engines.embedded.checkpoint import ModelShape
+from engines.embedded.kv_cache import KVCache
+from engines.embedded.layers import (
+    DecoderLayer,
+    RMSNorm,
+    Rotary,
+    cached_attention,
+    decoder_layers,
+    write_cache,
+)
+
+
+class TargetModel(nn.Module):
+    def __init__(
+        self, shape: ModelShape, max_positions: int, aux_layer_ids: tuple[int, ...]
+    ) -> None:
+        super().__init__()
+        self.shape = shape
+        self.aux_layer_ids = aux_layer_ids
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+
+    def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load HF ``model.*`` / ``lm_head`` tensors; ties the head to the embedding if needed."""
+        state = {k.removeprefix("model."): v for k, v in weights.items()}
+        if self.shape.tie_word_embeddings or "lm_head.weight" not in state:
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"target weights do not match the config: missing={missing[:5]}, "
+                f"unexpected={unexpected[:5]}"
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        first_slot: int = 0,
+        num_keys: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, positions: [B, W] for slots ``first_slot..+B``. Writes K/V at ``positions``
+        and attends causally to cached keys ``< num_keys`` (default: the whole cache).
+
+        Returns (final-normed hidden [B, W, hidden], aux features [B, W, len(aux) * hidden])."""
+        num_keys = num_keys or cache.max_len
+        batch = input_ids.shape[0]
+        key_positions = torch.arange(num_keys, device=input_ids.device)
+        visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
+        h = self.embed_tokens(input_ids)
+        saved: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(decoder_layers(self.layers)):
+            x = layer.input_layernorm(h)
+            q = self.rotary(layer.query(x), positions)
+            k, v = layer.key_value(x)
+            k_cache, v_cache = cache.rows(index, first_slot, batch)
+            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(v_cache, positions, v)
+            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], visible)
+            h = h + layer.attention_out(attn)
+            h = layer.feed_forward(h)
+            if index in self.aux_layer_ids:
+                saved[index] = h
+        # Residual stream after layer i, i.e. HF ``hidden_states[i + 1]`` (dflash's offset 1).
+        features = torch.cat([saved[i] for i in self.aux_layer_ids], -1) if saved else h[..., :0]
+        return self.norm(h), features
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
