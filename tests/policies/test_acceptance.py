@@ -1,0 +1,100 @@
+"""Per-position acceptance estimates: censoring, priors, decay and request blending."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies.acceptance import (
+    PositionCounts,
+    blend_request_history,
+    expected_accept_length,
+    trials_from_step,
+)
+
+
+def test_expected_accept_length_is_one_plus_survival_products() -> None:
+    rates = [0.5, 0.5, 0.5]
+    assert expected_accept_length(rates, 0) == 1.0
+    assert expected_accept_length(rates, 1) == pytest.approx(1.5)
+    assert expected_accept_length(rates, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+@pytest.mark.parametrize(
+    ("k", "length", "want"),
+    [
+        (7, 1, (0, True)),
+        (7, 4, (3, True)),
+        (7, 8, (7, False)),
+        (4, 9, (4, False)),
+        (0, 1, (0, False)),
+    ],
+)
+def test_trials_from_step(k: int, length: int, want: tuple[int, bool]) -> None:
+    assert trials_from_step(k, length) == want
+
+
+def test_censored_positions_keep_their_prior() -> None:
+    counts = PositionCounts([0.5] * 15, prior_strength=10, half_life_steps=1e9)
+    for _ in range(200):
+        counts.add_step(4, 5)  # all four drafted positions accepted every time
+    rates = counts.snapshot().rates
+    assert rates[0] > 0.95 and rates[3] > 0.95
+    # Positions 5.. were never drafted: no evidence either way, prior unchanged.
+    assert rates[4] == pytest.approx(0.5)
+    assert counts.snapshot().trials[4] == 0.0
+
+
+def test_estimates_converge_to_true_conditional_rates() -> None:
+    rng = random.Random(0)
+    true = [0.9] * 5 + [0.6] * 10
+    counts = PositionCounts([0.7] * 15, prior_strength=5, half_life_steps=1e9)
+    for _ in range(5000):
+        accepted = 0
+        while accepted < 15 and rng.random() < true[accepted]:
+            accepted += 1
+        counts.add_step(15, accepted + 1)
+    rates = counts.snapshot().rates
+    assert rates[0] == pytest.approx(0.9, abs=0.02)
+    assert rates[6] == pytest.approx(0.6, abs=0.05)
+
+
+def test_a_rejection_only_counts_at_the_rejected_position() -> None:
+    counts = PositionCounts([0.5] * 4, prior_strength=1, half_life_steps=1e9)
+    counts.add_step(4, 2)  # position 1 accepted, position 2 rejected, 3-4 not at risk
+    snap = counts.snapshot()
+    assert snap.trials == (1.0, 1.0, 0.0, 0.0)
+    assert snap.rates[0] == pytest.approx(0.75)
+    assert snap.rates[1] == pytest.approx(0.25)
+
+
+def test_vllm_position_counts() -> None:
+    counts = PositionCounts([0.5] * 3, prior_strength=1e-9, half_life_steps=1e9)
+    counts.add_position_counts(num_drafts=100, accepted_per_position=[80, 40, 10])
+    rates = counts.snapshot().rates
+    assert rates == pytest.approx([0.8, 0.5, 0.25])
+
+
+def test_decay_forgets_old_evidence() -> None:
+    counts = PositionCounts([0.5], prior_strength=1, half_life_steps=10)
+    for _ in range(100):
+        counts.add_step(1, 2)
+    assert counts.snapshot().rates[0] > 0.9
+    for _ in range(100):
+        counts.add_step(1, 1)
+    assert counts.snapshot().rates[0] < 0.1
+    # Effective trials stay near the half-life's window, not the 200 steps seen.
+    assert counts.snapshot().trials[0] < 20
+
+
+def test_request_history_blends_towards_its_own_rate() -> None:
+    task = [0.8] * 7
+    few = blend_request_history(task, [7], [1], strength=6)
+    many = blend_request_history(task, [7] * 30, [1] * 30, strength=6)
+    assert 0.6 < few[0] < 0.8
+    assert many[0] < 0.2
+    # Positions past the first rejection were never at risk: they keep the task rate.
+    assert many[1] == pytest.approx(0.8)
+    # Steps without drafting tell nothing.
+    assert blend_request_history(task, [0, 0], [1, 1], strength=6) == pytest.approx(task)

@@ -1,0 +1,75 @@
+"""Cost table interpolation, verify-width padding and online correction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from policies.costmodel import CostModel, CostTable, load_cost_table, padded_width
+
+TABLE = CostTable(
+    batch_sizes=(1, 8, 64),
+    tokens_per_request=(1, 8, 16),
+    step_time_s=((1.0, 1.1, 1.2), (1.2, 1.5, 2.0), (2.0, 6.0, 10.0)),
+)
+
+
+def test_interpolation_hits_grid_and_interpolates_between() -> None:
+    assert TABLE.time_s(8, 8) == pytest.approx(1.5)
+    assert TABLE.time_s(36, 1) == pytest.approx(1.6)
+    assert TABLE.time_s(64, 12) == pytest.approx(8.0)
+    # Linear extrapolation past the largest batch.
+    assert TABLE.time_s(120, 1) == pytest.approx(2.0 + 56 * (0.8 / 56))
+
+
+@pytest.mark.parametrize(
+    ("k", "multiple", "want"), [(0, 8, 1), (4, 8, 8), (7, 8, 8), (8, 8, 16), (5, 1, 6)]
+)
+def test_padded_width(k: int, multiple: int, want: int) -> None:
+    assert padded_width(k, multiple) == want
+
+
+def test_step_cost_pads_and_adds_the_draft_forward() -> None:
+    model = CostModel(TABLE, block_size=16, verify_width_multiple=8, draft_cost_fraction=0.1)
+    snap = model.snapshot()
+    assert snap.step_time_s(64, 0) == pytest.approx(2.0)
+    # k = 4 verifies a padded width of 8: same cost as k = 7.
+    assert snap.step_time_s(64, 4) == pytest.approx(6.0 + 0.1 * 10.0)
+    assert snap.step_time_s(64, 4) == snap.step_time_s(64, 7)
+
+
+def test_observed_step_times_correct_the_table() -> None:
+    model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0, learning_rate=0.2)
+    for _ in range(100):
+        model.observe_step(64, 16.0, 1.0, 15.0)  # the engine is 1.5x slower than the table
+    snap = model.snapshot()
+    assert snap.step_time_s(64, 15) == pytest.approx(15.0, rel=0.01)
+    # Rows far from the observations keep the table value.
+    assert snap.step_time_s(1, 0) == pytest.approx(1.0)
+
+
+def test_load_cost_table_names_the_file_and_problem(tmp_path: Path) -> None:
+    good = tmp_path / "t.json"
+    good.write_text(
+        json.dumps(
+            {
+                "batch_sizes": [1, 2],
+                "tokens_per_request": [1, 16],
+                "unit": "s",
+                "step_time_s": [[1.0, 2.0], [1.5, 3.0]],
+            }
+        )
+    )
+    assert load_cost_table(good).time_s(2, 16) == 3.0
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {"batch_sizes": [1, 2], "tokens_per_request": [1, 16], "step_time_s": [[1.0, 2.0]]}
+        )
+    )
+    with pytest.raises(ValueError, match=r"bad\.json.*1 rows"):
+        load_cost_table(bad)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_cost_table(tmp_path / "missing.json")
