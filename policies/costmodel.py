@@ -158,6 +158,16 @@ class CostModel:
         ):
             self._snapshot = None
 
+    def load_corrections(self, corrections: Sequence[float]) -> None:
+        """Restore corrections saved by ``OnlineModels.to_dict`` (one per batch size row)."""
+        if len(corrections) != len(self._correction) or any(c <= 0 for c in corrections):
+            raise ValueError(
+                f"cost_correction needs {len(self._correction)} positive factors (one per "
+                f"batch size of the table), got {list(corrections)}"
+            )
+        self._correction = list(corrections)
+        self._snapshot = None
+
     def snapshot(self) -> CostSnapshot:
         if self._snapshot is None:
             self._snapshot = CostSnapshot(self, tuple(self._correction))
