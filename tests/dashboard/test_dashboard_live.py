@@ -1,0 +1,197 @@
+"""The dashboard on a real ``draftctl serve`` with real traffic, in headless Chromium.
+
+Two vLLM-shaped fake pools (tests/controller/fake_upstream.py) on loopback stand in for the
+fleet: ``vllm-k7`` reports per-request ``metrics.speculative_decoding`` and streams faster,
+``vllm-k0`` runs without speculation. The daemon is the real one, started as a subprocess.
+The test drives traffic for every task, changes the policy in the page's editor so chat
+moves to the no-spec pool, drives more chat traffic, and checks that the page shows what
+``/api/stats`` reports: per-task requests, chosen-k bars, a measured chat speedup, pools and
+the concurrency chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+import yaml
+from playwright.sync_api import expect
+
+from controller.policy_store import DEFAULT_POLICY_TEXT
+from tests.controller.fake_upstream import Behaviour, FakeUpstream, vllm_spec_metrics
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+T = TypeVar("T")
+MODEL = "demo"
+CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+
+
+class LoopThread:
+    """An asyncio loop in a thread, for the fake pools and the traffic (Playwright's sync
+    API owns the test thread's loop)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+def pool(name: str, url: str, k: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": "vllm",
+        "urls": [url],
+        "model": MODEL,
+        "spec_tokens": k,
+        "block_size": 8,
+        "health_interval_s": 0.5,
+        "timeout_s": 10,
+    }
+
+
+def start_daemon(config_path: Path) -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, "-m", "controller.cli", "serve", "--config", str(config_path)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        found = re.search(r"listening on (http://\S+)", line)
+        if found:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
+            return proc, found.group(1)
+    proc.kill()
+    raise AssertionError("draftctl serve did not start:\n" + "".join(lines))
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def wait_ready(base: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if get_json(f"{base}/readyz")["ready"]:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{base}/readyz never said ready")
+
+
+async def traffic(base: str, task: str, num_requests: int, concurrency: int) -> list[str]:
+    """Streamed chat completions hinted as ``task``; returns the backends that served them."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"a {task} question"}],
+        "stream": True,
+        "max_tokens": 32,
+    }
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession) -> str:
+        async with (
+            gate,
+            session.post(
+                f"{base}/v1/chat/completions", json=body, headers={"x-draftctl-task": task}
+            ) as response,
+        ):
+            assert response.status == 200, await response.text()
+            await response.read()
+            return response.headers["x-draftctl-backend"]
+
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(one(session) for _ in range(num_requests))))
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[str, LoopThread]]:
+    loops = LoopThread()
+    fast = FakeUpstream(Behaviour(num_chunks=24, chunk_delay_s=0.004, spec=vllm_spec_metrics(7)))
+    plain = FakeUpstream(Behaviour(num_chunks=24, chunk_delay_s=0.012))
+    urls = [loops.run(fast.start()), loops.run(plain.start())]
+    config = {
+        "server": {"host": "127.0.0.1", "port": 0, "drain_timeout_s": 2},
+        "policy": {"path": "policy.yaml", "versions_dir": "versions", "reload_debounce_s": 0.1},
+        "backends": [pool("vllm-k7", urls[0], 7), pool("vllm-k0", urls[1], 0)],
+    }
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    proc, base = start_daemon(config_path)
+    try:
+        wait_ready(base)
+        yield base, loops
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        loops.run(fast.stop())
+        loops.run(plain.stop())
+        loops.close()
+
+
+def test_live_dashboard_through_the_daemon(
+    page: Any, daemon: tuple[str, LoopThread], screenshot: Any
+) -> None:
+    base, loops = daemon
+    for task in ("math", "code", "chat"):
+        assert set(loops.run(traffic(base, task, 12, 4))) == {"vllm-k7"}
+
+    page.goto(f"{base}/dashboard?interval_ms=500")
+    page.wait_for_selector("#conn-status.ok")
+    for task in ("math", "code", "chat"):
+        expect(page.locator(f"#task-{task} .requests .value")).to_have_text("12")
+        expect(page.locator(f"#task-{task} .k-chart rect.bar")).to_have_count(1)
+    expect(page.locator("#pools tbody tr")).to_have_count(2)
+    expect(page.locator('#pools tr[data-pool="vllm-k7"] .health')).to_have_text("● up")
+
+    # Move chat off speculation in the page's editor; the version changes everywhere.
+    expect(page.locator("#policy-text")).to_have_value(re.compile("kind: static"))
+    page.fill("#policy-text", CHAT_OFF)
+    page.click("#btn-apply")
+    expect(page.locator("#editor-status")).to_have_text(re.compile("applied: now version 2"))
+    expect(page.locator("#policy-version")).to_have_text("v2")
+
+    assert set(loops.run(traffic(base, "chat", 12, 4))) == {"vllm-k0"}
+    chat = page.locator("#task-chat")
+    expect(chat.locator(".requests .value")).to_have_text("24")
+    expect(chat.locator(".k-chart rect.bar")).to_have_count(2)
+    expect(chat.locator(".k-chart rect.bar.off")).to_have_count(1)
+    expect(chat.locator(".speedup .badge")).to_have_text(re.compile("measured", re.I))
+    expect(page.locator("#concurrency-chart polyline")).to_have_count(1)
+
+    stats = get_json(f"{base}/api/stats")
+    speedup = stats["tasks"]["chat"]["speedup"]
+    assert speedup["method"] == "tpot-vs-no-spec-pool" and speedup["value"] > 1
+    expect(chat.locator(".speedup .value")).to_have_text(re.compile(f"^{speedup['value']:.2f}×"))
+    expect(chat.locator(".speedup-method")).to_contain_text("TPOT vs no-spec pool")
+    accept = stats["tasks"]["math"]["accept_length_mean"]
+    assert accept is not None
+    expect(page.locator("#task-math .accept-length .value")).to_have_text(f"{accept:.2f}")
+    page.wait_for_timeout(1500)  # one more poll so the screenshot shows settled charts
+    screenshot(page, "live-daemon")
+    assert page.watch.errors == [], page.watch.errors
