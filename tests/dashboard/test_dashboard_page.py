@@ -112,7 +112,12 @@ def test_page_renders_stats_with_no_console_errors(
         assert len(line.get_attribute("points").split()) == 180
         # pools: health, in flight, k, per-position acceptance bars
         rows = page.locator("#pools tbody tr")
-        assert rows.count() == 3
+        assert rows.count() == 4
+        embedded = page.locator('#pools tr[data-pool="embedded"] td')
+        assert embedded.nth(5).inner_text() == "per request"
+        assert page.locator('#pools tr[data-pool="embedded"] rect.bar').count() == 15
+        code = page.locator("#task-code .speedup-method").inner_text()
+        assert code.startswith("Speedup measured from step times: accept length 4.90"), code
         assert page.locator('#pools tr[data-pool="vllm-k0"] .health').inner_text() == "● down"
         k7 = page.locator('#pools tr[data-pool="vllm-k7"] td')
         assert [k7.nth(i).inner_text() for i in (2, 3, 5)] == ["● up", "5", "7"]
