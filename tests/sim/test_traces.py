@@ -1,0 +1,60 @@
+"""Acceptance traces: exact replay at full block, the hard-token model below it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from controller.sim.scenario import ParametricTask
+from controller.sim.traces import load_traces, parametric_trace, trace_from_accept_lengths
+from policies.types import Task
+
+
+def _replay(trace: object, k: int) -> list[int]:
+    from controller.sim.traces import AcceptanceTrace
+
+    assert isinstance(trace, AcceptanceTrace)
+    lengths, position, hint = [], 0, 0
+    while position < trace.num_output_tokens:
+        accepted, hint = trace.accepted_at(position, k, hint)
+        lengths.append(accepted + 1)
+        position += accepted + 1
+    return lengths
+
+
+def test_full_block_replay_reproduces_the_recording() -> None:
+    recorded = [7, 3, 16, 1, 16, 5]
+    trace = trace_from_accept_lengths(recorded, block_size=16)
+    assert trace.num_output_tokens == sum(recorded)
+    assert _replay(trace, 15) == recorded
+
+
+def test_smaller_k_truncates_and_fails_again_on_the_hard_token() -> None:
+    trace = trace_from_accept_lengths([7, 3], block_size=16)  # hard tokens at 6 and 9
+    assert trace.hard_positions == (6, 9)
+    # k = 4 from 0: 4 accepted (positions 0-3), bonus 4; from 5: one accepted, fails on 6.
+    assert _replay(trace, 4) == [5, 2, 3]
+    assert _replay(trace, 0) == [1] * 10
+
+
+def test_parametric_trace_matches_its_rates() -> None:
+    model = ParametricTask(first_rate=0.8, last_rate=0.8, request_spread=0.0)
+    rng = random.Random(0)
+    lengths: list[int] = []
+    for _ in range(200):
+        lengths += _replay(parametric_trace(model, 16, 400, rng), 15)[:-1]
+    expected = 1 + sum(0.8**i for i in range(1, 16))
+    assert sum(lengths) / len(lengths) == pytest.approx(expected, rel=0.05)
+
+
+def test_trace_files_load_and_bad_lines_name_file_and_line(tmp_path: Path) -> None:
+    good = {"task": "math", "block_size": 16, "prompt_tokens": 50, "accept_lengths": [4, 16, 2]}
+    (tmp_path / "a.jsonl").write_text(json.dumps(good) + "\n")
+    traces = load_traces(tmp_path, 16)
+    assert traces[Task.MATH][0].trace.num_output_tokens == 22
+    (tmp_path / "b.jsonl").write_text(json.dumps({**good, "accept_lengths": [17]}) + "\n")
+    with pytest.raises(ValueError, match=r"b\.jsonl:1: bad trace line"):
+        load_traces(tmp_path, 16)
