@@ -29,12 +29,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies.goodput import GoodputPolicy  # noqa: E402
-from policies.model import GoodputSpec  # noqa: E402
-from policies.online import OnlineModels  # noqa: E402
-from policies.types import Observation, Task  # noqa: E402
+from policies.goodput import GoodputPolicy
+from policies.model import GoodputSpec
+from policies.online import OnlineModels
+from policies.types import Observation, Task
 
-DEFAULT_PHASES = "1:40:math=0.8,code=0.1,chat=0.1;32:40:math=0.4,code=0.2,chat=0.4;8:40:math=0.1,code=0.1,chat=0.8"
+DEFAULT_PHASES = (
+    "1:40:math=0.8,code=0.1,chat=0.1;"
+    "32:40:math=0.4,code=0.2,chat=0.4;"
+    "8:40:math=0.1,code=0.1,chat=0.8"
+)
 BUILTIN_PROMPTS = {
     Task.MATH: [
         "Solve step by step: a train travels {n} km in 3 hours. What is its speed in m/s?",
@@ -74,7 +78,9 @@ def parse_phases(text: str) -> list[Phase]:
             mix = {Task(k): float(v) for k, v in (m.split("=") for m in mix_text.split(","))}
             phases.append(Phase(int(conc), float(secs), mix))
         except ValueError as exc:
-            raise SystemExit(f"--phases {part!r}: expected CONC:SECONDS:task=share,... ({exc})")
+            raise SystemExit(
+                f"--phases {part!r}: expected CONC:SECONDS:task=share,... ({exc})"
+            ) from exc
     return phases
 
 
