@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from controller.config import ServerConfig
 from controller.fleet import Fleet, routing_view
@@ -28,6 +28,7 @@ from controller.openai_errors import (
 )
 from controller.planner import Plan, Planner
 from controller.policy_state import RunningPolicy
+from controller.relay_response import RelayResponse
 from controller.request_parse import TASK_HEADER, ParsedRequest, check_length, parse_request
 from controller.stats import LiveStats
 from engines.base import (
@@ -102,7 +103,7 @@ class Gateway:
         body = self._finish(response, plan, backend, started_s)
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
-            return StreamingResponse(body, response.status, headers, response.media_type)
+            return RelayResponse(body, response.status, headers, response.media_type)
         content = b"".join([chunk async for chunk in body])
         return Response(content, response.status, headers, response.media_type)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.stats import LiveStats
+from controller.stats import LiveStats, TaskEstimates
 from engines.base import Backend
 from policies.model import PolicySpec
 from policies.types import Observation, PoolView, Task
@@ -23,8 +23,7 @@ def pool_load(backend: Backend, stats: LiveStats) -> int:
     return max(own, scraped.running + (scraped.waiting or 0))
 
 
-def pool_view(backend: Backend, task: Task, stats: LiveStats, now_s: float) -> PoolView:
-    tpots = stats.task_tpots(task, now_s).get(backend.name) or []
+def pool_view(backend: Backend, estimates: TaskEstimates) -> PoolView:
     return PoolView(
         name=backend.name,
         # A per-request-k engine can serve any k up to block_size - 1.
@@ -32,8 +31,8 @@ def pool_view(backend: Backend, task: Task, stats: LiveStats, now_s: float) -> P
         block_size=backend.block_size,
         num_inflight=backend.num_inflight(),
         is_healthy=backend.is_healthy(),
-        tpot_s=sorted(tpots)[len(tpots) // 2] if tpots else None,
-        accept_length=stats.cell_accept_length(task, backend.name, now_s),
+        tpot_s=estimates.pool_tpot_s.get(backend.name),
+        accept_length=estimates.pool_accept_length.get(backend.name),
     )
 
 
@@ -48,6 +47,7 @@ def build_observation(
 ) -> Observation:
     """Everything the policy may know for one request bound to ``fleet`` (one model)."""
     block_size = max(b.block_size for b in fleet)
+    estimates = stats.estimates(task, now_s)
     min_k, max_k = spec.bounds_for(block_size)
     return Observation(
         task=task,
@@ -56,8 +56,9 @@ def build_observation(
         min_spec_tokens=min_k,
         max_spec_tokens=max_k,
         block_size=block_size,
-        pools=tuple(pool_view(b, task, stats, now_s) for b in fleet),
-        accept_rates=stats.accept_rates(task, now_s),
+        pools=tuple(pool_view(b, estimates) for b in fleet),
+        accept_rates=estimates.accept_rates,
+        accept_trials=estimates.accept_trials,
         now_s=now_s,
         rng_u=rng_u,
     )

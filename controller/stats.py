@@ -17,6 +17,8 @@ from engines.base import Backend, Outcome
 from policies.types import TASKS, Task
 
 _HISTORY_LEN = 600  # concurrency samples kept, one a second: ten minutes
+_MAX_TPOT_SAMPLES = 2000  # per (task, backend): bounds the cost of a quantile
+_ESTIMATE_TTL_S = 0.5  # policy inputs are recomputed at most this often, not per request
 
 
 def spec_counts(outcome: Outcome) -> list[int] | None:
@@ -36,6 +38,17 @@ class ScrapedView:
     waiting: int | None = None
     accept_length_mean: float | None = None
     accept_rate_per_position: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskEstimates:
+    """Windowed inputs to a policy decision for one task (cached for _ESTIMATE_TTL_S)."""
+
+    computed_s: float
+    accept_rates: tuple[float, ...]
+    accept_trials: tuple[float, ...]
+    pool_tpot_s: dict[str, float | None]
+    pool_accept_length: dict[str, float | None]
 
 
 @dataclass
@@ -59,11 +72,13 @@ class LiveStats:
         self.scraped: dict[str, ScrapedView] = {}
         self._classify = Window(window_s)
         self._history: deque[tuple[float, int]] = deque(maxlen=_HISTORY_LEN)
+        self._estimates: dict[Task, TaskEstimates] = {}
 
     def _cell(self, task: Task, backend: str) -> _Cell:
         key = (task, backend)
         if key not in self._cells:
-            self._cells[key] = _Cell(CountWindow(self.window_s), Window(self.window_s))
+            tpot = Window(self.window_s, max_samples=_MAX_TPOT_SAMPLES)
+            self._cells[key] = _Cell(CountWindow(self.window_s), tpot)
         return self._cells[key]
 
     def record_classify(self, now_s: float, latency_s: float) -> None:
@@ -96,18 +111,41 @@ class LiveStats:
     def _task_spec(self, task: Task, now_s: float) -> list[list[int]]:
         return [c.spec.total(now_s) for (t, _), c in self._cells.items() if t == task]
 
-    def accept_rates(self, task: Task, now_s: float) -> tuple[float, ...]:
-        """Conditional per-position acceptance for ``task`` (see Observation.accept_rates)."""
+    def estimates(self, task: Task, now_s: float) -> TaskEstimates:
+        """Policy inputs for ``task``; recomputed at most every _ESTIMATE_TTL_S seconds."""
+        cached = self._estimates.get(task)
+        if cached is not None and now_s - cached.computed_s < _ESTIMATE_TTL_S:
+            return cached
+        rates, trials = self.accept_rates(task, now_s)
+        cells = {b: c for (t, b), c in self._cells.items() if t == task}
+        fresh = TaskEstimates(
+            now_s,
+            rates,
+            trials,
+            {b: c.tpot.quantile(now_s, 0.5) for b, c in cells.items()},
+            {b: _accept_length(c.spec.total(now_s)) for b, c in cells.items()},
+        )
+        self._estimates[task] = fresh
+        return fresh
+
+    def accept_rates(self, task: Task, now_s: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Conditional per-position acceptance for ``task`` and the trials behind each rate.
+
+        Rate i = P(position i+1 accepted | positions 1..i accepted), pooled over backends
+        that drafted position i+1 (see Observation.accept_rates / accept_trials).
+        """
         per_backend = [c for c in self._task_spec(task, now_s) if len(c) > 2]
         width = max((len(c) - 2 for c in per_backend), default=0)
         rates: list[float] = []
+        trials: list[float] = []
         for i in range(width):
             reached = sum(c[1 + i] if i else c[0] for c in per_backend if len(c) - 2 > i)
             accepted = sum(c[2 + i] for c in per_backend if len(c) - 2 > i)
             if reached <= 0:
                 break
             rates.append(accepted / reached)
-        return tuple(rates)
+            trials.append(float(reached))
+        return tuple(rates), tuple(trials)
 
     def task_accept_length(self, task: Task, now_s: float) -> float | None:
         totals = [c for c in self._task_spec(task, now_s) if c]

@@ -46,28 +46,33 @@ class CountWindow:
     """Vectors of counts ``(t_s, counts)`` summed over the last ``window_s`` seconds.
 
     Used for speculation counters: [drafts, accepted tokens, accepted at position 0, ...].
+    The running sum is updated on record and prune, so ``total`` costs O(width).
     """
 
     window_s: float
     _samples: deque[tuple[float, tuple[int, ...]]] = field(default_factory=deque)
+    _sums: list[int] = field(default_factory=list)
 
     def record(self, now_s: float, counts: Sequence[int]) -> None:
         self._samples.append((now_s, tuple(counts)))
+        if len(counts) > len(self._sums):
+            self._sums.extend([0] * (len(counts) - len(self._sums)))
+        for i, n in enumerate(counts):
+            self._sums[i] += n
         self._prune(now_s)
 
     def _prune(self, now_s: float) -> None:
         horizon = now_s - self.window_s
         while self._samples and self._samples[0][0] < horizon:
-            self._samples.popleft()
+            _, counts = self._samples.popleft()
+            for i, n in enumerate(counts):
+                self._sums[i] -= n
+        if not self._samples:
+            self._sums.clear()
 
     def total(self, now_s: float) -> list[int]:
         self._prune(now_s)
-        width = max((len(c) for _, c in self._samples), default=0)
-        sums = [0] * width
-        for _, counts in self._samples:
-            for i, n in enumerate(counts):
-                sums[i] += n
-        return sums
+        return list(self._sums)
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

@@ -36,13 +36,21 @@ def merge_outcome(into: Outcome, found: Outcome | None, body: dict[str, Any]) ->
         into.num_output_tokens = usage["completion_tokens"]
 
 
-def _is_plain(block: bytes) -> bool:
-    """True when no event in ``block`` needs rewriting (the hot path: no JSON parsing)."""
-    if _DONE in block or b'"usage":{' in block or b'"usage": {' in block:
-        return False
-    num_finish = block.count(b'"finish_reason"')
-    num_null = block.count(b'"finish_reason":null') + block.count(b'"finish_reason": null')
-    return num_finish == num_null
+# Byte patterns that mark an event draftctl must look into: a finish_reason that is a string,
+# a usage object, the end of the stream. Anything else passes through unparsed.
+_MARKERS = (
+    b'"finish_reason":"',
+    b'"finish_reason": "',
+    b'"usage":{',
+    b'"usage": {',
+    _DONE,
+)
+
+
+def _first_marker(block: bytes) -> int:
+    """Offset of the first marker in ``block``, -1 if none (the hot path: no JSON parsing)."""
+    found = [i for i in (block.find(m) for m in _MARKERS) if i >= 0]
+    return min(found) if found else -1
 
 
 class SseAnnotator:
@@ -66,9 +74,15 @@ class SseAnnotator:
             return b""
         end += len(_SEP)
         complete, self._pending = buffer[:end], buffer[end:]
-        if self._held is None and _is_plain(complete):
-            return complete
-        return b"".join(self._event(e + _SEP) for e in complete.split(_SEP) if e.strip())
+        head, tail = b"", complete
+        if self._held is None:
+            cut = _first_marker(complete)
+            if cut < 0:
+                return complete
+            start = complete.rfind(_SEP, 0, cut)
+            start = 0 if start < 0 else start + len(_SEP)
+            head, tail = complete[:start], complete[start:]
+        return head + b"".join(self._event(e + _SEP) for e in tail.split(_SEP) if e.strip())
 
     def finish(self) -> bytes:
         """Upstream ended: flush anything held (annotated) and any partial event."""
@@ -86,7 +100,7 @@ class SseAnnotator:
         if event.startswith(_DONE):
             self.is_done = True
             return self._flush(annotate=not self._is_annotated) + event
-        obj = _json_data(event)
+        obj = _json_data(event) if _first_marker(event) >= 0 else None
         if obj is None:
             return self._flush(annotate=False) + event
         if not obj.get("choices") and obj.get("usage"):
