@@ -51,10 +51,12 @@ class GoodputPolicy:
             return self._choose_pool(observation, rates)
         cost = observation.step_cost or self._fallback_cost
         batch = max(1, observation.concurrency)
-        best, plain, kept = self._best_k(observation, rates, cost, batch)
+        best, plain, kept, drafting = self._best_k(observation, rates, cost, batch)
         chosen, why = best, "best"
         if kept is not None:
             chosen, why = kept, "hold"
+        if chosen.spec_tokens == 0 and self._worth_trying(observation, drafting, plain):
+            chosen, why = drafting, "try"
         probe = self._probe_target(observation, chosen.spec_tokens)
         if probe is not None:
             chosen, why = _score(rates, cost, batch, probe), "probe"
@@ -84,24 +86,40 @@ class GoodputPolicy:
 
     def _best_k(
         self, observation: Observation, rates: Sequence[float], cost: StepCost, batch: int
-    ) -> tuple[Choice, Choice, Choice | None]:
-        """(best choice, plain step, previous k if hysteresis or warm-up keeps it)."""
+    ) -> tuple[Choice, Choice, Choice | None, Choice]:
+        """(best, plain step, previous k if hysteresis or warm-up keeps it, best k > 0)."""
         expected = _expected_by_k(rates)
         plain = _choice(expected, cost, batch, 0)
-        best_k, best_score = 0, plain.score * (1.0 + self._spec.min_gain)
+        draft_k, draft_score = 0, 0.0
         for k in range(observation.min_spec_tokens, observation.max_spec_tokens + 1):
             score = expected[min(k, len(expected) - 1)] / cost.step_time_s(batch, k)
-            if score > best_score:
-                best_k, best_score = k, score
-        best = _choice(expected, cost, batch, best_k)
+            if score > draft_score:
+                draft_k, draft_score = k, score
+        drafting = _choice(expected, cost, batch, draft_k)
+        wins = draft_k and draft_score > plain.score * (1.0 + self._spec.min_gain)
+        best = drafting if wins else plain
         previous = observation.previous_spec_tokens
         if previous is None or not _valid(previous, observation):
-            return best, plain, None
+            return best, plain, None, drafting
         held = _choice(expected, cost, batch, previous)
         in_warmup = observation.step_index < self._spec.warmup_steps
         if in_warmup or held.score * (1.0 + self._spec.hysteresis) >= best.score:
-            return best, plain, held
-        return best, plain, None
+            return best, plain, held, drafting
+        return best, plain, None, drafting
+
+    def _worth_trying(self, observation: Observation, drafting: Choice, plain: Choice) -> bool:
+        """Request-level censoring: a request that never drafts never shows it is easy.
+
+        While its own history has fewer than ``request_probe_steps`` drafted steps, draft
+        anyway when the task estimate says drafting loses by less than the margin.
+        """
+        spec = self._spec
+        if drafting.spec_tokens == 0 or spec.request_probe_steps == 0:
+            return False
+        own = sum(1 for k in observation.request_spec_tokens if k > 0)
+        if own >= spec.request_probe_steps:
+            return False
+        return drafting.score >= plain.score * (1.0 - spec.request_probe_margin)
 
     def _probe_target(self, observation: Observation, spec_tokens: int) -> int | None:
         """One captured width wider than ``spec_tokens``, if a probe is due and useful."""

@@ -112,6 +112,10 @@ class GoodputSpec(StrictModel):
     probe_probability: float = Field(default=0.02, ge=0, le=1)
     # ... but only while those positions have fewer effective trials than this.
     probe_min_trials: float = Field(default=200.0, ge=0)
+    # A request drafts its first this-many steps (to learn its own acceptance) when the task
+    # estimate says drafting loses by less than ``request_probe_margin`` (0 = never).
+    request_probe_steps: int = Field(default=2, ge=0)
+    request_probe_margin: float = Field(default=0.35, ge=0, le=1)
     # Verify widths (k + 1) are padded up to a multiple of this (engine's captured widths).
     verify_width_multiple: int = Field(default=8, ge=1)
     # Draft forward cost as a fraction of a target forward at full block width.

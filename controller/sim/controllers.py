@@ -101,6 +101,47 @@ class GoodputController:
         self._models.record_step_time(len(batch), mean_width, drafting, seconds)
 
 
+class Informed:
+    """Knows each request's true per-position rates (parametric traces only), not its future.
+
+    The best any non-clairvoyant policy could estimate: the goodput policy's decision rule on
+    exact rates, with no probing and no hysteresis. Separates estimation error from the
+    oracle's clairvoyance.
+    """
+
+    name = "informed"
+
+    def __init__(self, spec: GoodputSpec, table: CostTable, block_size: int, min_k: int):
+        quiet = spec.model_copy(update={"probe_probability": 0.0, "hysteresis": 0.0})
+        self._policy = GoodputPolicy(quiet)
+        self._cost = OnlineModels(quiet, block_size, table).step_cost()
+        self._block_size = block_size
+        self._min_k = min_k
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        out = []
+        for request in batch:
+            rates = request.spec.trace.true_rates
+            if rates is None:
+                raise ValueError("the informed policy needs parametric traces (true rates)")
+            observation = Observation(
+                task=request.spec.task,
+                confidence=1.0,
+                concurrency=len(batch),
+                min_spec_tokens=self._min_k,
+                max_spec_tokens=self._block_size - 1,
+                block_size=self._block_size,
+                accept_rates=rates,
+                step_cost=self._cost,
+                rng_u=1.0,
+            )
+            out.append(self._policy.decide(observation).spec_tokens)
+        return out
+
+    def record(self, *_: Any) -> None:
+        return None
+
+
 class Oracle:
     """Knows every request's accepted length before the step; maximises the step's tokens/s.
 

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from controller.sim.controllers import Controller, FixedK, GoodputController, Oracle
+from controller.sim.controllers import Controller, FixedK, GoodputController, Informed, Oracle
 from controller.sim.scenario import Scenario
 from controller.sim.server import Progress, SimServer
 from controller.sim.workload import Workload
@@ -37,6 +37,8 @@ def build_controllers(scenario: Scenario, table: CostTable) -> list[Controller]:
     min_k = min(chosen.min_spec_tokens, max_k)
     goodput = GoodputController(chosen.goodput, table, scenario.block_size, scenario.seed, min_k)
     controllers.append(goodput)
+    if chosen.include_informed:
+        controllers.append(Informed(chosen.goodput, table, scenario.block_size, min_k))
     if chosen.include_oracle:
         controllers.append(Oracle(engine_cost(scenario, table), scenario.block_size, min_k))
     return controllers

@@ -85,6 +85,8 @@ class Costs(Section):
 class Policies(Section):
     static_spec_tokens: list[int] = Field(default_factory=lambda: [4, 7, 11, 15])
     include_oracle: bool = True
+    # Also run "informed" (true per-request rates; parametric acceptance only).
+    include_informed: bool = False
     min_spec_tokens: int = Field(default=4, ge=1)
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)

@@ -34,6 +34,8 @@ class AcceptanceTrace:
 
     num_output_tokens: int
     hard_positions: tuple[int, ...]
+    # The per-position rates a parametric trace was drawn from (None for recorded traces).
+    true_rates: tuple[float, ...] | None = None
 
     def accepted_at(self, position: int, spec_tokens: int, hint: int = 0) -> tuple[int, int]:
         """(accepted drafts at ``position`` with k drafts, index hint for the next call)."""
@@ -81,7 +83,7 @@ def parametric_trace(
         lengths.append(accepted + 1)
         produced += accepted + 1
     trace = trace_from_accept_lengths(lengths, block_size)
-    return AcceptanceTrace(num_output_tokens, trace.hard_positions)
+    return AcceptanceTrace(num_output_tokens, trace.hard_positions, tuple(rates))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ TABLE = CostTable(
     step_time_s=((5.5e-3, 6.0e-3, 6.5e-3), (5.8e-3, 7.4e-3, 9.2e-3), (7.8e-3, 26.8e-3, 39e-3)),
 )
 COST = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.14).snapshot()
-QUIET = GoodputSpec(probe_probability=0.0, warmup_steps=0)
+QUIET = GoodputSpec(probe_probability=0.0, warmup_steps=0, request_probe_steps=0)
 
 
 def _obs(task: Task, batch: int, rate: float, **kw: object) -> Observation:
@@ -98,7 +98,9 @@ def test_warmup_keeps_the_admission_k() -> None:
 
 
 def test_probes_censored_positions_only_when_rng_says_so_and_data_is_thin() -> None:
-    spec = GoodputSpec(probe_probability=0.1, probe_min_trials=50, warmup_steps=0)
+    spec = GoodputSpec(
+        probe_probability=0.1, probe_min_trials=50, warmup_steps=0, request_probe_steps=0
+    )
     policy = GoodputPolicy(spec)
     thin = (1000.0,) * 8 + (3.0,) * 7  # positions 9..15 rarely observed
     at_64 = _obs(Task.MATH, 64, 0.88, accept_trials=thin)
@@ -110,6 +112,21 @@ def test_probes_censored_positions_only_when_rng_says_so_and_data_is_thin() -> N
     # Drafting off probes the smallest captured width.
     chat = _obs(Task.CHAT, 64, 0.72, accept_trials=(3.0,) * 15, rng_u=0.05)
     assert policy.decide(chat).spec_tokens == 7
+
+
+def test_a_new_request_tries_drafting_when_off_is_a_close_call() -> None:
+    spec = GoodputSpec(probe_probability=0.0, warmup_steps=0, request_probe_steps=2)
+    policy = GoodputPolicy(spec)
+    close_call = _obs(Task.CHAT, 64, 0.72)  # drafting loses ~20%: worth learning this request
+    tried = policy.decide(close_call)
+    assert tried.spec_tokens == 7 and "try" in tried.reason
+    # After two drafted steps of its own, the request's history decides.
+    seen = replace(
+        close_call, request_spec_tokens=(7, 7), request_accept_lengths=(1, 2), step_index=2
+    )
+    assert policy.decide(seen).spec_tokens == 0
+    # Hopeless by far more than the margin: no try.
+    assert policy.decide(_obs(Task.CHAT, 64, 0.2)).spec_tokens == 0
 
 
 def test_falls_back_to_priors_and_built_in_cost() -> None:
