@@ -43,8 +43,8 @@ class AdminConfig(Section):
 
 
 class PolicyConfig(Section):
-    path: Path = Path("policy.yaml")
-    versions_dir: Path = Path(".draftctl/policy-versions")
+    path: Path = Field(default=Path("policy.yaml"), validate_default=True)
+    versions_dir: Path = Field(default=Path(".draftctl/policy-versions"), validate_default=True)
     reload_debounce_s: float = Field(default=0.5, ge=0)
 
     @field_validator("path", "versions_dir")
@@ -125,7 +125,8 @@ BackendConfig = Annotated[RemotePool | EmbeddedBackend, Field(discriminator="kin
 class Config(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    # Validated (not constructed) when absent, so its paths resolve against the config folder.
+    policy: PolicyConfig = Field(default={}, validate_default=True)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
     backends: list[BackendConfig] = Field(min_length=1)
