@@ -20,13 +20,15 @@ from controller.admin import admin_routes
 from controller.admin_auth import AdminAuth
 from controller.app import Probes, build_app
 from controller.backends import build_backend
-from controller.classifier.base import Classifier
+from controller.classifier import ArtifactError, Classifier, load_classifier
+from controller.classifier.artifact import builtin_artifact_dir
 from controller.config import Config
 from controller.dashboard import dashboard_routes
 from controller.fleet import Fleet
 from controller.gateway import Gateway
 from controller.metrics import Metrics
 from controller.planner import Planner
+from controller.scraping import Scraping
 from controller.policy_loader import PolicySource
 from controller.stats import LiveStats
 
@@ -65,6 +67,7 @@ class Server:
         self.stats = LiveStats(config.stats.window_s, time.monotonic())
         self.fleet = Fleet([build_backend(b) for b in config.backends])
         self.policy = PolicySource(config.policy, self.metrics)
+        self.scraper = Scraping(config, self.stats)
         self.gateway: Gateway | None = None
         self._uvicorn: uvicorn.Server | None = None
         self._sock: socket.socket | None = None
@@ -92,7 +95,7 @@ class Server:
         self._sock = bind_socket(self.host, self.port)
         self.port = self._sock.getsockname()[1]
         await self.policy.start()
-        await asyncio.gather(*(b.start() for b in self.fleet.backends))
+        await asyncio.gather(*(b.start() for b in self.fleet.backends), self.scraper.start())
         app = build_app(*self._components(), self._extra_routes())
         config = uvicorn.Config(
             app,
@@ -127,7 +130,15 @@ class Server:
         return self.gateway, probes
 
     def _classifier(self) -> Classifier | None:
-        return None
+        cfg = self.config.classifier
+        if cfg.artifact is None and not (builtin_artifact_dir() / "manifest.json").exists():
+            log.warning("no built-in classifier artifact; every request is %s", cfg.fallback_task)
+            return None
+        try:
+            return load_classifier(cfg.artifact, cfg.max_chars)
+        except (ArtifactError, OSError) as exc:
+            where = cfg.artifact or "the built-in artifact"
+            raise StartupError(f"classifier.artifact: cannot load {where}: {exc}") from exc
 
     def _extra_routes(self) -> list[BaseRoute]:
         auth = AdminAuth.from_env(self.config.admin.token_env)
@@ -141,6 +152,7 @@ class Server:
             if counter % _SAMPLE_EVERY_TICKS == 0:
                 inflight = self.gateway.num_inflight if self.gateway else 0
                 self.stats.sample_concurrency(time.monotonic(), time.time(), inflight)
+                self.scraper.publish()
             counter += 1
             await asyncio.sleep(_TICK_S)
 
@@ -151,5 +163,6 @@ class Server:
         if self._uvicorn is not None:
             await self._uvicorn.shutdown(sockets=[self._sock] if self._sock else None)
         await self.policy.close()
+        await self.scraper.close()
         await asyncio.gather(*(b.close() for b in self.fleet.backends), return_exceptions=True)
         log.info("stopped")

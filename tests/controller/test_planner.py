@@ -1,0 +1,80 @@
+"""Planner: hint > classifier > fallback; failures degrade safely and are counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from controller.classifier.base import TaskGuess, uniform_scores
+from controller.config import ClassifierConfig, RemotePool
+from controller.metrics import Metrics
+from controller.planner import Planner
+from controller.policy_state import RunningPolicy
+from controller.request_parse import parse_request
+from controller.stats import LiveStats
+from engines.pool import PoolBackend
+from policies.model import PolicySpec
+from policies.types import Task
+
+RAW = b'{"model": "m", "messages": [{"role": "user", "content": "integrate x^2"}]}'
+
+
+class FakeClassifier:
+    def __init__(self, task: Task, confidence: float, fails: bool = False) -> None:
+        self.guess = TaskGuess(task, confidence, uniform_scores(), 1e-4)
+        self.fails = fails
+
+    def classify(self, body: Mapping[str, Any]) -> TaskGuess:
+        if self.fails:
+            raise RuntimeError("broken model")
+        return self.guess
+
+
+def _planner(classifier: FakeClassifier | None) -> tuple[Planner, Metrics]:
+    metrics = Metrics()
+    config = ClassifierConfig(min_confidence=0.6, fallback_task=Task.CHAT)
+    return Planner(config, classifier, LiveStats(60, time.monotonic()), metrics), metrics
+
+
+def _fleet() -> list[PoolBackend]:
+    return [
+        PoolBackend(
+            RemotePool(name=f"k{k}", kind="vllm", urls=["http://h"], model="m", spec_tokens=k)
+        )
+        for k in (0, 7, 15)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("classifier", "header", "want"),
+    [
+        (FakeClassifier(Task.MATH, 0.9), None, (Task.MATH, "classifier", "k15")),
+        (FakeClassifier(Task.MATH, 0.4), None, (Task.CHAT, "fallback", "k7")),
+        (FakeClassifier(Task.MATH, 0.9), "code", (Task.CODE, "hint", "k15")),
+        (None, None, (Task.CHAT, "fallback", "k7")),
+    ],
+)
+def test_task_source_and_pool(
+    classifier: FakeClassifier | None, header: str | None, want: tuple[Task, str, str]
+) -> None:
+    planner, _ = _planner(classifier)
+    parsed = parse_request("chat", RAW, header, allow_hint=True)
+    plan = planner.plan(parsed, _fleet(), RunningPolicy.build(1, PolicySpec()))
+    assert (plan.task, plan.task_source, plan.pools[0].name) == want
+    assert [p.name for p in plan.pools][1:] != []  # the rest is the retry plan
+
+
+def test_hint_ignored_when_not_allowed() -> None:
+    planner, _ = _planner(FakeClassifier(Task.MATH, 0.9))
+    parsed = parse_request("chat", RAW, "code", allow_hint=False)
+    assert planner.classify(parsed) == (Task.MATH, 0.9, "classifier")
+
+
+def test_failing_classifier_falls_back_and_counts() -> None:
+    planner, metrics = _planner(FakeClassifier(Task.MATH, 0.9, fails=True))
+    parsed = parse_request("chat", RAW, None, allow_hint=True)
+    assert planner.classify(parsed) == (Task.CHAT, 0.0, "fallback")
+    assert b'draftctl_degraded_decisions_total{component="classifier"} 1.0' in metrics.render()
