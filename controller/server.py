@@ -28,8 +28,8 @@ from controller.fleet import Fleet
 from controller.gateway import Gateway
 from controller.metrics import Metrics
 from controller.planner import Planner
-from controller.scraping import Scraping
 from controller.policy_loader import PolicySource
+from controller.scraping import Scraping
 from controller.stats import LiveStats
 
 log = logging.getLogger(__name__)
