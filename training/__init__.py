@@ -1,0 +1,1 @@
+"""Training recipe for draftctl's own target + DFlash draft pairs (see docs/model-card.md)."""

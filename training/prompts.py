@@ -1,0 +1,46 @@
+"""Held-out evaluation prompts per task, as chat messages (never seen in training)."""
+
+from pathlib import Path
+
+from training import sources
+
+TASK_SOURCES = {
+    "math": ["gsm8k-test", "math500"],
+    "code": ["humaneval", "mbpp-test"],
+    "chat": ["mt-bench", "sharegpt-heldout"],
+}
+
+
+def prompts(source: str, data_dir: Path, limit: int) -> list[str]:
+    """The first `limit` user prompts of one held-out source."""
+    if source == "gsm8k-test":
+        texts = [r["question"] for r in sources.gsm8k(data_dir, "test")[:limit]]
+    elif source == "math500":
+        texts = [
+            r["problem"] for r in sources.read_jsonl(data_dir / "math500" / "test.jsonl")[:limit]
+        ]
+    elif source == "humaneval":
+        texts = [sources.humaneval_prompt(r) for r in sources.humaneval()[:limit]]
+    elif source == "mbpp-test":
+        texts = [sources.mbpp_prompt(r) for r in sources.mbpp(data_dir, test=True)[:limit]]
+    elif source == "mt-bench":
+        rows = sources.read_jsonl(data_dir / "mt_bench" / "question.jsonl")
+        texts = [r["turns"][0] for r in rows[:limit]]
+    elif source == "sharegpt-heldout":
+        texts = []
+        for messages in sources.sharegpt(sources.SHAREGPT_EVAL_START):
+            if len(texts) >= limit:
+                break
+            if len(messages[0]["content"]) <= 2000:  # keep prompts short enough for CPU eval
+                texts.append(messages[0]["content"])
+    else:
+        raise ValueError(f"unknown prompt source {source!r}; known: {sorted(all_sources())}")
+    return texts
+
+
+def all_sources() -> list[str]:
+    return [s for names in TASK_SOURCES.values() for s in names]
+
+
+def task_of(source: str) -> str:
+    return next(task for task, names in TASK_SOURCES.items() if source in names)
