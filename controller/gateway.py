@@ -100,7 +100,7 @@ class Gateway:
             "x-draftctl-spec-tokens": str(k),
             "x-draftctl-backend": backend.name,
         }
-        body = self._finish(response, plan, backend, started_s)
+        body = self._finish(response, plan, backend, started_s, parsed.is_stream)
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
             return RelayResponse(body, response.status, headers, response.media_type)
@@ -129,7 +129,12 @@ class Gateway:
         for backend in plan.pools:
             k = served_spec_tokens(routing_view(backend), plan.decision, adjustable)
             backend_request = BackendRequest(
-                parsed.endpoint, parsed.body, parsed.is_stream, plan.task, request_id
+                parsed.endpoint,
+                parsed.body,
+                parsed.is_stream,
+                plan.task,
+                request_id,
+                plan.confidence,
             )
             annotate = self._annotator(plan, backend, k)
             try:
@@ -159,7 +164,12 @@ class Gateway:
         return annotate
 
     async def _finish(
-        self, response: BackendResponse, plan: Plan, backend: Backend, started_s: float
+        self,
+        response: BackendResponse,
+        plan: Plan,
+        backend: Backend,
+        started_s: float,
+        is_stream: bool,
     ) -> AsyncIterator[bytes]:
         """Relay the body; when it ends, record timings and what the backend reported."""
         self.num_inflight += 1
@@ -174,7 +184,9 @@ class Gateway:
         finally:
             self.num_inflight -= 1
             end_s = time.perf_counter()
-            self._record(response, plan, backend, end_s - started_s, first_s and end_s - first_s)
+            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
+            decode_s = end_s - first_s if is_stream and first_s is not None else None
+            self._record(response, plan, backend, end_s - started_s, decode_s)
 
     def _record(
         self,

@@ -31,6 +31,7 @@ from controller.planner import Planner
 from controller.policy_loader import PolicySource
 from controller.scraping import Scraping
 from controller.stats import LiveStats
+from controller.step_control import StepDecider
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,9 @@ class Server:
         self.started = asyncio.Event()
         self.metrics = Metrics()
         self.stats = LiveStats(config.stats.window_s, time.monotonic())
-        self.fleet = Fleet([build_backend(b) for b in config.backends])
         self.policy = PolicySource(config.policy, self.metrics)
+        steps = StepDecider(self.policy.current, self.stats, self.metrics)
+        self.fleet = Fleet([build_backend(b, steps) for b in config.backends])
         self.scraper = Scraping(config, self.stats)
         self.gateway: Gateway | None = None
         self._uvicorn: uvicorn.Server | None = None

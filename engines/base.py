@@ -32,6 +32,8 @@ class BackendRequest:
     stream: bool
     task: Task
     request_id: str
+    # The task guess's confidence (the embedded engine's per-step policy sees it).
+    confidence: float = 1.0
 
 
 @dataclass

@@ -57,6 +57,23 @@ def _nearest_line(lines: dict[tuple[str, ...], int], loc: tuple[str, ...]) -> in
     return None
 
 
+def _data_loc(data: Any, loc: tuple[str, ...]) -> tuple[str, ...]:
+    """Drop loc segments that are not keys of the document (pydantic's union tags such as
+    ``backends.0.vllm.urls``), keeping the last one (a missing or unknown key)."""
+    kept: list[str] = []
+    for i, part in enumerate(loc):
+        if isinstance(data, dict) and part not in data and i < len(loc) - 1:
+            continue
+        kept.append(part)
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            data = None
+    return tuple(kept)
+
+
 def _message(error: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown key"
@@ -96,7 +113,7 @@ def validate_yaml(model: type[M], text: str, context: dict[str, Any] | None = No
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            loc = tuple(str(p) for p in error["loc"])
+            loc = _data_loc(data, tuple(str(p) for p in error["loc"]))
             problems.append(
                 Problem(".".join(loc), _message(dict(error)), _nearest_line(lines, loc))
             )

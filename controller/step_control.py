@@ -1,0 +1,101 @@
+"""Per-step k for the embedded engine: the running policy, asked before every verify step.
+
+The engine calls the controller on its own thread, so everything it reads is captured when
+the request starts (the policy object, windowed acceptance estimates) or comes with the
+step (the request's own history, the batch size). A failing policy gives k = 0 and counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.metrics import Metrics
+from controller.policy_state import RunningPolicy
+from controller.stats import LiveStats
+from engines.embedded.events import RequestView
+from policies.types import Observation, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestSteps:
+    """The state one request's controller keeps between steps."""
+
+    task: Task
+    confidence: float
+    first_spec_tokens: int
+    block_size: int
+    running: RunningPolicy
+    accept_rates: tuple[float, ...]
+    accept_trials: tuple[float, ...]
+    metrics: Metrics
+    spec_tokens: list[int] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __call__(self, view: RequestView) -> int:
+        if view.step_index == 0:
+            k = self.first_spec_tokens  # the gateway's decision, as told to the client
+        else:
+            k = self._decide(view)
+        self.spec_tokens.append(k)
+        return k
+
+    def _decide(self, view: RequestView) -> int:
+        lo, hi = self.running.spec.bounds_for(self.block_size)
+        history = tuple(view.accept_lengths)
+        observation = Observation(
+            task=self.task,
+            confidence=self.confidence,
+            concurrency=view.batch_size,
+            min_spec_tokens=lo,
+            max_spec_tokens=hi,
+            block_size=self.block_size,
+            accept_rates=self.accept_rates,
+            accept_trials=self.accept_trials,
+            request_accept_lengths=history,
+            request_spec_tokens=tuple(self.spec_tokens[: len(history)]),
+            previous_spec_tokens=self.spec_tokens[-1] if self.spec_tokens else None,
+            step_index=view.step_index,
+            now_s=time.monotonic(),
+            rng_u=self.rng.random(),
+        )
+        try:
+            return self.running.policy.decide(observation).spec_tokens
+        except Exception:
+            log.exception("policy failed on a step; drafting off for this step")
+            self.metrics.degraded.labels("policy").inc()
+            return 0
+
+
+StepControllerFactory = Callable[[Task, float, int, int], RequestSteps]
+
+
+class StepDecider:
+    """Makes one RequestSteps per embedded request (called on the event loop)."""
+
+    def __init__(
+        self, policy: Callable[[], RunningPolicy], stats: LiveStats, metrics: Metrics
+    ) -> None:
+        self.policy = policy
+        self.stats = stats
+        self.metrics = metrics
+
+    def __call__(
+        self, task: Task, confidence: float, first_spec_tokens: int, block_size: int
+    ) -> RequestSteps:
+        estimates = self.stats.estimates(task, time.monotonic())
+        return RequestSteps(
+            task,
+            confidence,
+            first_spec_tokens,
+            block_size,
+            self.policy(),
+            estimates.accept_rates,
+            estimates.accept_trials,
+            self.metrics,
+        )
