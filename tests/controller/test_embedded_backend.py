@@ -15,7 +15,7 @@ from tests.controller.conftest import StartGateway, make_config
 
 pytest.importorskip("torch")
 
-from tests.tinymodels import write_tiny_pair  # noqa: E402
+from tests.tinymodels import write_tiny_pair
 
 MODEL = "tiny"
 
