@@ -99,7 +99,7 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     started, stop = threading.Event(), threading.Event()
 
     def consume() -> None:
-        args = chat_args("code", max_tokens=200, temperature=1.0)
+        args = chat_args("code", max_tokens=60, temperature=1.0)
         with client(gateway).chat.completions.create(stream=True, **args) as stream:
             for _ in stream:
                 started.set()
@@ -112,6 +112,13 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     yield
     stop.set()
     thread.join(120)
+    # Later tests need a quiet k7 pool: wait until neither draftctl nor vLLM runs anything.
+    wait_for(
+        lambda: backend_stats(gateway, K7),
+        lambda b: b["inflight"] == 0 and b["running"] == 0,
+        timeout_s=90,
+        what="k7 pool idle after the background stream",
+    )
 
 
 def test_chat_alone_gets_the_spec_pool(gateway: Gateway) -> None:
