@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ class RunStats:
             start += duration
         self.duration_s = start
         self.bin_s = bin_s
-        num_bins = int(start / bin_s) + 1
+        num_bins = max(1, math.ceil(start / bin_s))
         self.bin_tokens = [0] * num_bins
         self.bin_k_sum = [0] * num_bins
         self.bin_decisions = [0] * num_bins
@@ -75,7 +76,7 @@ class RunStats:
         if t > self.duration_s:
             return
         self.phases[self.phase_index(t)].num_tokens += count
-        self.bin_tokens[int(t / self.bin_s)] += count
+        self.bin_tokens[self._bin(t)] += count
 
     def add_step(self, t: float, spec_tokens: list[int]) -> None:
         if t > self.duration_s:
@@ -86,9 +87,12 @@ class RunStats:
         total = sum(spec_tokens)
         phase.sum_spec_tokens += total
         phase.num_no_draft += spec_tokens.count(0)
-        b = int(t / self.bin_s)
+        b = self._bin(t)
         self.bin_k_sum[b] += total
         self.bin_decisions[b] += len(spec_tokens)
+
+    def _bin(self, t: float) -> int:
+        return min(len(self.bin_tokens) - 1, int(t / self.bin_s))
 
     def add_first_token(self, arrival_s: float, ttft_s: float) -> None:
         self.phases[self.phase_index(arrival_s)].ttft_s.append(ttft_s)
