@@ -40,6 +40,15 @@ def vllm_outcome(body: dict[str, Any]) -> Outcome:
     return outcome
 
 
+def wait_idle(gateway: Gateway) -> None:
+    wait_for(
+        lambda: [backend_stats(gateway, name) for name in (K7, NOSPEC)],
+        lambda pools: all(p["inflight"] == 0 and not p["running"] for p in pools),
+        timeout_s=90,
+        what="both pools idle (draftctl in-flight and scraped running)",
+    )
+
+
 def test_models_lists_the_served_model(gateway: Gateway) -> None:
     assert [model.id for model in client(gateway).models.list()] == [MODEL]
 
@@ -112,16 +121,11 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     yield
     stop.set()
     thread.join(120)
-    # Later tests need a quiet k7 pool: wait until neither draftctl nor vLLM runs anything.
-    wait_for(
-        lambda: backend_stats(gateway, K7),
-        lambda b: b["inflight"] == 0 and b["running"] == 0,
-        timeout_s=90,
-        what="k7 pool idle after the background stream",
-    )
+    wait_idle(gateway)  # later tests need quiet pools
 
 
 def test_chat_alone_gets_the_spec_pool(gateway: Gateway) -> None:
+    wait_idle(gateway)
     headers, _ = chat(gateway, "chat", max_tokens=4)
     assert (headers["x-draftctl-backend"], headers["x-draftctl-spec-tokens"]) == (K7, str(K))
 
@@ -146,7 +150,10 @@ def test_under_load_chat_goes_to_no_spec_pool_and_math_stays_on_k7(
 
 def test_acceptance_from_per_request_metrics_reaches_metrics_and_stats(gateway: Gateway) -> None:
     math = [vllm_outcome(chat(gateway, "math")[1]) for _ in range(2)]  # greedy: accepts all
-    chat_ = [vllm_outcome(chat(gateway, "chat", temperature=1.0)[1]) for _ in range(2)]
+    chat_ = []
+    for _ in range(2):
+        wait_idle(gateway)  # chat alone -> k7; a stale scraped "running" would count as load
+        chat_.append(vllm_outcome(chat(gateway, "chat", temperature=1.0)[1]))
     text = get_text(f"{gateway.url}/metrics")
     math_value = metric_value(text, "draftctl_accept_length", task="math", backend=K7)
     chat_value = metric_value(text, "draftctl_accept_length", task="chat", backend=K7)
