@@ -57,6 +57,9 @@ class Engine:
 
     def step(self) -> list[tuple[Request, TokenEvent]]:
         events = [self._prefill(r) for r in self.scheduler.admit()]
+        for request, event in events:  # done after the first token: never join the step
+            if event.finished:
+                self._release(request)
         rows = list(self.scheduler.running)
         if rows:
             spec_tokens = [self._spec_tokens(r, len(rows)) for r in rows]
@@ -73,7 +76,7 @@ class Engine:
                 request.accept_lengths.append(report.accept_length)
                 events.append((request, self._event(request, result.new_tokens[i], report)))
         for request, event in sorted(events, key=lambda e: -e[0].slot):
-            if event.finished and request.slot >= 0:
+            if event.finished and request.slot >= 0:  # highest slot first: fewest cache moves
                 self._release(request)
         return events
 
