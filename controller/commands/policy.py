@@ -1,12 +1,14 @@
 """``draftctl policy ...``: policy tools. ``export-schedule`` writes vLLM k schedules.
 
-The ``policy`` parser holds sub-actions; others may be added with ``add_action``-style
-``sub.add_parser`` calls in ``register`` (each sets ``func``).
+The ``policy`` parser holds actions. To add one (e.g. admin actions), write a module
+``controller/commands/<name>.py`` with ``register_action(sub)`` that adds its parser to ``sub``
+and sets ``func``, and list ``<name>`` in ``ACTION_MODULES``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -15,11 +17,16 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# Extra action modules under controller.commands, each with register_action(sub).
+ACTION_MODULES: tuple[str, ...] = ()
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("policy", help="policy tools (export-schedule, ...)")
     sub = parser.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
     _register_export(sub)
+    for name in ACTION_MODULES:
+        importlib.import_module(f"controller.commands.{name}").register_action(sub)
 
 
 def _register_export(sub: Any) -> None:
