@@ -7,6 +7,7 @@ confidence, the policy's reason and the request's acceptance where the backend r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from controller.openai_errors import (
     body_too_large,
     model_not_found,
     no_backend,
+    timeout_error,
 )
 from controller.planner import Plan, Planner
 from controller.policy_state import RunningPolicy
@@ -39,6 +41,7 @@ from engines.base import (
     Endpoint,
     Outcome,
 )
+from engines.sse import error_event
 from policies.routing import served_spec_tokens
 
 log = logging.getLogger(__name__)
@@ -90,9 +93,12 @@ class Gateway:
             if not backends:
                 raise model_not_found(parsed.model, self.fleet.models())
             plan = self.planner.plan(parsed, backends, self.policy())
-            backend, k, response = await self._submit(parsed, plan)
+            async with asyncio.timeout(self.config.request_timeout_s):
+                backend, k, response = await self._submit(parsed, plan)
         except ApiError as error:
             return error.response()
+        except TimeoutError:
+            return timeout_error(self.config.request_timeout_s).response()
         self.metrics.count_request(plan.task.value, backend.name, k)
         self.stats.record_decision(plan.task, plan.confidence, backend.name, k)
         headers = {
@@ -104,7 +110,14 @@ class Gateway:
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
             return RelayResponse(body, response.status, headers, response.media_type)
-        content = b"".join([chunk async for chunk in body])
+        # A whole body is read by submit() already (pools) or generated now (embedded engine).
+        remaining_s = started_s + self.config.request_timeout_s - time.perf_counter()
+        try:
+            async with asyncio.timeout(max(0.0, remaining_s)):
+                content = b"".join([chunk async for chunk in body])
+        except TimeoutError:
+            await _close(body)
+            return timeout_error(self.config.request_timeout_s).response()
         return Response(content, response.status, headers, response.media_type)
 
     async def _read_body(self, request: Request) -> bytes:
@@ -174,14 +187,22 @@ class Gateway:
         """Relay the body; when it ends, record timings and what the backend reported."""
         self.num_inflight += 1
         first_s: float | None = None
-        num_chunks = 0
+        deadline_s = started_s + self.config.request_timeout_s
         try:
             async for chunk in response.body:
                 if first_s is None:
                     first_s = time.perf_counter()
-                num_chunks += 1
                 yield chunk
+                if is_stream and time.perf_counter() > deadline_s:
+                    response.error = "server.request_timeout_s exceeded"
+                    yield error_event(
+                        f"request ran longer than server.request_timeout_s = "
+                        f"{self.config.request_timeout_s} s and was stopped",
+                        code="timeout",
+                    )
+                    break
         finally:
+            await _close(response.body)
             self.num_inflight -= 1
             end_s = time.perf_counter()
             # TPOT only from streams: first to last chunk spans the decode, not the prefill.
@@ -209,3 +230,9 @@ class Gateway:
         )
         if accept is not None:
             self.metrics.accept_length.labels(plan.task.value, backend.name).set(accept)
+
+
+async def _close(body: AsyncIterator[bytes]) -> None:
+    aclose = getattr(body, "aclose", None)
+    if aclose is not None:
+        await aclose()

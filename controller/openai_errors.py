@@ -71,3 +71,12 @@ def no_backend(model: str) -> ApiError:
 
 def upstream_error(detail: str) -> ApiError:
     return ApiError(502, f"Backend error: {detail}", type="server_error", code="backend_error")
+
+
+def timeout_error(limit_s: float) -> ApiError:
+    return ApiError(
+        504,
+        f"The request ran longer than server.request_timeout_s = {limit_s} s and was stopped",
+        type="server_error",
+        code="timeout",
+    )

@@ -143,31 +143,35 @@ class PoolBackend:
         annotate: Annotator,
         wants_usage: bool,
     ) -> BackendResponse | None:
+        """One attempt on one server: a response, or None if it failed before the first byte.
+
+        The slot's in-flight count is released here unless a stream was handed over (its
+        relay releases it), also when the caller is cancelled (a timeout).
+        """
         assert self._session is not None, "start() first"
         slot.num_inflight += 1
+        is_handed_over = False
+        resp: aiohttp.ClientResponse | None = None
         try:
             resp = await self._session.post(
                 slot.url + _PATHS[request.endpoint], data=payload, headers=_JSON
             )
-        except _UPSTREAM_ERRORS as exc:
-            slot.num_inflight -= 1
-            self._mark_down(slot, f"{type(exc).__name__}: {exc}")
-            return None
-        if resp.status >= 500:
-            slot.num_inflight -= 1
-            resp.close()
-            self._mark_down(slot, f"HTTP {resp.status} before the first byte")
-            return None
-        try:
+            if resp.status >= 500:
+                self._mark_down(slot, f"HTTP {resp.status} before the first byte")
+                return None
             if resp.status != 200 or not request.stream:
                 return await self._whole(resp, annotate)
-            return await self._stream(slot, resp, annotate, wants_usage)
+            response = await self._stream(slot, resp, annotate, wants_usage)
+            is_handed_over = True
+            return response
         except _UPSTREAM_ERRORS as exc:
-            self._mark_down(slot, f"{type(exc).__name__} before the first byte")
+            self._mark_down(slot, f"{type(exc).__name__} before the first byte: {exc}")
             return None
         finally:
-            if resp.status != 200 or not request.stream:
+            if not is_handed_over:
                 slot.num_inflight -= 1
+                if resp is not None:
+                    resp.close()
 
     async def _whole(self, resp: aiohttp.ClientResponse, annotate: Annotator) -> BackendResponse:
         raw = await resp.read()
@@ -192,15 +196,8 @@ class PoolBackend:
         annotate: Annotator,
         wants_usage: bool,
     ) -> BackendResponse:
-        try:
-            first = await resp.content.readany()  # retryable until this arrives
-        except BaseException:
-            slot.num_inflight -= 1
-            resp.close()
-            raise
+        first = await resp.content.readany()  # retryable until this arrives
         if not first:
-            slot.num_inflight -= 1
-            resp.close()
             raise aiohttp.ClientPayloadError("stream closed before the first byte")
         annotator = SseAnnotator(annotate, self._read_outcome, wants_usage)
         response = BackendResponse(200, "text/event-stream", _once(b""), annotator.outcome)

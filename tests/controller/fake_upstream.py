@@ -24,6 +24,8 @@ class Behaviour:
     # Reported as vLLM's metrics.speculative_decoding (None: a pool without speculation).
     spec: dict[str, Any] | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
+    whole_delay_s: float = 0.0  # non-streaming answers wait this long
+    num_client_gone: int = 0  # streams the gateway dropped before the end
 
 
 def vllm_spec_metrics(num_spec_tokens: int = 7) -> dict[str, Any]:
@@ -94,6 +96,7 @@ class FakeUpstream:
             return web.json_response(error, status=b.status)
         model = body["model"]
         if not body.get("stream"):
+            await asyncio.sleep(b.whole_delay_s)
             return web.json_response(self._whole(model, obj))
         return await self._stream(
             request, body, model, obj + ("" if obj.startswith("text") else ".chunk")
@@ -134,7 +137,11 @@ class FakeUpstream:
                 request.transport.close()  # type: ignore[union-attr]
                 return resp
             finish = "length" if i == b.num_chunks - 1 else None
-            await resp.write(_sse(_chunk(model, obj, 0, "tok ", finish)))
+            try:
+                await resp.write(_sse(_chunk(model, obj, 0, "tok ", finish)))
+            except ConnectionResetError:
+                b.num_client_gone += 1
+                return resp
             if b.chunk_delay_s:
                 await asyncio.sleep(b.chunk_delay_s)
         if (body.get("stream_options") or {}).get("include_usage"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -125,3 +126,40 @@ async def test_mid_stream_death_ends_with_error_event_and_next_request_goes_else
         async with session.get(gateway.url + "/metrics") as r:
             text = await r.text()
     assert 'draftctl_backend_errors_total{backend="k15",stage="mid_stream"} 1.0' in text
+
+
+async def test_client_disconnect_drops_the_upstream_request(
+    tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
+) -> None:
+    upstream = await start_upstream(num_chunks=200, chunk_delay_s=0.02)
+    gateway = await start_gateway(make_config(tmp_path, [pool("k7", upstream.url, 7)]))
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(
+            gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}
+        )
+        assert (await resp.content.readany()).startswith(b"data: ")
+        resp.close()  # the client goes away mid-stream
+    for _ in range(100):
+        if upstream.behaviour.num_client_gone:
+            break
+        await asyncio.sleep(0.05)
+    assert upstream.behaviour.num_client_gone == 1  # well before the 4 s stream would end
+    assert gateway.server.fleet.backends[0].num_inflight() == 0
+
+
+async def test_request_timeout_stops_stream_and_whole_response(
+    tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
+) -> None:
+    upstream = await start_upstream(num_chunks=100, chunk_delay_s=0.05)
+    config = make_config(
+        tmp_path, [pool("k7", upstream.url, 7)], server={"port": 0, "request_timeout_s": 0.5}
+    )
+    gateway = await start_gateway(config)
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+    stream = await client.chat.completions.create(**CHAT, stream=True)
+    with pytest.raises(openai.APIError, match="request_timeout_s = 0.5"):
+        async for _ in stream:
+            pass
+    upstream.behaviour.whole_delay_s = 3.0
+    status, got = await _post(gateway.url, json.dumps(CHAT))
+    assert status == 504 and got["error"]["code"] == "timeout"
