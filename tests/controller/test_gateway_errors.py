@@ -157,7 +157,7 @@ async def test_request_timeout_stops_stream_and_whole_response(
     gateway = await start_gateway(config)
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
     stream = await client.chat.completions.create(**CHAT, stream=True)
-    with pytest.raises(openai.APIError, match="request_timeout_s = 0.5"):
+    with pytest.raises(openai.APIError, match=r"request_timeout_s = 0\.5"):
         async for _ in stream:
             pass
     upstream.behaviour.whole_delay_s = 3.0
