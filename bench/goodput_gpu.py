@@ -21,7 +21,6 @@ import asyncio
 import json
 import random
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
-from policies.types import Observation, Task
+from policies.step_controller import StepController
+from policies.types import Task
 
 DEFAULT_PHASES = (
     "1:40:math=0.8,code=0.1,chat=0.1;"
@@ -92,45 +92,6 @@ class Tally:
     k_sum: int = 0
     k_count: int = 0
     latencies: list[float] = field(default_factory=list)
-
-
-class GoodputController:
-    """The daemon's wiring for the embedded engine: policy + OnlineModels per step."""
-
-    def __init__(self, spec: GoodputSpec, models: OnlineModels, block_size: int, seed: int):
-        self.policy = GoodputPolicy(spec)
-        self.models = models
-        self.block_size = block_size
-        self.rng = random.Random(seed)
-        self.lock = threading.Lock()  # engine thread decides, event loop thread records
-
-    def __call__(self, view: Any) -> int:
-        task: Task = view.context["task"]
-        history: list[int] = view.context.setdefault("k_history", [])
-        with self.lock:
-            fields = self.models.observe(task)
-            u = self.rng.random()
-        observation = Observation(
-            task=task,
-            confidence=1.0,
-            concurrency=view.batch_size,
-            min_spec_tokens=4,
-            max_spec_tokens=self.block_size - 1,
-            block_size=self.block_size,
-            request_accept_lengths=tuple(view.accept_lengths[-32:]),
-            request_spec_tokens=tuple(history[-32:]),
-            previous_spec_tokens=history[-1] if history else None,
-            step_index=view.step_index,
-            rng_u=u,
-            **fields,
-        )
-        k = self.policy.decide(observation).spec_tokens
-        history.append(k)
-        return k
-
-    def record(self, task: Task, report: Any) -> None:
-        with self.lock:
-            self.models.record_step(task, report.spec_tokens, report.accept_length)
 
 
 def build_prompts(path: Path | None) -> dict[Task, list[str]]:
@@ -227,7 +188,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     for name, how in policies:
         if how == "goodput":
             models = OnlineModels.from_spec(spec, engine.block_size)
-            controller: Any = GoodputController(spec, models, engine.block_size, args.seed)
+            policy = GoodputPolicy(spec)
+            controller: Any = StepController(
+                lambda p=policy: p, models, engine.block_size, rng=random.Random(args.seed)
+            )
         else:
             controller = how
         started = time.perf_counter()
