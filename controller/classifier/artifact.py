@@ -1,0 +1,89 @@
+"""The trained artifact on disk: ``weights.npz`` (plain arrays) + ``manifest.json``.
+
+Nothing is pickled: ``np.load(..., allow_pickle=False)`` reads the arrays and the manifest
+says how text becomes features, which row is which task, and where the training data came
+from. The built-in artifact lives in this package (``controller/classifier/artifact``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from controller.classifier.features import FeatureSpec
+from controller.classifier.model import LinearClassifier
+from controller.classifier.text import DEFAULT_MAX_CHARS
+from policies.types import Task
+
+WEIGHTS_FILE = "weights.npz"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class ArtifactError(ValueError):
+    """An artifact folder that cannot be loaded; the message names the path and the fix."""
+
+
+def builtin_artifact_dir() -> Path:
+    return Path(str(importlib.resources.files("controller.classifier").joinpath("artifact")))
+
+
+def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any]) -> None:
+    """Write the model's arrays and ``manifest`` (plus the feature spec) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = np.stack(model.rows).astype(np.float16)
+    np.savez_compressed(folder / WEIGHTS_FILE, weights=weights, bias=model.bias.astype(np.float32))
+    spec = model.spec
+    full = {
+        "format_version": FORMAT_VERSION,
+        "tasks": [str(task) for task in model.tasks],
+        "features": {
+            "ngram_sizes": list(spec.ngram_sizes),
+            "num_bits": spec.num_bits,
+            "is_lowercase": spec.is_lowercase,
+        },
+        **manifest,
+    }
+    (folder / MANIFEST_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: missing; point classifier.artifact at a folder written by "
+            "`draftctl classifier train --out FOLDER`"
+        )
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{path}: format_version {manifest.get('format_version')!r} is not "
+            f"{FORMAT_VERSION}; retrain with this draftctl"
+        )
+    return manifest
+
+
+def load_classifier(
+    artifact: str | Path | None = None, max_chars: int = DEFAULT_MAX_CHARS
+) -> LinearClassifier:
+    """Load a trained classifier; ``None`` loads the built-in committed artifact."""
+    folder = Path(artifact) if artifact is not None else builtin_artifact_dir()
+    manifest = read_manifest(folder)
+    features = manifest["features"]
+    spec = FeatureSpec(
+        ngram_sizes=tuple(features["ngram_sizes"]),
+        num_bits=int(features["num_bits"]),
+        is_lowercase=bool(features["is_lowercase"]),
+    )
+    tasks = tuple(Task(name) for name in manifest["tasks"])
+    with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as arrays:
+        weights = arrays["weights"].astype(np.float32)
+        bias = arrays["bias"].astype(np.float32)
+    try:
+        return LinearClassifier(spec, tasks, weights, bias, max_chars)
+    except ValueError as error:
+        raise ArtifactError(f"{folder / WEIGHTS_FILE}: {error}; retrain the artifact") from error

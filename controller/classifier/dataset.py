@@ -1,0 +1,59 @@
+"""The labelled corpus, deduplicated, with its deterministic held-out mask."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.classifier.corpus import Example, all_examples
+from controller.classifier.split import DEFAULT_HELD_OUT_PERCENT, is_held_out
+from controller.classifier.text import DEFAULT_MAX_CHARS, request_text
+
+
+@dataclass
+class Dataset:
+    """Examples with their extracted text; ``is_test[i]`` marks held-out examples."""
+
+    examples: list[Example] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    is_test: list[bool] = field(default_factory=list)
+    sharegpt_counts: dict[str, int] = field(default_factory=dict)
+    num_duplicates: int = 0
+
+    def subset(self, is_test: bool) -> list[int]:
+        return [i for i, flag in enumerate(self.is_test) if flag == is_test]
+
+
+def build_dataset(
+    examples: Iterable[Example],
+    held_out_percent: int = DEFAULT_HELD_OUT_PERCENT,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> Dataset:
+    """Extract each example's text as the daemon would and drop exact duplicate texts.
+
+    The first occurrence of a text wins, so the result depends only on source order.
+    """
+    dataset = Dataset()
+    seen: set[str] = set()
+    for example in examples:
+        text = request_text(example.body, max_chars)
+        if text in seen:
+            dataset.num_duplicates += 1
+            continue
+        seen.add(text)
+        dataset.examples.append(example)
+        dataset.texts.append(text)
+        dataset.is_test.append(is_held_out(example.group, held_out_percent))
+    return dataset
+
+
+def load_dataset(
+    shared_data: Path,
+    held_out_percent: int = DEFAULT_HELD_OUT_PERCENT,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> Dataset:
+    counts: dict[str, int] = {}
+    dataset = build_dataset(all_examples(shared_data, counts), held_out_percent, max_chars)
+    dataset.sharegpt_counts = counts
+    return dataset

@@ -1,0 +1,17 @@
+"""Deterministic train / held-out split by a hash of each example's group."""
+
+from __future__ import annotations
+
+import hashlib
+
+DEFAULT_HELD_OUT_PERCENT = 20
+
+
+def is_held_out(group: str, held_out_percent: int = DEFAULT_HELD_OUT_PERCENT) -> bool:
+    """True for the ``held_out_percent`` of groups that training never sees.
+
+    The bucket is the first 8 bytes of sha256(group) mod 100, so the split depends only on
+    the text (or id) of the group: the same on every machine, run and Python version.
+    """
+    digest = hashlib.sha256(group.encode("utf-8", "replace")).digest()
+    return int.from_bytes(digest[:8], "big") % 100 < held_out_percent

@@ -1,0 +1,80 @@
+"""``draftctl classifier train|eval``: build and measure the traffic classifier."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from controller.classifier.corpus import DEFAULT_SHARED_DATA, MissingDataError
+from controller.classifier.split import DEFAULT_HELD_OUT_PERCENT
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("classifier", help="train or evaluate the task classifier")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    train = actions.add_parser("train", help="train and write an artifact (needs training data)")
+    _add_data_args(train)
+    train.add_argument(
+        "--out", type=Path, default=None, help="artifact folder (default: the built-in one)"
+    )
+    train.add_argument("--seed", type=int, default=0, help="optimiser seed (default: 0)")
+    train.set_defaults(func=run_train)
+    evaluate = actions.add_parser("eval", help="score an artifact on the held-out split")
+    _add_data_args(evaluate)
+    evaluate.add_argument(
+        "--artifact", type=Path, default=None, help="artifact folder (default: built-in)"
+    )
+    evaluate.set_defaults(func=run_eval)
+
+
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shared-data",
+        type=Path,
+        default=DEFAULT_SHARED_DATA,
+        help="folder with gsm8k/, mbpp/, math500/, mt_bench/ (default: ../shared/data)",
+    )
+    parser.add_argument(
+        "--held-out-percent",
+        type=int,
+        default=DEFAULT_HELD_OUT_PERCENT,
+        help="percent of groups held out by hash (default: 20; must match training)",
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from controller.classifier.artifact import builtin_artifact_dir
+    from controller.classifier.dataset import load_dataset
+    from controller.classifier.training import TrainSettings, train
+
+    out = args.out or builtin_artifact_dir()
+    try:
+        dataset = load_dataset(args.shared_data, args.held_out_percent)
+    except MissingDataError as error:
+        logger.error("%s", error)
+        return 2
+    num_test = sum(dataset.is_test)
+    logger.info("examples: %d train, %d held out", len(dataset.texts) - num_test, num_test)
+    train(dataset, TrainSettings(seed=args.seed), args.shared_data, out, is_progress=True)
+    logger.info("wrote %s", out)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from controller.classifier.artifact import ArtifactError, load_classifier
+    from controller.classifier.dataset import load_dataset
+    from controller.classifier.evaluation import evaluate, format_report
+
+    try:
+        classifier = load_classifier(args.artifact)
+        dataset = load_dataset(args.shared_data, args.held_out_percent)
+    except (ArtifactError, MissingDataError) as error:
+        logger.error("%s", error)
+        return 2
+    held_out = [dataset.examples[i] for i in dataset.subset(is_test=True)]
+    print(format_report(evaluate(classifier, held_out)))
+    return 0
