@@ -8,9 +8,9 @@ confidence, the policy's reason and the request's acceptance where the backend r
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -66,6 +66,7 @@ class Gateway:
         self.policy = policy
         self.allow_hint = allow_hint
         self.num_inflight = 0
+        self._request_ids = itertools.count(1)
 
     async def chat(self, request: Request) -> Response:
         return await self._handle(request, "chat")
@@ -137,7 +138,7 @@ class Gateway:
     async def _submit(
         self, parsed: ParsedRequest, plan: Plan
     ) -> tuple[Backend, int, BackendResponse]:
-        request_id = uuid.uuid4().hex
+        request_id = f"{next(self._request_ids):x}"
         adjustable = [b.name for b in plan.pools if b.spec_tokens is None]
         for backend in plan.pools:
             k = served_spec_tokens(routing_view(backend), plan.decision, adjustable)
