@@ -163,3 +163,22 @@ async def test_request_timeout_stops_stream_and_whole_response(
     upstream.behaviour.whole_delay_s = 3.0
     status, got = await _post(gateway.url, json.dumps(CHAT))
     assert status == 504 and got["error"]["code"] == "timeout"
+
+
+async def test_unexpected_bug_is_a_500_error_not_a_crash(
+    tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
+) -> None:
+    upstream = await start_upstream()
+    gateway = await start_gateway(make_config(tmp_path, [pool("k7", upstream.url, 7)]))
+    planner = gateway.server.gateway.planner  # type: ignore[union-attr]
+    original = planner.plan
+
+    def broken(*args: object) -> None:
+        raise KeyError("a bug")
+
+    planner.plan = broken  # type: ignore[method-assign]
+    status, got = await _post(gateway.url, json.dumps(CHAT))
+    assert status == 500 and got["error"]["type"] == "server_error"
+    planner.plan = original  # type: ignore[method-assign]
+    status, _ = await _post(gateway.url, json.dumps(CHAT))
+    assert status == 200
