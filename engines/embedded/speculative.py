@@ -60,7 +60,7 @@ def verify_rejection(
     num_accepted = accepted.sum(dim=1)
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     p_next = target_probs[rows, num_accepted]  # [B, V]
-    q_padded = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+    q_padded = torch.cat([draft_probs, p_next.new_zeros(p_next.shape)[:, None]], dim=1)
     was_rejected = (num_accepted < num_draft)[:, None]
     q_next = torch.where(was_rejected, q_padded[rows, num_accepted], torch.zeros_like(p_next))
     residual = (p_next - q_next).clamp_min(0)

@@ -1,0 +1,157 @@
+"""AsyncEngine: streaming, controller callback contract, joins/leaves, errors, close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from engines.embedded import AsyncEngine, EngineClosed, RequestView, SamplingParams, TokenEvent
+from tests.engines.embedded.conftest import BLOCK_SIZE, random_prompt
+
+
+@pytest.fixture
+async def engine(agreeing_pair):
+    engine = AsyncEngine.load(
+        agreeing_pair[0], agreeing_pair[1], device="cpu", max_batch_size=4, max_seq_len=128
+    )
+    yield engine
+    await engine.close()
+
+
+async def collect(
+    engine: AsyncEngine, prompt, params, controller, context=None
+) -> list[TokenEvent]:
+    return [e async for e in engine.generate(prompt, params, controller, context)]
+
+
+async def test_stream_reports_every_step(engine) -> None:
+    views: list[RequestView] = []
+
+    def controller(view: RequestView) -> int:
+        views.append(view)
+        return 5
+
+    events = await collect(
+        engine, random_prompt(1), SamplingParams(max_new_tokens=24), controller, {"task": "math"}
+    )
+    assert events[0].report is None and len(events[0].token_ids) == 1
+    assert events[-1].finished and events[-1].finish_reason == "length"
+    assert not any(e.finished for e in events[:-1])
+    assert sum(len(e.token_ids) for e in events) == 24
+    reports = [e.report for e in events[1:]]
+    assert all(
+        r is not None and r.spec_tokens <= 5 and len(r.accepted) == r.spec_tokens for r in reports
+    )
+    assert all(r.accept_length == sum(r.accepted) + 1 and r.step_time_s > 0 for r in reports)
+    assert views[0].context == {"task": "math"} and views[0].step_index == 0
+    assert views[-1].accept_lengths == [r.accept_length for r in reports[:-1]]
+    assert views[-1].num_generated == sum(len(e.token_ids) for e in events[:-1])
+    assert engine.block_size == BLOCK_SIZE and engine.device == "cpu"
+    assert engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+
+
+async def test_failing_controller_degrades_to_k0(engine, caplog) -> None:
+    def broken(view: RequestView) -> int:
+        raise RuntimeError("policy bug")
+
+    events = await collect(engine, random_prompt(2), SamplingParams(max_new_tokens=6), broken)
+    assert [e.report.spec_tokens for e in events[1:]] == [0] * 5
+    assert "spec controller failed" in caplog.text
+
+
+async def test_concurrent_requests_share_batches(engine) -> None:
+    async def one(i: int) -> list[TokenEvent]:
+        return await collect(
+            engine,
+            random_prompt(10 + i),
+            SamplingParams(max_new_tokens=10 + i),
+            lambda view: view.step_index % BLOCK_SIZE,
+        )
+
+    results = await asyncio.gather(*(one(i) for i in range(7)))
+    for i, events in enumerate(results):
+        assert sum(len(e.token_ids) for e in events) == 10 + i
+    sizes = {e.report.batch_size for events in results for e in events if e.report}
+    assert max(sizes) == 4 and min(sizes) < 4  # queueing beyond max_batch_size, then leaving
+
+
+async def test_too_long_prompt_is_rejected_with_a_clear_error(engine) -> None:
+    with pytest.raises(ValueError, match="max_seq_len=128"):
+        await collect(engine, [1] * 120, SamplingParams(max_new_tokens=20), lambda v: 0)
+
+
+async def test_abandoned_stream_frees_its_slot(engine) -> None:
+    stream = engine.generate(random_prompt(5), SamplingParams(max_new_tokens=100), lambda v: 1)
+    await anext(stream)
+    await stream.aclose()
+    events = await collect(engine, random_prompt(6), SamplingParams(max_new_tokens=4), lambda v: 1)
+    assert events[-1].finished
+
+
+async def test_generate_after_close_raises(agreeing_pair) -> None:
+    engine = AsyncEngine.load(agreeing_pair[0], agreeing_pair[1], device="cpu")
+    await engine.close()
+    with pytest.raises(EngineClosed):
+        await collect(engine, [1, 2], SamplingParams(max_new_tokens=2), lambda v: 0)
+
+
+def test_cli_generate_json(agreeing_pair, tmp_path, capsys) -> None:
+    from controller.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"prompt": "hello"}) + "\n" + json.dumps({"prompt_ids": random_prompt(4)}) + "\n"
+    )
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(agreeing_pair[0]),
+            "--draft",
+            str(agreeing_pair[1]),
+            "--jsonl",
+            str(prompts),
+            "--spec-tokens",
+            "4",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+            "--json",
+        ]
+    )
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2
+    for result in lines:
+        assert set(result) >= {"text", "token_ids", "accept_lengths", "mean_accept_length"}
+        assert 1 <= len(result["token_ids"]) <= 12
+        assert max(result["accept_lengths"]) <= 5
+        mean = sum(result["accept_lengths"]) / len(result["accept_lengths"])
+        assert result["mean_accept_length"] == pytest.approx(mean)
+
+
+def test_cli_generate_rejects_bad_spec_tokens(agreeing_pair, caplog) -> None:
+    from controller.cli import main
+
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(agreeing_pair[0]),
+            "--draft",
+            str(agreeing_pair[1]),
+            "--prompt",
+            "x",
+            "--spec-tokens",
+            "8",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert code == 2
+    assert "--spec-tokens 8: must be in 0..7" in caplog.text
