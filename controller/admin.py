@@ -14,6 +14,7 @@ Every route goes through ``AdminAuth`` first (see admin_auth). Mount with ``admi
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from controller.policy_store import (
 from policies.validation import InvalidDocument
 
 __all__ = ["AdminAuth", "admin_routes"]
+
+log = logging.getLogger(__name__)
 
 MAX_POLICY_BYTES = 256 * 1024
 YAML_MEDIA_TYPE = "application/yaml; charset=utf-8"
@@ -113,6 +116,13 @@ class AdminAPI:
                 return await handler(request)
             except ApiError as exc:
                 return exc.response()
+            except OSError as exc:  # the store validates before writing: nothing was activated
+                log.error("policy write failed: %s", exc)
+                message = (
+                    f"could not write the policy ({exc}); the running policy is unchanged. "
+                    "Check free space and permissions of policy.path and policy.versions_dir"
+                )
+                return ApiError(500, message, type="server_error", code="write_failed").response()
 
         return endpoint
 

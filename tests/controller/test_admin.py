@@ -91,6 +91,19 @@ def test_put_over_size_limit_is_413(store: PolicyStore) -> None:
     assert "bytes" in response.json()["error"]["message"]
 
 
+def test_write_failure_is_500_and_running_policy_stays(
+    store: PolicyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("controller.policy_versions.write_atomically", disk_full)
+    response = client_for(store).put("/admin/policy", content=CHAT_OFF)
+    assert response.status_code == 500
+    assert "No space left" in response.json()["error"]["message"]
+    assert store.current()[:2] == (1, DEFAULT_POLICY_TEXT)
+
+
 def test_validate_does_not_apply(store: PolicyStore) -> None:
     client = client_for(store)
     ok = client.post("/admin/policy/validate", content=CHAT_OFF)
