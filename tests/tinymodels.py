@@ -152,7 +152,9 @@ def _norm(gen: torch.Generator, size: int) -> torch.Tensor:
     return 1.0 + 0.1 * torch.randn(size, generator=gen)
 
 
-def _layer_weights(gen: torch.Generator, prefix: str, shape: dict[str, int]) -> dict[str, torch.Tensor]:
+def _layer_weights(
+    gen: torch.Generator, prefix: str, shape: dict[str, int]
+) -> dict[str, torch.Tensor]:
     hidden, inter, hd = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
     q_out = shape["num_attention_heads"] * hd
     kv_out = shape["num_key_value_heads"] * hd
