@@ -51,7 +51,9 @@ class ModelRunner:
         self.batch_sizes.append(max_batch_size)
         # Verify widths 1 (plain decode) and multiples of 8: widths like 5 or 9 cost more on GPU.
         self.widths = [1, *range(8, self.block_size + 8, 8)]
-        cache_len = max_seq_len + max(self.block_size, self.widths[-1])
+        # Room for a full block past the last position; a multiple of 64 keeps the attention
+        # mask rows aligned for the memory-efficient SDPA kernel.
+        cache_len = -(-(max_seq_len + max(self.block_size, self.widths[-1])) // 64) * 64
         ts, ds = target.shape, draft.spec.shape
         self.target_cache = KVCache(
             ts.num_layers, max_batch_size, ts.num_kv_heads, cache_len, ts.head_dim, dtype, device
