@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +123,15 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
     async def one(item: dict[str, Any]) -> dict[str, Any]:
         token_ids: list[int] = []
         accept_lengths: list[int] = []
-        async for event in engine.generate(
-            _prompt_ids(engine.tokenizer, item), params, lambda view: k
-        ):
+        first_token_at = time.perf_counter()
+        prompt_ids = _prompt_ids(engine.tokenizer, item)
+        async for event in engine.generate(prompt_ids, params, lambda view: k):
+            if not token_ids:
+                first_token_at = time.perf_counter()
             token_ids.extend(event.token_ids)
             if event.report is not None:
                 accept_lengths.append(event.report.accept_length)
+        decode_s = time.perf_counter() - first_token_at
         mean = sum(accept_lengths) / len(accept_lengths) if accept_lengths else None
         return {
             "text": engine.tokenizer.decode(token_ids, skip_special_tokens=True),
@@ -135,6 +139,8 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
             "accept_lengths": accept_lengths,
             "mean_accept_length": mean,
             "spec_tokens": k,
+            # Tokens after the first over the wall time after it (shared with other prompts).
+            "decode_tokens_per_s": (len(token_ids) - 1) / decode_s if decode_s > 0 else None,
         }
 
     try:
@@ -150,5 +156,6 @@ def _format(result: dict[str, Any], as_json: bool) -> str:
     return (
         f"text: {result['text']!r}\ntoken_ids: {result['token_ids']}\n"
         f"accept_lengths: {result['accept_lengths']}\n"
-        f"mean_accept_length: {'n/a' if mean is None else f'{mean:.3f}'}\n\n"
+        f"mean_accept_length: {'n/a' if mean is None else f'{mean:.3f}'}\n"
+        f"decode_tokens_per_s: {result['decode_tokens_per_s'] or 0:.1f}\n\n"
     )
