@@ -17,18 +17,21 @@ import torch
 from tqdm import tqdm
 
 from training.chat import ENDOFTEXT, IM_END
-from training.prompts import TASK_SOURCES, all_sources, prompts, task_of
+from training.prompts import TASK_SOURCES, all_sources, load_prompts, task_of
 
 log = logging.getLogger(__name__)
 
 
-def load_pair(target_dir: Path, draft_dir: Path):
+def load_pair(target_dir: Path, draft_dir: Path, device: str = "cpu"):
     import dflash.model as dflash_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dflash_model._cuda_time = time.perf_counter  # the reference times with CUDA syncs only
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    draft = dflash_model.DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    if not str(device).startswith("cuda"):
+        dflash_model._cuda_time = time.perf_counter  # the reference times with CUDA syncs only
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    target = target.to(torch.device(device)).eval()  # type: ignore[arg-type]
+    draft = dflash_model.DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32)
+    draft = draft.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     return target, draft, tokenizer
 
@@ -46,9 +49,9 @@ def run_one(target, draft, input_ids, max_new_tokens: int, stop_ids: list[int], 
 
 def evaluate_pair(args, pair_dir: Path) -> dict:
     torch.manual_seed(0)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)  # 1 thread: steadier on a shared 2-core machine
     draft_dir = args.draft or pair_dir / "draft"
-    target, draft, tokenizer = load_pair(pair_dir / "target", draft_dir)
+    target, draft, tokenizer = load_pair(pair_dir / "target", draft_dir, args.device)
     block_size = args.block_size or draft.block_size
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT)]
     per_source, traces = {}, []
@@ -72,22 +75,26 @@ def evaluate_pair(args, pair_dir: Path) -> dict:
 
 def _evaluate_source(source, target, draft, tokenizer, args, block_size, stop_ids) -> list[dict]:
     rows = []
-    for text in tqdm(prompts(source, args.data, args.prompts_per_task), desc=source):
+    for text in tqdm(
+        load_prompts(source, args.data, args.prompts_per_task, args.prompts_file), desc=source
+    ):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}],
             add_generation_prompt=True,
             return_tensors="pt",
             return_dict=True,
-        )["input_ids"]
+        )["input_ids"].to(target.device)
         spec, accept, spec_s = run_one(
             target, draft, ids, args.max_new_tokens, stop_ids, block_size
         )
-        plain, _, plain_s = run_one(target, draft, ids, args.max_new_tokens, stop_ids, 1)
+        plain, plain_s = None, 0.0
+        if not args.no_baseline:
+            plain, _, plain_s = run_one(target, draft, ids, args.max_new_tokens, stop_ids, 1)
         rows.append(
             {
                 "accept_lengths": accept,
                 "tokens": len(spec),
-                "identical": spec == plain,
+                "identical": None if plain is None else spec == plain,
                 "spec_s": spec_s,
                 "plain_s": plain_s,
                 "prompt_tokens": ids.shape[1],
@@ -105,7 +112,8 @@ def _summary(rows: list[dict]) -> dict:
         "num_steps": len(steps),
         "output_tokens": tokens,
         "mean_accept_length": round(statistics.fmean(steps), 3) if steps else None,
-        "identical_outputs": sum(r["identical"] for r in rows),
+        "identical_outputs": sum(bool(r["identical"]) for r in rows),
+        "checked_outputs": sum(r["identical"] is not None for r in rows),
         "spec_tokens_per_s": round(tokens / spec_s, 1) if spec_s else None,
         "target_only_tokens_per_s": round(tokens / plain_s, 1) if plain_s else None,
         "mean_prompt_tokens": round(statistics.fmean(r["prompt_tokens"] for r in rows), 1),
@@ -129,11 +137,16 @@ def _result(args, pair_dir, draft_dir, block_size, per_source) -> dict:
         "engine": "dflash reference (dflash_generate, batch 1)",
         "max_new_tokens": args.max_new_tokens,
         "prompts_per_source": args.prompts_per_task,
-        "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}",
+        "machine": _machine(args.device),
         "mean_accept_length_per_task": per_task,
         "per_source": per_source,
     }
+
+
+def _machine(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def _write(args, result, traces, block_size) -> None:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from training.batches import WindowSampler, load_stream
 from training.draft import train_drafts
-from training.export import export_draft, export_target
+from training.export import export_draft, export_target, finish_target_dir
 from training.generate import continuations
 from training.recipe import Recipe, as_dict
 from training.target import train_target
@@ -34,6 +34,7 @@ def train_pair(recipe: Recipe, work_dir: Path, out_dir: Path) -> dict:
     (work_dir / "state").mkdir(parents=True, exist_ok=True)
     target, target_stats = train_target(recipe, corpus_dir, work_dir / "state", vocab_size, device)
     export_target(target, out_dir / "target")
+    finish_target_dir(out_dir / "target", work_dir / "tokenizer")
     generated = _continuations(recipe, target, corpus_dir, work_dir / "state", device)
     sampler = WindowSampler(
         load_stream(corpus_dir / "train.bin"),

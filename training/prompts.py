@@ -1,5 +1,6 @@
 """Held-out evaluation prompts per task, as chat messages (never seen in training)."""
 
+import json
 from pathlib import Path
 
 from training import sources
@@ -38,9 +39,26 @@ def prompts(source: str, data_dir: Path, limit: int) -> list[str]:
     return texts
 
 
+def load_prompts(source: str, data_dir: Path, limit: int, prompts_file: Path | None) -> list[str]:
+    """From a prompts file written by `dump` (the GPU machine has no data packages) or the data."""
+    if prompts_file is None:
+        return prompts(source, data_dir, limit)
+    return json.loads(prompts_file.read_text())[source][:limit]
+
+
+def dump(data_dir: Path, limit: int, out: Path) -> None:
+    out.write_text(json.dumps({s: prompts(s, data_dir, limit) for s in all_sources()}) + "\n")
+
+
 def all_sources() -> list[str]:
     return [s for names in TASK_SOURCES.values() for s in names]
 
 
 def task_of(source: str) -> str:
     return next(task for task, names in TASK_SOURCES.items() if source in names)
+
+
+if __name__ == "__main__":
+    import sys
+
+    dump(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))

@@ -95,6 +95,26 @@ def load_recipe(path: Path) -> Recipe:
     return _build(Recipe, raw, prefix="", source=path)
 
 
+def scale_time(recipe: Recipe, factor: float) -> Recipe:
+    """The same recipe with every wall-clock budget multiplied by factor."""
+    if factor == 1.0:
+        return recipe
+    scaled = dataclasses.replace
+    draft_train = scaled(
+        recipe.draft.train, time_budget_s=recipe.draft.train.time_budget_s * factor
+    )
+    return scaled(
+        recipe,
+        target_train=scaled(
+            recipe.target_train, time_budget_s=recipe.target_train.time_budget_s * factor
+        ),
+        generation=scaled(
+            recipe.generation, time_budget_s=recipe.generation.time_budget_s * factor
+        ),
+        draft=scaled(recipe.draft, train=draft_train),
+    )
+
+
 def as_dict(recipe: Recipe) -> dict:
     return dataclasses.asdict(recipe)
 
