@@ -147,4 +147,4 @@ def _json_data(event: bytes) -> dict[str, Any] | None:
 
 
 def _encode(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + _SEP
+    return b"data: " + json.dumps(obj).encode() + _SEP
