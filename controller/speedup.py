@@ -1,5 +1,9 @@
 """How much faster speculation made a task, and how that number was obtained.
 
+Method ``step-times`` (embedded engine): tokens per verify step (accept length, bonus
+included) times the median time of a step that drafted nothing (k = 0) divided by the
+median time of a step that drafted, both measured by the engine in the stats window.
+
 Method ``tpot-vs-no-spec-pool``: the median time per output token of the task's requests
 on pools without speculation (k = 0) divided by the same on pools with k > 0, both over
 the stats window. It compares real requests, but at whatever load each pool had.
@@ -38,5 +42,26 @@ def speedup_for_task(
             f"median TPOT {base * 1e3:.2f} ms on k=0 pools ({len(plain)} requests) / "
             f"{fast * 1e3:.2f} ms on k>0 pools ({len(spec)} requests), last window; "
             "pools may run at different loads"
+        ),
+    }
+
+
+def speedup_from_steps(
+    accept_length: float, plain_steps_s: list[float], spec_steps_s: list[float]
+) -> dict[str, Any]:
+    """Step-time speedup from the engine's own step timings (see module docstring)."""
+    plain, spec = quantile(plain_steps_s, 0.5), quantile(spec_steps_s, 0.5)
+    assert plain is not None and spec is not None, "callers pass non-empty samples"
+    if spec <= 0:
+        return _unknown("spec step time measured as zero")
+    return {
+        "value": round(accept_length * plain / spec, 3),
+        "method": "step-times",
+        "is_estimate": False,
+        "explanation": (
+            f"{accept_length:.2f} tokens per verify step x median plain step "
+            f"{plain * 1e3:.2f} ms ({len(plain_steps_s)} steps) / median drafting step "
+            f"{spec * 1e3:.2f} ms ({len(spec_steps_s)} steps), last window; steps may have "
+            "run at different batch sizes"
         ),
     }

@@ -11,7 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.speedup import speedup_for_task
+from controller.speedup import speedup_for_task, speedup_from_steps
 from controller.windows import CountWindow, Window, quantile
 from engines.base import Backend, Outcome
 from policies.types import TASKS, Task
@@ -57,6 +57,8 @@ class _Cell:
 
     spec: CountWindow
     tpot: Window
+    spec_step: Window  # embedded engine: step times of steps that drafted
+    plain_step: Window  # embedded engine: step times of steps with k = 0
 
 
 class LiveStats:
@@ -77,8 +79,11 @@ class LiveStats:
     def _cell(self, task: Task, backend: str) -> _Cell:
         key = (task, backend)
         if key not in self._cells:
-            tpot = Window(self.window_s, max_samples=_MAX_TPOT_SAMPLES)
-            self._cells[key] = _Cell(CountWindow(self.window_s), tpot)
+
+            def samples() -> Window:
+                return Window(self.window_s, max_samples=_MAX_TPOT_SAMPLES)
+
+            self._cells[key] = _Cell(CountWindow(self.window_s), samples(), samples(), samples())
         return self._cells[key]
 
     def record_classify(self, now_s: float, latency_s: float) -> None:
@@ -100,6 +105,10 @@ class LiveStats:
             cell.spec.record(now_s, counts)
         if tpot_s is not None:
             cell.tpot.record(now_s, tpot_s)
+        for step_s in outcome.step_times_s:
+            cell.spec_step.record(now_s, step_s)
+        for step_s in outcome.plain_step_times_s:
+            cell.plain_step.record(now_s, step_s)
         return _accept_length(cell.spec.total(now_s))
 
     def record_error(self, backend: str) -> None:
@@ -190,8 +199,23 @@ class LiveStats:
             "spec_tokens_chosen": {str(k): c for k, c in sorted(self._chosen[task].items())},
             "tpot_p50_s": quantile(merged, 0.5),
             "tpot_p95_s": quantile(merged, 0.95),
-            "speedup": speedup_for_task(tpots, k_by_backend),
+            "speedup": self._speedup(task, now_s, tpots, k_by_backend),
         }
+
+    def _speedup(
+        self,
+        task: Task,
+        now_s: float,
+        tpots: dict[str, list[float]],
+        k_by_backend: dict[str, int | None],
+    ) -> dict[str, Any]:
+        cells = [c for (t, _), c in self._cells.items() if t == task]
+        spec = [v for c in cells for v in c.spec_step.values(now_s)]
+        plain = [v for c in cells for v in c.plain_step.values(now_s)]
+        accept = self.task_accept_length(task, now_s)
+        if spec and plain and accept is not None:
+            return speedup_from_steps(accept, plain, spec)
+        return speedup_for_task(tpots, k_by_backend)
 
     def _backend_view(self, backend: Backend, now_s: float) -> dict[str, Any]:
         mine = [c for (_, b), c in self._cells.items() if b == backend.name]

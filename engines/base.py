@@ -49,6 +49,9 @@ class Outcome:
     # Per-step accept lengths, bonus included (embedded engine).
     accept_lengths: list[int] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
+    # Times of this request's steps that drafted nothing (k = 0), embedded engine; with
+    # ``step_times_s`` they give the measured step-time speedup.
+    plain_step_times_s: list[float] = field(default_factory=list)
 
     @property
     def mean_accept_length(self) -> float | None:

@@ -174,8 +174,11 @@ class _Generation:
 
     def _record(self, event: TokenEvent) -> None:
         report = event.report
-        if report is None or report.spec_tokens == 0:
-            return  # steps without drafts say nothing about acceptance
+        if report is None:
+            return  # the prefill
+        if report.spec_tokens == 0:  # says nothing about acceptance, times the plain step
+            self.outcome.plain_step_times_s.append(report.step_time_s)
+            return
         o = self.outcome
         o.num_drafts = (o.num_drafts or 0) + 1
         o.num_draft_tokens = (o.num_draft_tokens or 0) + report.spec_tokens

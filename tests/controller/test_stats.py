@@ -73,3 +73,15 @@ def test_speedup_from_tpot_needs_both_pools() -> None:
     result = speedup_for_task({"k0": [0.03, 0.03], "k7": [0.01, 0.02, 0.01]}, k)
     assert result["value"] == 3.0 and result["method"] == "tpot-vs-no-spec-pool"
     assert result["is_estimate"] is False
+
+
+def test_step_time_speedup_for_the_embedded_engine() -> None:
+    stats = LiveStats(window_s=60, started_s=0.0)
+    outcome = Outcome(
+        accept_lengths=[3, 3], step_times_s=[0.02, 0.02], plain_step_times_s=[0.01, 0.01]
+    )
+    stats.record_outcome(1.0, Task.CODE, "emb", outcome, None)
+    view = stats.snapshot(2.0, 2.0, [], {"version": 1, "kind": "static"})
+    speedup = view["tasks"]["code"]["speedup"]
+    assert speedup["method"] == "step-times" and speedup["value"] == 1.5  # 3 x 10 ms / 20 ms
+    assert view["tasks"]["chat"]["speedup"]["value"] is None
