@@ -57,6 +57,35 @@ def evaluate(classifier: Classifier, examples: Sequence[Example]) -> EvalReport:
     return report
 
 
+def long_prompt_latencies_s(
+    classifier: Classifier, texts: Sequence[str], num_chars: int, num_requests: int = 2000
+) -> list[float]:
+    """Latency of ``classify`` on prompts of ``num_chars`` made by joining real texts."""
+    prompts: list[str] = []
+    pieces: list[str] = []
+    for text in texts:
+        pieces.append(text)
+        if sum(len(piece) + 1 for piece in pieces) >= num_chars:
+            prompts.append("\n".join(pieces)[:num_chars])
+            pieces = []
+    if not prompts:
+        return []
+    latencies_s = []
+    for index in range(num_requests):
+        body = {"messages": [{"role": "user", "content": prompts[index % len(prompts)]}]}
+        start_s = time.perf_counter()
+        classifier.classify(body)
+        latencies_s.append(time.perf_counter() - start_s)
+    return latencies_s
+
+
+def format_latency(label: str, latencies_s: Sequence[float]) -> str:
+    if not latencies_s:
+        return f"{label}: no samples"
+    p50_us, p99_us = np.percentile(latencies_s, [50, 99]) * 1e6
+    return f"{label}: p50 {p50_us:.1f} us  p99 {p99_us:.1f} us  (n={len(latencies_s)})"
+
+
 def format_report(report: EvalReport) -> str:
     lines = [f"held-out examples: {report.num_examples}  accuracy: {report.accuracy:.2%}", ""]
     lines.append(f"{'source (label)':34} {'n':>6} {'accuracy':>9}")
@@ -69,7 +98,5 @@ def format_report(report: EvalReport) -> str:
     lines += ["", "confusion (rows: true, columns: predicted)", header]
     for truth in TASKS:
         lines.append(f"{truth:6}" + "".join(f"{report.confusion[(truth, g)]:8d}" for g in TASKS))
-    p50_us = report.latency_percentile_s(50) * 1e6
-    p99_us = report.latency_percentile_s(99) * 1e6
-    lines += ["", f"latency per request: p50 {p50_us:.1f} us  p99 {p99_us:.1f} us"]
+    lines += ["", format_latency("latency per held-out request", report.latencies_s)]
     return "\n".join(lines)

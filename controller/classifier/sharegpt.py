@@ -8,8 +8,8 @@ from what the drafter would have had to produce, i.e. the assistant answer that 
 by these rules (first match wins; see docs/classifier.md):
 
 1. code: fenced code blocks make up at least ``MIN_CODE_FRACTION`` of the answer;
-2. chat: the answer has no fence, and neither turn shows code syntax nor the human turn a
-   maths cue;
+2. chat: the answer has no backtick at all (no fence, no inline code), and neither turn
+   shows code syntax nor the human turn a maths cue;
 3. anything else is ambiguous and left out (counted in the training manifest). This includes
    every maths-looking turn: a sample of them showed more word problems about business,
    dosing or logistics answered in prose than worked derivations, so ShareGPT contributes
@@ -27,7 +27,7 @@ from typing import Any
 
 from policies.types import Task
 
-MIN_CODE_FRACTION = 0.3
+MIN_CODE_FRACTION = 0.5
 FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 CODE_SYNTAX = re.compile(
     r"```|\bdef \w+\(|\bclass \w+[:({]|^\s*import \w+|^\s*from \w+ import|#include\s*<"
@@ -97,7 +97,7 @@ def label_turn(prompt: str, answer: str) -> Task | None:
         return None
     if fenced_fraction(answer) >= MIN_CODE_FRACTION:
         return Task.CODE
-    if "```" in answer or CODE_SYNTAX.search(prompt) or CODE_SYNTAX.search(answer):
+    if "`" in answer or CODE_SYNTAX.search(prompt) or CODE_SYNTAX.search(answer):
         return None
     if MATH_CUE.search(prompt):
         return None

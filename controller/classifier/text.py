@@ -32,12 +32,14 @@ MAX_SCANNED_ITEMS = 64
 
 
 def clip(text: str, max_chars: int) -> str:
-    """Keep at most ``max_chars`` of ``text``: its head (3/4) and its tail (1/4)."""
+    """Keep at most ``max_chars`` of ``text``: its head (~3/4), a newline and its tail (1/4)."""
     if len(text) <= max_chars:
         return text
     num_tail = max_chars // 4
-    num_head = max_chars - num_tail
-    return text[:num_head] + "\n" + text[len(text) - num_tail :] if num_tail else text[:num_head]
+    if num_tail == 0:
+        return text[:max_chars]
+    num_head = max_chars - num_tail - 1
+    return text[:num_head] + "\n" + text[len(text) - num_tail :]
 
 
 def content_text(content: Any, max_chars: int) -> str:

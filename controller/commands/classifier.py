@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ def register(subparsers: Any) -> None:
         "--out", type=Path, default=None, help="artifact folder (default: the built-in one)"
     )
     train.add_argument("--seed", type=int, default=0, help="optimiser seed (default: 0)")
+    train.add_argument(
+        "--alpha", type=float, default=None, help="L2 penalty (default: TrainSettings.alpha)"
+    )
+    train.add_argument(
+        "--num-bits", type=int, default=None, help="log2 of the number of hash buckets"
+    )
+    train.add_argument(
+        "--ngram-sizes",
+        default=None,
+        help="comma-separated byte n-gram sizes (default: FeatureSpec.ngram_sizes)",
+    )
     train.set_defaults(func=run_train)
     evaluate = actions.add_parser("eval", help="score an artifact on the held-out split")
     _add_data_args(evaluate)
@@ -49,7 +61,7 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import builtin_artifact_dir
     from controller.classifier.dataset import load_dataset
-    from controller.classifier.training import TrainSettings, train
+    from controller.classifier.training import train
 
     out = args.out or builtin_artifact_dir()
     try:
@@ -59,15 +71,34 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     num_test = sum(dataset.is_test)
     logger.info("examples: %d train, %d held out", len(dataset.texts) - num_test, num_test)
-    train(dataset, TrainSettings(seed=args.seed), args.shared_data, out, is_progress=True)
+    train(dataset, settings_from(args), args.shared_data, out, is_progress=True)
     logger.info("wrote %s", out)
     return 0
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    from controller.classifier.training import TrainSettings
+
+    settings = TrainSettings(seed=args.seed)
+    if args.alpha is not None:
+        settings = replace(settings, alpha=args.alpha)
+    spec = settings.spec
+    if args.ngram_sizes:
+        spec = replace(spec, ngram_sizes=tuple(int(size) for size in args.ngram_sizes.split(",")))
+    if args.num_bits is not None:
+        spec = replace(spec, num_bits=args.num_bits)
+    return replace(settings, spec=spec)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import ArtifactError, load_classifier
     from controller.classifier.dataset import load_dataset
-    from controller.classifier.evaluation import evaluate, format_report
+    from controller.classifier.evaluation import (
+        evaluate,
+        format_latency,
+        format_report,
+        long_prompt_latencies_s,
+    )
 
     try:
         classifier = load_classifier(args.artifact)
@@ -75,6 +106,10 @@ def run_eval(args: argparse.Namespace) -> int:
     except (ArtifactError, MissingDataError) as error:
         logger.error("%s", error)
         return 2
-    held_out = [dataset.examples[i] for i in dataset.subset(is_test=True)]
-    print(format_report(evaluate(classifier, held_out)))
+    rows = dataset.subset(is_test=True)
+    print(format_report(evaluate(classifier, [dataset.examples[i] for i in rows])))
+    texts = [dataset.texts[i] for i in rows]
+    num_chars = classifier.max_chars
+    latencies_s = long_prompt_latencies_s(classifier, texts, num_chars)
+    print(format_latency(f"latency per {num_chars}-character prompt", latencies_s))
     return 0
