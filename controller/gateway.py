@@ -107,17 +107,48 @@ class Gateway:
             "x-draftctl-spec-tokens": str(k),
             "x-draftctl-backend": backend.name,
         }
-        body = self._finish(response, plan, backend, started_s, parsed.is_stream)
+        self.num_inflight += 1
+        deadline_s = started_s + self.config.request_timeout_s
+
+        def done(first_s: float | None, is_timed_out: bool) -> None:
+            self.num_inflight -= 1
+            if is_timed_out:
+                response.error = "server.request_timeout_s exceeded"
+            end_s = time.perf_counter()
+            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
+            decode_s = end_s - first_s if first_s is not None else None
+            self._record(response, plan, backend, end_s - started_s, decode_s)
+
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
-            return RelayResponse(body, response.status, headers, response.media_type)
-        # A whole body is read by submit() already (pools) or generated now (embedded engine).
-        remaining_s = started_s + self.config.request_timeout_s - time.perf_counter()
+            timeout = error_event(
+                f"request ran longer than server.request_timeout_s = "
+                f"{self.config.request_timeout_s} s and was stopped",
+                code="timeout",
+            )
+            return RelayResponse(
+                response.body, headers, response.media_type, deadline_s, timeout, done
+            )
+        return await self._whole(response, headers, deadline_s, done)
+
+    async def _whole(
+        self,
+        response: BackendResponse,
+        headers: dict[str, str],
+        deadline_s: float,
+        done: Callable[[float | None, bool], None],
+    ) -> Response:
+        """A whole body: read by submit() already (pools) or generated now (embedded)."""
+        is_timed_out = False
         try:
-            async with asyncio.timeout(max(0.0, remaining_s)):
-                content = b"".join([chunk async for chunk in body])
+            async with asyncio.timeout(max(0.0, deadline_s - time.perf_counter())):
+                content = b"".join([chunk async for chunk in response.body])
         except TimeoutError:
-            await _close(body)
+            is_timed_out = True
+        finally:
+            await _close(response.body)
+            done(None, is_timed_out)
+        if is_timed_out:
             return timeout_error(self.config.request_timeout_s).response()
         return Response(content, response.status, headers, response.media_type)
 
@@ -176,39 +207,6 @@ class Gateway:
             }
 
         return annotate
-
-    async def _finish(
-        self,
-        response: BackendResponse,
-        plan: Plan,
-        backend: Backend,
-        started_s: float,
-        is_stream: bool,
-    ) -> AsyncIterator[bytes]:
-        """Relay the body; when it ends, record timings and what the backend reported."""
-        self.num_inflight += 1
-        first_s: float | None = None
-        deadline_s = started_s + self.config.request_timeout_s
-        try:
-            async for chunk in response.body:
-                if first_s is None:
-                    first_s = time.perf_counter()
-                yield chunk
-                if is_stream and time.perf_counter() > deadline_s:
-                    response.error = "server.request_timeout_s exceeded"
-                    yield error_event(
-                        f"request ran longer than server.request_timeout_s = "
-                        f"{self.config.request_timeout_s} s and was stopped",
-                        code="timeout",
-                    )
-                    break
-        finally:
-            await _close(response.body)
-            self.num_inflight -= 1
-            end_s = time.perf_counter()
-            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
-            decode_s = end_s - first_s if is_stream and first_s is not None else None
-            self._record(response, plan, backend, end_s - started_s, decode_s)
 
     def _record(
         self,
