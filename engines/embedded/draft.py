@@ -19,6 +19,7 @@ from engines.embedded.layers import (
     DecoderLayer,
     RMSNorm,
     Rotary,
+    attention_mask,
     cached_attention,
     decoder_layers,
     write_cache,
@@ -52,15 +53,20 @@ class DraftModel(nn.Module):
                 f"unexpected={unexpected[:5]}"
             )
 
+    def fuse(self) -> None:
+        for layer in decoder_layers(self.layers):
+            layer.fuse()
+
     def insert_context(
         self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache, first_slot: int = 0
     ) -> None:
         """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W]."""
         context = self.hidden_norm(self.fc(features))
+        rope = self.rotary.tables(positions, context.dtype)
         for index, layer in enumerate(decoder_layers(self.layers)):
             k, v = layer.key_value(context)
             k_cache, v_cache = cache.rows(index, first_slot, features.shape[0])
-            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
 
     def propose(
@@ -80,17 +86,19 @@ class DraftModel(nn.Module):
         key_positions = torch.arange(num_keys, device=block_ids.device)
         end = positions[:, -1:] + 1  # [B, 1]: s + block
         visible = (key_positions[None, :] < end)[:, None, :].expand(-1, block_ids.shape[1], -1)
+        shape = self.spec.shape
+        mask = attention_mask(visible, shape.num_heads, shape.num_kv_heads)
         h = target.embed_tokens(block_ids) * self.spec.input_embedding_scale
+        rope = self.rotary.tables(positions, h.dtype)
         for index, layer in enumerate(decoder_layers(self.layers)):
-            x = layer.input_layernorm(h)
-            q = self.rotary(layer.query(x), positions)
-            k, v = layer.key_value(x)
+            q, k, v = layer.qkv(layer.input_layernorm(h))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
-            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], visible)
-            h = h + layer.attention_out(attn)
-            h = layer.feed_forward(h)
+            attn = cached_attention(
+                Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
+            )
+            h = layer.feed_forward(h + layer.attention_out(attn))
         logits = target.logits(self.norm(h[:, 1:])) * self.spec.output_multiplier
         cap = self.spec.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

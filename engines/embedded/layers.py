@@ -19,10 +19,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, exactly as transformers' Qwen3.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # Normalise (fp32 accumulation), cast back, then scale by the weight: transformers'
+        # Qwen3 order. F.rms_norm is one fused kernel on CUDA.
+        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight
 
 
 class Rotary(nn.Module):
@@ -40,10 +39,17 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [B, W, heads, head_dim]; positions: [B, W]."""
-        cos = self.cos[positions].to(x.dtype)[:, :, None, :]
-        sin = self.sin[positions].to(x.dtype)[:, :, None, :]
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos, sin [B, W, 1, head_dim] for positions [B, W]; computed once per forward."""
+        return (
+            self.cos[positions].to(dtype)[:, :, None, :],
+            self.sin[positions].to(dtype)[:, :, None, :],
+        )
+
+    @staticmethod
+    def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """x: [B, W, heads, head_dim] -> x rotated (rotate-half convention)."""
+        cos, sin = tables
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -68,9 +74,6 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False)
         self.down_proj = nn.Linear(shape.intermediate_size, shape.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
 
 class DecoderLayer(nn.Module):
     """Weights of one Qwen3/Llama decoder layer (the draft's layers have the same names)."""
@@ -83,24 +86,53 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(shape)
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        # Set by fuse() after loading.
+        self.qkv_weight: torch.Tensor
+        self.qkv_bias: torch.Tensor | None
+        self.gate_up_weight: torch.Tensor
 
-    def query(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, W, hidden] (already input-normed) -> q [B, W, heads, head_dim], before RoPE."""
-        q = self.self_attn.q_proj(x).view(*x.shape[:2], self.num_heads, self.head_dim)
-        return self.self_attn.q_norm(q)
+    def fuse(self) -> None:
+        """Concatenate q/k/v and gate/up weights (one GEMM each); drop the separate copies.
+
+        Called once after loading: fewer, larger kernels matter at batch 1 decode."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        weight = torch.cat([p.weight.detach() for p in projections])
+        biases = [p.bias.detach() for p in projections if p.bias is not None]
+        self.register_buffer("qkv_weight", weight, persistent=False)
+        self.register_buffer("qkv_bias", torch.cat(biases) if biases else None, persistent=False)
+        gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()])
+        self.register_buffer("gate_up_weight", gate_up, persistent=False)
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [B, W, hidden] (already input-normed) -> q [B, W, heads, hd], k, v
+        [B, W, kv_heads, hd]; q and k normed, before RoPE."""
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        out = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = out.split([q_size, kv_size, kv_size], dim=-1)
+        b, w = x.shape[:2]
+        q = self.self_attn.q_norm(q.reshape(b, w, self.num_heads, self.head_dim))
+        k = self.self_attn.k_norm(k.reshape(b, w, self.num_kv_heads, self.head_dim))
+        return q, k, v.reshape(b, w, self.num_kv_heads, self.head_dim)
 
     def key_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [B, W, hidden] -> k, v [B, W, kv_heads, head_dim], k before RoPE."""
-        k = self.self_attn.k_proj(x).view(*x.shape[:2], self.num_kv_heads, self.head_dim)
-        v = self.self_attn.v_proj(x).view(*x.shape[:2], self.num_kv_heads, self.head_dim)
-        return self.self_attn.k_norm(k), v
+        """x: [B, W, hidden] -> k (normed, before RoPE), v [B, W, kv_heads, head_dim]."""
+        q_size = self.num_heads * self.head_dim
+        bias = None if self.qkv_bias is None else self.qkv_bias[q_size:]
+        k, v = F.linear(x, self.qkv_weight[q_size:], bias).chunk(2, dim=-1)
+        b, w = x.shape[:2]
+        k = self.self_attn.k_norm(k.reshape(b, w, self.num_kv_heads, self.head_dim))
+        return k, v.reshape(b, w, self.num_kv_heads, self.head_dim)
 
     def attention_out(self, attn: torch.Tensor) -> torch.Tensor:
         return self.self_attn.o_proj(attn)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Residual MLP block: h + mlp(post_attention_layernorm(h))."""
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """Residual MLP block: h + down(silu(gate(x)) * up(x)), x = post_attention_layernorm(h)."""
+        gate, up = F.linear(self.post_attention_layernorm(h), self.gate_up_weight).chunk(2, -1)
+        return h + self.mlp.down_proj(F.silu(gate) * up)
 
 
 def decoder_layers(layers: nn.ModuleList) -> list[DecoderLayer]:
@@ -115,18 +147,25 @@ def write_cache(cache: torch.Tensor, positions: torch.Tensor, values: torch.Tens
     cache[rows, :, positions] = values
 
 
+def attention_mask(visible: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """visible [B, W, L] bool -> the grouped mask [B, 1, group * W, L] ``cached_attention`` takes
+    (built once per forward, shared by all layers)."""
+    b, w, length = visible.shape
+    group = num_heads // num_kv_heads
+    return visible[:, None, None].expand(b, 1, group, w, length).reshape(b, 1, group * w, length)
+
+
 def cached_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """q: [B, W, heads, D]; k/v_cache: [B, kv_heads, L, D]; visible: [B, W, L] bool.
+    """q: [B, W, heads, D]; k/v_cache: [B, kv_heads, L, D]; mask from ``attention_mask``.
 
     Grouped-query attention without copying K/V: each kv head's query group is folded into the
     query length, so one SDPA call reads every cached key once. Returns [B, W, heads * D].
     """
     b, w, h, d = q.shape
-    kvh, length = k_cache.shape[1], k_cache.shape[2]
+    kvh = k_cache.shape[1]
     g = h // kvh
     q = q.view(b, w, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * w, d)
-    mask = visible[:, None, None].expand(b, 1, g, w, length).reshape(b, 1, g * w, length)
     out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
     return out.view(b, kvh, g, w, d).permute(0, 3, 1, 2, 4).reshape(b, w, h * d)

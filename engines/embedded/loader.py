@@ -60,6 +60,8 @@ def build_models(
         target.load_checkpoint(target_weights)
     if draft_weights is not None:
         draft.load_checkpoint(draft_weights)
+    target.fuse()
+    draft.fuse()
     return target.eval().requires_grad_(False), draft.eval().requires_grad_(False)
 
 

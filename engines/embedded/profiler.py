@@ -32,6 +32,7 @@ def random_target(
             model = TargetModel(shape, max_positions, aux_layer_ids=())
     finally:
         torch.set_default_dtype(previous)
+    model.fuse()
     return model.eval().requires_grad_(False)
 
 

@@ -12,6 +12,7 @@ from engines.embedded.layers import (
     DecoderLayer,
     RMSNorm,
     Rotary,
+    attention_mask,
     cached_attention,
     decoder_layers,
     write_cache,
@@ -43,6 +44,11 @@ class TargetModel(nn.Module):
                 f"unexpected={unexpected[:5]}"
             )
 
+    def fuse(self) -> None:
+        """Fuse projection weights after loading (see ``DecoderLayer.fuse``)."""
+        for layer in decoder_layers(self.layers):
+            layer.fuse()
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -59,18 +65,19 @@ class TargetModel(nn.Module):
         batch = input_ids.shape[0]
         key_positions = torch.arange(num_keys, device=input_ids.device)
         visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
+        mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
         h = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, h.dtype)
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
-            x = layer.input_layernorm(h)
-            q = self.rotary(layer.query(x), positions)
-            k, v = layer.key_value(x)
+            q, k, v = layer.qkv(layer.input_layernorm(h))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, self.rotary(k, positions))
+            write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
-            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], visible)
-            h = h + layer.attention_out(attn)
-            h = layer.feed_forward(h)
+            attn = cached_attention(
+                Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
+            )
+            h = layer.feed_forward(h + layer.attention_out(attn))
             if index in self.aux_layer_ids:
                 saved[index] = h
         # Residual stream after layer i, i.e. HF ``hidden_states[i + 1]`` (dflash's offset 1).
