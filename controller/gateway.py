@@ -117,7 +117,7 @@ class Gateway:
             end_s = time.perf_counter()
             # TPOT only from streams: first to last chunk spans the decode, not the prefill.
             decode_s = end_s - first_s if first_s is not None else None
-            self._record(response, plan, backend, end_s - started_s, decode_s)
+            self._record(response, plan, backend, k, end_s - started_s, decode_s)
 
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
@@ -213,6 +213,7 @@ class Gateway:
         response: BackendResponse,
         plan: Plan,
         backend: Backend,
+        k: int,
         total_s: float,
         decode_s: float | None,
     ) -> None:
@@ -229,6 +230,11 @@ class Gateway:
         )
         if accept is not None:
             self.metrics.accept_length.labels(plan.task.value, backend.name).set(accept)
+        try:
+            plan.running.learn(plan.task, k, outcome, max(1, plan.concurrency), tpot_s)
+        except Exception:
+            log.exception("the policy's online models rejected an outcome")
+            self.metrics.degraded.labels("learning").inc()
 
 
 async def _close(body: AsyncIterator[bytes]) -> None:

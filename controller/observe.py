@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from controller.policy_state import RunningPolicy
 from controller.stats import LiveStats, TaskEstimates
 from engines.base import Backend
-from policies.model import PolicySpec
 from policies.types import Observation, PoolView, Task
 
 
@@ -40,15 +40,23 @@ def build_observation(
     task: Task,
     confidence: float,
     fleet: Sequence[Backend],
-    spec: PolicySpec,
+    running: RunningPolicy,
     stats: LiveStats,
     now_s: float,
     rng_u: float,
 ) -> Observation:
-    """Everything the policy may know for one request bound to ``fleet`` (one model)."""
+    """Everything the policy may know for one request bound to ``fleet`` (one model).
+
+    Acceptance comes from the running policy's online models when it has them (goodput:
+    censoring-aware, with the step cost model), else from the windowed stats.
+    """
     block_size = max(b.block_size for b in fleet)
     estimates = stats.estimates(task, now_s)
-    min_k, max_k = spec.bounds_for(block_size)
+    min_k, max_k = running.spec.bounds_for(block_size)
+    learned = running.observe(task) or {
+        "accept_rates": estimates.accept_rates,
+        "accept_trials": estimates.accept_trials,
+    }
     return Observation(
         task=task,
         confidence=confidence,
@@ -57,8 +65,7 @@ def build_observation(
         max_spec_tokens=max_k,
         block_size=block_size,
         pools=tuple(pool_view(b, estimates) for b in fleet),
-        accept_rates=estimates.accept_rates,
-        accept_trials=estimates.accept_trials,
         now_s=now_s,
         rng_u=rng_u,
+        **learned,
     )

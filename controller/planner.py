@@ -34,6 +34,8 @@ class Plan:
     task_source: str  # "hint" | "classifier" | "fallback"
     decision: Decision
     pools: list[Backend]  # healthy, best first; the tail is the retry plan
+    running: RunningPolicy  # the policy that decided (learns from the outcome)
+    concurrency: int  # the load the decision saw
 
 
 class Planner:
@@ -70,22 +72,27 @@ class Planner:
 
     def decide(
         self, task: Task, confidence: float, fleet: Sequence[Backend], running: RunningPolicy
-    ) -> Decision:
+    ) -> tuple[Decision, int]:
+        """The decision and the concurrency it saw (0 if the observation itself failed)."""
+        concurrency = 0
         try:
             observation = build_observation(
-                task, confidence, fleet, running.spec, self.stats, self.clock(), self._rng.random()
+                task, confidence, fleet, running, self.stats, self.clock(), self._rng.random()
             )
-            return running.policy.decide(observation)
+            concurrency = observation.concurrency
+            return running.policy.decide(observation), concurrency
         except Exception as exc:
             log.exception("policy %s failed; drafting off for this request", running.spec.kind)
             self.metrics.degraded.labels("policy").inc()
-            return Decision(0, f"policy failed ({type(exc).__name__}); safe fallback k=0")
+            reason = f"policy failed ({type(exc).__name__}); safe fallback k=0"
+            return Decision(0, reason), concurrency
 
     def plan(self, parsed: ParsedRequest, fleet: Sequence[Backend], running: RunningPolicy) -> Plan:
         task, confidence, source = self.classify(parsed)
-        decision = self.decide(task, confidence, fleet, running)
+        decision, concurrency = self.decide(task, confidence, fleet, running)
         by_name = {b.name: b for b in fleet}
         views = [routing_view(b) for b in fleet]
         adjustable = [b.name for b in fleet if b.spec_tokens is None]
         ranked = rank_pools(views, decision, adjustable)
-        return Plan(task, confidence, source, decision, [by_name[v.name] for v in ranked])
+        pools = [by_name[v.name] for v in ranked]
+        return Plan(task, confidence, source, decision, pools, running, concurrency)

@@ -20,13 +20,14 @@ log = logging.getLogger(__name__)
 
 
 class PolicySource:
-    def __init__(self, config: PolicyConfig, metrics: Metrics) -> None:
+    def __init__(self, config: PolicyConfig, metrics: Metrics, block_size: int) -> None:
         self.config = config
         self.metrics = metrics
+        self.block_size = block_size
         # Raises InvalidDocument when the file is invalid and no kept version exists.
         self.store = PolicyStore(config.path, config.versions_dir)
         version, _, spec = self.store.current()
-        self._running = RunningPolicy.build(version, spec)
+        self._running = self._build(version, spec)
         metrics.policy_version.set(version)
         self.store.subscribe(self.swap)
         self._watch: asyncio.Task[None] | None = None
@@ -34,8 +35,11 @@ class PolicySource:
     def current(self) -> RunningPolicy:
         return self._running
 
+    def _build(self, version: int, spec: PolicySpec) -> RunningPolicy:
+        return RunningPolicy.build(version, spec, self.block_size, self.config.path.parent)
+
     def swap(self, spec: PolicySpec, version: int) -> None:
-        self._running = RunningPolicy.build(version, spec)
+        self._running = self._build(version, spec)
         self.metrics.policy_version.set(version)
         log.info("policy version %d (%s) is now running", version, spec.kind)
 

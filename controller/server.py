@@ -66,9 +66,10 @@ class Server:
         self.started = asyncio.Event()
         self.metrics = Metrics()
         self.stats = LiveStats(config.stats.window_s, time.monotonic())
-        self.policy = PolicySource(config.policy, self.metrics)
-        steps = StepDecider(self.policy.current, self.stats, self.metrics)
+        steps = StepDecider(lambda: self.policy.current(), self.stats, self.metrics)
         self.fleet = Fleet([build_backend(b, steps) for b in config.backends])
+        block_size = max(b.block_size for b in self.fleet.backends)
+        self.policy = PolicySource(config.policy, self.metrics, block_size)
         self.scraper = Scraping(config, self.stats)
         self.gateway: Gateway | None = None
         self._uvicorn: uvicorn.Server | None = None

@@ -17,7 +17,7 @@ from controller.metrics import Metrics
 from controller.policy_state import RunningPolicy
 from controller.stats import LiveStats
 from engines.embedded.events import RequestView
-from policies.types import Observation, Task
+from policies.types import Observation, StepCost, Task
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class RequestSteps:
     running: RunningPolicy
     accept_rates: tuple[float, ...]
     accept_trials: tuple[float, ...]
+    step_cost: StepCost | None  # a snapshot: immutable, safe on the engine thread
     metrics: Metrics
     spec_tokens: list[int] = field(default_factory=list)
     rng: random.Random = field(default_factory=random.Random)
@@ -57,6 +58,7 @@ class RequestSteps:
             block_size=self.block_size,
             accept_rates=self.accept_rates,
             accept_trials=self.accept_trials,
+            step_cost=self.step_cost,
             request_accept_lengths=history,
             request_spec_tokens=tuple(self.spec_tokens[: len(history)]),
             previous_spec_tokens=self.spec_tokens[-1] if self.spec_tokens else None,
@@ -88,14 +90,21 @@ class StepDecider:
     def __call__(
         self, task: Task, confidence: float, first_spec_tokens: int, block_size: int
     ) -> RequestSteps:
+        running = self.policy()
         estimates = self.stats.estimates(task, time.monotonic())
+        learned = running.observe(task) or {
+            "accept_rates": estimates.accept_rates,
+            "accept_trials": estimates.accept_trials,
+            "step_cost": None,
+        }
         return RequestSteps(
             task,
             confidence,
             first_spec_tokens,
             block_size,
-            self.policy(),
-            estimates.accept_rates,
-            estimates.accept_trials,
+            running,
+            learned["accept_rates"],
+            learned["accept_trials"],
+            learned["step_cost"],
             self.metrics,
         )

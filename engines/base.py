@@ -52,6 +52,8 @@ class Outcome:
     # Times of this request's steps that drafted nothing (k = 0), embedded engine; with
     # ``step_times_s`` they give the measured step-time speedup.
     plain_step_times_s: list[float] = field(default_factory=list)
+    # The k of each step in ``accept_lengths`` (embedded engine: k may change every step).
+    step_spec_tokens: list[int] = field(default_factory=list)
 
     @property
     def mean_accept_length(self) -> float | None:

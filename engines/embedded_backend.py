@@ -188,6 +188,7 @@ class _Generation:
                 o.accepted_per_position.append(0)
             o.accepted_per_position[i] += int(accepted)
         o.accept_lengths.append(report.accept_length)
+        o.step_spec_tokens.append(report.spec_tokens)
         o.step_times_s.append(report.step_time_s)
 
     async def run(

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import aiohttp
 import openai
+import pytest
 
+from policies.types import Task
 from tests.controller.conftest import MODEL, StartGateway, StartUpstream, make_config, pool
 from tests.controller.fake_upstream import vllm_spec_metrics
 
@@ -122,3 +124,26 @@ async def test_admin_put_swaps_the_running_policy(
     after = await client.chat.completions.with_raw_response.create(**CHAT)
     assert after.headers["x-draftctl-backend"] == "k0"
     assert gateway.server.policy.current().version == 2
+
+
+async def test_goodput_policy_learns_from_finished_requests(
+    tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
+) -> None:
+    (tmp_path / "policy.yaml").write_text("kind: goodput\n")
+    upstream = await start_upstream(num_chunks=8, spec=vllm_spec_metrics(7))
+    gateway = await start_gateway(make_config(tmp_path, [pool("k7", upstream.url, 7)]))
+    running = gateway.server.policy.current()
+    assert running.spec.kind == "goodput" and running.models is not None
+    before = running.models.observe(Task.MATH)["accept_trials"]
+    chat_before = running.models.observe(Task.CHAT)["accept_trials"]
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")
+    for _ in range(3):
+        raw = await client.chat.completions.with_raw_response.create(
+            **CHAT, extra_headers={"x-draftctl-task": "math"}
+        )
+        assert raw.headers["x-draftctl-backend"] == "k7"
+        assert (raw.parse().model_extra or {})["draftctl"]["reason"]
+    after = running.models.observe(Task.MATH)["accept_trials"]
+    # Each request reported 4 verify steps of k = 7: position 1 was tried 12 more times.
+    assert after[0] == pytest.approx(before[0] + 12, rel=0.05)
+    assert running.models.observe(Task.CHAT)["accept_trials"] == chat_before  # math only

@@ -51,3 +51,12 @@ def test_detokenizer_holds_partial_utf8_and_cuts_at_stop() -> None:
     assert out == ["h", "", "é"]  # the 2-byte é waits for its second byte
     rest = detok.add(list(data[3:]), is_last=False)
     assert detok.text == "héllo " and rest == "llo " and detok.is_stopped
+
+
+def test_goodput_steps_use_the_online_models() -> None:
+    running = RunningPolicy.build(1, PolicySpec(kind="goodput"), block_size=16)
+    assert running.models is not None
+    steps = StepDecider(lambda: running, LiveStats(60, 0.0), Metrics())(Task.MATH, 0.9, 7, 16)
+    assert steps.accept_rates == running.models.observe(Task.MATH)["accept_rates"]
+    k = steps(_view(1, 1, [8]))
+    assert 0 <= k <= 15 and steps.spec_tokens == [k]
