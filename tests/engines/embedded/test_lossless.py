@@ -20,7 +20,7 @@ from tests.engines.embedded.conftest import (
     make_engine,
     random_prompt,
 )
-from tests.tinymodels import IM_END_ID
+from tests.tinymodels import IM_END_ID, write_tiny_pair
 
 transformers = pytest.importorskip("transformers")
 
@@ -150,3 +150,21 @@ def test_k0_steps_still_update_the_draft_context(agreeing_pair) -> None:
         engine.step()
     resumed = request.accept_lengths[switch_step:]
     assert sum(resumed) / len(resumed) > 2.0, resumed
+
+
+@pytest.mark.parametrize("k", [15, "random"])
+def test_block16_pair_is_lossless(k, tmp_path) -> None:
+    pair = write_tiny_pair(tmp_path, block_size=16, bias_token_id=65, bias_strength=0.8)
+    prompts = [random_prompt(7000 + i, PROMPT_LEN) for i in range(48)]
+    expected = target_only_greedy(pair[0], prompts, 24)
+    engine = make_engine(pair, max_batch_size=8)
+    controller = (lambda i: random_k16(i)) if k == "random" else (lambda i: fixed_k(15))
+    requests = [greedy_request(str(i), p, 24, controller(i)) for i, p in enumerate(prompts)]
+    run_staggered(engine, requests)
+    assert [r.output_ids for r in requests] == expected
+    assert max(a for r in requests for a in r.accept_lengths) > 8  # beyond an 8-wide verify
+
+
+def random_k16(seed: int) -> Callable[[RequestView], int]:
+    rng = random.Random(seed)
+    return lambda view: rng.randint(0, 15)
