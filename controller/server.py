@@ -98,7 +98,11 @@ class Server:
         self._sock = bind_socket(self.host, self.port)
         self.port = self._sock.getsockname()[1]
         await self.policy.start()
-        await asyncio.gather(*(b.start() for b in self.fleet.backends), self.scraper.start())
+        try:
+            await asyncio.gather(*(b.start() for b in self.fleet.backends), self.scraper.start())
+        except Exception as exc:
+            await self.shutdown()
+            raise StartupError(f"a backend failed to start: {exc}") from exc
         app = build_app(*self._components(), self._extra_routes())
         config = uvicorn.Config(
             app,
@@ -165,6 +169,8 @@ class Server:
         log.info("shutting down: draining %d in-flight request(s)", inflight)
         if self._uvicorn is not None:
             await self._uvicorn.shutdown(sockets=[self._sock] if self._sock else None)
+        elif self._sock is not None:
+            self._sock.close()
         await self.policy.close()
         await self.scraper.close()
         await asyncio.gather(*(b.close() for b in self.fleet.backends), return_exceptions=True)
