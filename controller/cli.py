@@ -13,7 +13,16 @@ import logging
 import sys
 
 # Module names under controller.commands, in the order --help lists them.
-COMMAND_MODULES: tuple[str, ...] = ("serve", "config", "simulate", "policy", "generate", "classify", "classifier", "profile")
+COMMAND_MODULES: tuple[str, ...] = (
+    "serve",
+    "config",
+    "simulate",
+    "policy",
+    "generate",
+    "classify",
+    "classifier",
+    "profile",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
