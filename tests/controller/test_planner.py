@@ -14,7 +14,7 @@ from controller.metrics import Metrics
 from controller.planner import Planner
 from controller.policy_state import RunningPolicy
 from controller.request_parse import parse_request
-from controller.stats import LiveStats
+from controller.stats import LiveStats, ScrapedView
 from engines.pool import PoolBackend
 from policies.model import PolicySpec
 from policies.types import Task
@@ -78,3 +78,16 @@ def test_failing_classifier_falls_back_and_counts() -> None:
     parsed = parse_request("chat", RAW, None, allow_hint=True)
     assert planner.classify(parsed) == (Task.CHAT, 0.0, "fallback")
     assert b'draftctl_degraded_decisions_total{component="classifier"} 1.0' in metrics.render()
+
+
+def test_scraped_load_counts_toward_concurrency() -> None:
+    planner, _ = _planner(None)
+    fleet = _fleet()
+    parsed = parse_request("chat", RAW, None, allow_hint=True)
+    running = RunningPolicy.build(1, PolicySpec())
+    assert planner.plan(parsed, fleet, running).decision.spec_tokens == 7  # chat, load 1
+    # Other clients keep 50 running + 20 waiting on the k7 pool: fleet load 71 -> chat off.
+    planner.stats.scraped["k7"] = ScrapedView(running=50, waiting=20)
+    plan = planner.plan(parsed, fleet, running)
+    assert plan.concurrency == 71 and plan.decision.spec_tokens == 0
+    assert plan.pools[0].name == "k0"
