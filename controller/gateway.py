@@ -67,6 +67,11 @@ class Gateway:
         self.allow_hint = allow_hint
         self.num_inflight = 0
         self._request_ids = itertools.count(1)
+        self._timeout_event = error_event(
+            f"request ran longer than server.request_timeout_s = {config.request_timeout_s} s "
+            "and was stopped",
+            code="timeout",
+        )
 
     async def chat(self, request: Request) -> Response:
         return await self._handle(request, "chat")
@@ -100,6 +105,18 @@ class Gateway:
             return error.response()
         except TimeoutError:
             return timeout_error(self.config.request_timeout_s).response()
+        return await self._respond(parsed, plan, backend, k, response, started_s)
+
+    async def _respond(
+        self,
+        parsed: ParsedRequest,
+        plan: Plan,
+        backend: Backend,
+        k: int,
+        response: BackendResponse,
+        started_s: float,
+    ) -> Response:
+        """Count the request, then relay the stream or send the whole body; record at the end."""
         self.metrics.count_request(plan.task.value, backend.name, k)
         self.stats.record_decision(plan.task, plan.confidence, backend.name, k)
         headers = {
@@ -121,13 +138,8 @@ class Gateway:
 
         if parsed.is_stream and response.status == 200:
             headers["cache-control"] = "no-cache"
-            timeout = error_event(
-                f"request ran longer than server.request_timeout_s = "
-                f"{self.config.request_timeout_s} s and was stopped",
-                code="timeout",
-            )
             return RelayResponse(
-                response.body, headers, response.media_type, deadline_s, timeout, done
+                response.body, headers, response.media_type, deadline_s, self._timeout_event, done
             )
         return await self._whole(response, headers, deadline_s, done)
 
