@@ -28,14 +28,28 @@ def prompts(source: str, data_dir: Path, limit: int) -> list[str]:
         rows = sources.read_jsonl(data_dir / "mt_bench" / "question.jsonl")
         texts = [r["turns"][0] for r in rows[:limit]]
     elif source == "sharegpt-heldout":
-        texts = []
-        for messages in sources.sharegpt(sources.SHAREGPT_EVAL_START):
-            if len(texts) >= limit:
-                break
-            if len(messages[0]["content"]) <= 2000:  # keep prompts short enough for CPU eval
-                texts.append(messages[0]["content"])
+        texts = _sharegpt_heldout(limit)
     else:
         raise ValueError(f"unknown prompt source {source!r}; known: {sorted(all_sources())}")
+    return texts
+
+
+def _sharegpt_heldout(limit: int) -> list[str]:
+    """First user turns from SHAREGPT_EVAL_START on that no earlier conversation contains
+    (ShareGPT repeats popular prompts), at most 2,000 characters (CPU evaluation)."""
+    seen = {
+        m["content"]
+        for messages in sources.sharegpt(0, sources.SHAREGPT_EVAL_START)
+        for m in messages
+        if m["role"] == "user"
+    }
+    texts: list[str] = []
+    for messages in sources.sharegpt(sources.SHAREGPT_EVAL_START):
+        text = messages[0]["content"]
+        if len(texts) >= limit:
+            break
+        if len(text) <= 2000 and text not in seen and text not in texts:
+            texts.append(text)
     return texts
 
 

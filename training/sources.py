@@ -104,7 +104,7 @@ def _sharegpt_messages(record: dict) -> list[Message]:
         role = ROLE_NAMES.get(turn.get("from", ""))
         value = (turn.get("value") or "").strip()
         if role is None or not value:
-            return messages
+            break  # keep the turns before an unknown role or an empty turn
         messages.append({"role": role, "content": value})
     # Start on a user turn and end on an assistant turn.
     while messages and messages[0]["role"] != "user":
