@@ -35,7 +35,7 @@ def builtin_artifact_dir() -> Path:
 def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any]) -> None:
     """Write the model's arrays and ``manifest`` (plus the feature spec) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = np.stack(model.rows).astype(np.float16)
+    weights = model.weights.astype(np.float16)
     np.savez_compressed(folder / WEIGHTS_FILE, weights=weights, bias=model.bias.astype(np.float32))
     spec = model.spec
     full = {

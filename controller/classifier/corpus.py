@@ -78,13 +78,15 @@ def math500(shared: Path) -> Iterator[Example]:
 
 
 def mbpp(shared: Path) -> Iterator[Example]:
-    """Each task twice: the bare request, and the common prompt that lists its tests."""
+    """Each task three times: the bare request, the common prompt that lists its tests, and
+    the reference solution as a completions prompt (raw code continues as code)."""
     for row in read_jsonl(shared / "mbpp" / "mbpp.jsonl"):
         group = f"mbpp/{row['task_id']}"
         yield Example(user(row["text"]), Task.CODE, "mbpp", group)
         tests = "\n".join(row["test_list"])
         prompt = f"{row['text']} Your code should pass these tests:\n\n{tests}"
         yield Example(user(prompt), Task.CODE, "mbpp", group)
+        yield Example({"prompt": row["code"]}, Task.CODE, "mbpp", group)
 
 
 def mt_bench(shared: Path) -> Iterator[Example]:
@@ -110,7 +112,8 @@ def mt_bench(shared: Path) -> Iterator[Example]:
 
 
 def human_eval() -> Iterator[Example]:
-    """Raw function stubs, as a completions prompt and as a chat request."""
+    """Function stubs as a completions prompt and as a chat request, and the stub with its
+    solution pasted into a question about it."""
     path = package_file("human_eval", "data", "HumanEval.jsonl.gz")
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         for line in lines:
@@ -119,6 +122,9 @@ def human_eval() -> Iterator[Example]:
             yield Example({"prompt": row["prompt"]}, Task.CODE, "human_eval", group)
             chat = user(f"Complete this function.\n{row['prompt']}")
             yield Example(chat, Task.CODE, "human_eval", group)
+            solved = row["prompt"] + row["canonical_solution"]
+            question = user(f"Can you review this code and make it faster?\n\n{solved}")
+            yield Example(question, Task.CODE, "human_eval", group)
 
 
 def champ() -> Iterator[Example]:
@@ -151,6 +157,9 @@ def all_examples(shared: Path, sharegpt_counts: dict[str, int]) -> Iterator[Exam
     yield from human_eval()
     yield from champ()
     yield from sharegpt_turns(sharegpt_counts)
+    from controller.classifier.synthetic import synthetic_math  # imports this module
+
+    yield from synthetic_math()
 
 
 def data_versions(shared: Path) -> dict[str, str]:

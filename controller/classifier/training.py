@@ -39,8 +39,8 @@ class TrainSettings:
     # L2 penalty of the SGD logistic regression, and passes over the data.
     alpha: float = 1e-5
     num_epochs: int = 15
-    # "balanced" weighs each class by 1/frequency: ShareGPT chat outnumbers maths 4:1.
-    class_weight: str | None = "balanced"
+    # None: "balanced" (1/frequency) scored 94.0% vs 94.6% and sent more chat to code.
+    class_weight: str | None = None
 
 
 def feature_matrix(

@@ -27,6 +27,12 @@ def register(subparsers: Any) -> None:
         "--alpha", type=float, default=None, help="L2 penalty (default: TrainSettings.alpha)"
     )
     train.add_argument(
+        "--class-weight",
+        choices=("balanced", "none"),
+        default=None,
+        help="class weighting (default: TrainSettings.class_weight)",
+    )
+    train.add_argument(
         "--num-bits", type=int, default=None, help="log2 of the number of hash buckets"
     )
     train.add_argument(
@@ -82,6 +88,9 @@ def settings_from(args: argparse.Namespace) -> Any:
     settings = TrainSettings(seed=args.seed)
     if args.alpha is not None:
         settings = replace(settings, alpha=args.alpha)
+    if args.class_weight is not None:
+        weighting = None if args.class_weight == "none" else args.class_weight
+        settings = replace(settings, class_weight=weighting)
     spec = settings.spec
     if args.ngram_sizes:
         spec = replace(spec, ngram_sizes=tuple(int(size) for size in args.ngram_sizes.split(",")))

@@ -1,0 +1,65 @@
+"""The committed artifact: robustness cases with defined answers (docs/classifier.md)."""
+
+import pytest
+
+from controller.classifier import apply_threshold, load_classifier
+from controller.classifier.model import LinearClassifier
+from policies.types import Task
+
+
+@pytest.fixture(scope="module")
+def classifier() -> LinearClassifier:
+    return load_classifier()
+
+
+def ask(classifier: LinearClassifier, text: str) -> Task:
+    return classifier.classify({"messages": [{"role": "user", "content": text}]}).task
+
+
+def test_empty_or_textless_requests_are_chat_with_zero_confidence(
+    classifier: LinearClassifier,
+) -> None:
+    for body in ({"messages": []}, {"prompt": ""}, {"prompt": [1, 2, 3]}, {}):
+        guess = classifier.classify(body)
+        assert (guess.task, guess.confidence) == (Task.CHAT, 0.0)
+        assert apply_threshold(guess, 0.55, Task.CODE).task == Task.CODE
+
+
+def test_huge_prompt_is_truncated_and_still_classified(classifier: LinearClassifier) -> None:
+    block = (
+        "import json\n\n\nclass Store:\n    def __init__(self, path):\n        self.path = path\n\n"
+        "    def load(self):\n        with open(self.path) as handle:\n"
+        "            return json.load(handle)\n\n"
+    )
+    guess = classifier.classify({"prompt": block * 100_000})  # ~17 MB
+    assert guess.task == Task.CODE
+
+
+@pytest.mark.parametrize(
+    ("text", "task"),
+    [
+        ("Bonjour ! Peux-tu me conseiller un bon livre à lire pendant les vacances ?", Task.CHAT),
+        ("请帮我写一封感谢信给我的老师，感谢她这一年的帮助。", Task.CHAT),
+        ("Wie kann ich meine Zeit besser organisieren, wenn ich viel Stress habe?", Task.CHAT),
+    ],
+)
+def test_non_english_chat_is_chat(classifier: LinearClassifier, text: str, task: Task) -> None:
+    assert ask(classifier, text) == task
+
+
+def test_code_pasted_into_a_chat_question_is_code(classifier: LinearClassifier) -> None:
+    text = (
+        "Hi! My script crashes and I don't understand why, can you help me fix it?\n\n"
+        "```python\nimport json\n\ndef load(path):\n    with open(path) as f:\n"
+        "        return json.load(f)['items']\n\nprint(load('data.json')[0])\n```\n"
+        "It says KeyError: 'items'."
+    )
+    assert ask(classifier, text) == Task.CODE
+
+
+def test_scores_are_probabilities(classifier: LinearClassifier) -> None:
+    guess = classifier.classify({"prompt": "Solve for x: 2x + 3 = 11."})
+    assert guess.task == Task.MATH
+    assert abs(sum(guess.scores.values()) - 1.0) < 1e-9
+    assert guess.confidence == max(guess.scores.values())
+    assert guess.latency_s > 0
