@@ -129,6 +129,8 @@ class Gateway:
 
         def done(first_s: float | None, is_timed_out: bool) -> None:
             self.num_inflight -= 1
+            if response.release is not None:
+                response.release()
             if is_timed_out:
                 response.error = "server.request_timeout_s exceeded"
             end_s = time.perf_counter()

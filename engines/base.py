@@ -85,6 +85,8 @@ class BackendResponse:
     outcome: Outcome = field(default_factory=Outcome)
     # Set by the body iterator when the backend failed mid-stream (the client got an error).
     error: str | None = None
+    # Frees what the response holds if its body is closed without having run; idempotent.
+    release: Callable[[], None] | None = None
 
 
 class Backend(Protocol):

@@ -200,18 +200,20 @@ class PoolBackend:
         if not first:
             raise aiohttp.ClientPayloadError("stream closed before the first byte")
         annotator = SseAnnotator(annotate, self._read_outcome, wants_usage)
+        lease = _Lease(slot, resp)
         response = BackendResponse(200, "text/event-stream", _once(b""), annotator.outcome)
-        response.body = self._relay(slot, resp, annotator, first, response)
+        response.body = self._relay(lease, annotator, first, response)
+        response.release = lease.end  # in case the body is closed before it ever ran
         return response
 
     async def _relay(
         self,
-        slot: ServerSlot,
-        resp: aiohttp.ClientResponse,
+        lease: _Lease,
         annotator: SseAnnotator,
         first: bytes,
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
+        resp = lease.resp
         is_clean = False
         try:
             out = annotator.feed(first)
@@ -227,13 +229,9 @@ class PoolBackend:
         except _UPSTREAM_ERRORS as exc:
             response.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
-            slot.num_inflight -= 1
-            if is_clean:
-                resp.release()
-            else:
-                resp.close()
+            lease.end(is_clean)
         if response.error is not None:
-            self._mark_down(slot, f"died mid-stream ({response.error})")
+            self._mark_down(lease.slot, f"died mid-stream ({response.error})")
             yield annotator.finish_with_error(
                 f"backend {self.name} failed mid-stream: {response.error}"
             )
@@ -241,6 +239,26 @@ class PoolBackend:
             tail = annotator.finish()
             if tail:
                 yield tail
+
+
+class _Lease:
+    """One stream's hold on a server slot and an upstream connection; ``end`` is idempotent."""
+
+    def __init__(self, slot: ServerSlot, resp: aiohttp.ClientResponse) -> None:
+        self.slot = slot
+        self.resp = resp
+        self.is_ended = False
+
+    def end(self, is_clean: bool = False) -> None:
+        """Free the slot; a clean end returns the connection to the pool, else closes it."""
+        if self.is_ended:
+            return
+        self.is_ended = True
+        self.slot.num_inflight -= 1
+        if is_clean:
+            self.resp.release()
+        else:
+            self.resp.close()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
