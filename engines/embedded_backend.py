@@ -139,6 +139,7 @@ class EmbeddedEngineBackend:
         if request.stream:
             response.media_type = "text/event-stream"
         response.body = generation.run(first, events, response)
+        response.release = lambda: generation.release(events)
         return response
 
     def done(self) -> None:
@@ -171,6 +172,17 @@ class _Generation:
         )
         options = request.body.get("stream_options") or {}
         self.wants_usage = bool(options.get("include_usage"))
+        self.is_started = False
+        self.is_released = False
+        self._closing: asyncio.Future[None] | None = None
+
+    def release(self, events: AsyncGenerator[TokenEvent, None]) -> None:
+        """The body was closed before it ran: free the slot and abort the engine request."""
+        if self.is_started or self.is_released:
+            return
+        self.is_released = True
+        self.backend.done()
+        self._closing = asyncio.ensure_future(events.aclose())  # kept: tasks are weakly held
 
     def _record(self, event: TokenEvent) -> None:
         report = event.report
@@ -197,6 +209,7 @@ class _Generation:
         events: AsyncGenerator[TokenEvent, None],
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
+        self.is_started = True
         finish: str | None = None
         try:
             event: TokenEvent | None = first
