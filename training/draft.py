@@ -136,8 +136,9 @@ def train_drafts(
     ]
     tap = FeatureTap(target, trainers[0].config["dflash_config"]["target_layer_ids"])
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    step, elapsed = 0, 0.0
-    bar = tqdm(desc="drafts", unit="step", mininterval=5)
+    ckpt_path = work_dir / "drafts.ckpt"
+    step, elapsed = _resume(ckpt_path, trainers, sampler)
+    bar = tqdm(desc="drafts", unit="step", initial=step, mininterval=5)
     while progress(train_cfg, step, elapsed) < 1.0:
         start = time.perf_counter()
         lr = learning_rate(train_cfg, step, elapsed)
@@ -154,6 +155,8 @@ def train_drafts(
                 for t in trainers
             ]
         step += 1
+        if step % train_cfg.checkpoint_every == 0:
+            _save(ckpt_path, trainers, sampler, step, elapsed)
         if step % 50 == 0:
             for trainer, (loss, tau) in zip(trainers, results, strict=True):
                 trainer.history.append(
@@ -169,6 +172,7 @@ def train_drafts(
         elapsed += time.perf_counter() - start
         bar.update(1)
     bar.close()
+    _save(ckpt_path, trainers, sampler, step, elapsed)
     stats = {
         f"block{t.block_size}": {
             "steps": step,
@@ -182,3 +186,37 @@ def train_drafts(
     (work_dir / "drafts.json").write_text(json.dumps(stats, indent=2) + "\n")
     log.info("drafts done: %s", {k: v["final"] for k, v in stats.items()})
     return trainers, stats
+
+
+def _save(
+    path: Path, trainers: list[DraftTrainer], sampler: WindowSampler, step: int, elapsed: float
+):
+    state = {
+        "step": step,
+        "elapsed": elapsed,
+        "sampler": sampler.state(),
+        "trainers": [
+            {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(),
+             "generator": t.generator.get_state(), "history": t.history}
+            for t in trainers
+        ],
+    }  # fmt: skip
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _resume(path: Path, trainers: list[DraftTrainer], sampler: WindowSampler) -> tuple[int, float]:
+    """Continue from a checkpoint of the same block sizes; start fresh without one."""
+    if not path.exists():
+        return 0, 0.0
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if len(state["trainers"]) != len(trainers):
+        raise ValueError(f"{path}: checkpoint has {len(state['trainers'])} drafts, the recipe "
+                         f"{len(trainers)}; delete it to retrain the drafts")  # fmt: skip
+    for trainer, saved in zip(trainers, state["trainers"], strict=True):
+        trainer.model.load_state_dict(saved["model"])
+        trainer.optimizer.load_state_dict(saved["optimizer"])
+        trainer.generator.set_state(saved["generator"])
+        trainer.history = saved["history"]
+    sampler.restore(state["sampler"])
+    return state["step"], state["elapsed"]
