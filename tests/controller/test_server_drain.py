@@ -76,36 +76,37 @@ async def test_sigterm_drains_in_flight_stream(
             await proc.wait()
 
 
+async def _serve_until_exit(config: Path) -> tuple[int | None, str]:
+    """Run `draftctl serve` expecting it to exit on its own; killed after 60 s if not."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller.cli",
+        "serve",
+        "--config",
+        str(config),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode, err.decode()
+
+
 async def test_startup_problems_exit_1_with_a_message(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     backend = {"name": "e", "kind": "embedded", "model": "m", "target": "nope/t", "draft": "d"}
     config.write_text(yaml.safe_dump({"server": {"port": 0}, "backends": [backend]}))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller.cli",
-        "serve",
-        "--config",
-        str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 1
-    assert f"target directory {tmp_path / 'nope/t'} not found" in err.decode()
+    returncode, err = await _serve_until_exit(config)
+    assert returncode == 1
+    assert f"target directory {tmp_path / 'nope/t'} not found" in err
     config = tmp_path / "fresh" / "config.yaml"  # no kept policy versions there yet
     config.parent.mkdir()
     (config.parent / "policy.yaml").write_text("kind: static\nbogus: 1\n")
-    config.write_text(
-        yaml.safe_dump({"server": {"port": 0}, "backends": [pool("p", "http://127.0.0.1:9", 0)]})
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller.cli",
-        "serve",
-        "--config",
-        str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 1 and "bogus: unknown key (line 2)" in err.decode()
+    backends = [pool("p", "http://127.0.0.1:9", 0)]
+    config.write_text(yaml.safe_dump({"server": {"port": 0}, "backends": backends}))
+    returncode, err = await _serve_until_exit(config)
+    assert returncode == 1 and "bogus: unknown key (line 2)" in err
