@@ -8,8 +8,13 @@ k = block_size - 1, at every step) reads::
 Replaying at a smaller k uses the *hard token* model: a step starting at output position p
 that accepted n < block_size - 1 drafts failed on token p + n (the target emitted it as the
 correction). Any later window that drafts that token fails there again, so a step at
-position p verifying k drafts accepts ``min(k, next_hard(p) - p)``. With k = block_size - 1
-this replays the recorded steps exactly; the oracle reads the same structure ahead of time.
+position p verifying k drafts accepts ``min(k, next_hard(p) - p)`` and emits that + 1 (the
+bonus). From a recorded step's own start this is ``min(L - 1, k) + 1`` for its accept length
+L. Replay follows output positions, not recorded steps: after a run cut short by k the next
+step starts inside the recorded run and keeps accepting up to its hard token. Assumption: a
+step that accepted the whole block marks no hard token, so its bonus token counts as
+draftable. With k = block_size - 1 this replays the recorded steps exactly; the oracle reads
+the same structure ahead of time.
 
 Without trace files the fallback is a *parametric* model (labelled as such in every report):
 per-task conditional acceptance per position, with a per-request logit offset.
@@ -89,7 +94,7 @@ def parametric_trace(
 @dataclass(frozen=True)
 class TraceRecord:
     task: Task
-    prompt_tokens: int
+    prompt_tokens: int | None  # None: the trace did not record it (drawn from the scenario)
     trace: AcceptanceTrace
 
 
@@ -116,8 +121,9 @@ def _record(data: dict[str, object], block_size: int) -> TraceRecord:
     lengths = data["accept_lengths"]
     if not isinstance(lengths, list) or not lengths:
         raise ValueError("accept_lengths must be a non-empty list")
+    prompt = data.get("prompt_tokens")
     return TraceRecord(
         task=Task(str(data["task"])),
-        prompt_tokens=int(str(data.get("prompt_tokens", 0))),
+        prompt_tokens=None if prompt is None else int(str(prompt)),
         trace=trace_from_accept_lengths([int(x) for x in lengths], block_size),
     )

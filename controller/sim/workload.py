@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from controller.sim.scenario import Scenario
 from controller.sim.traces import AcceptanceTrace, TraceRecord, load_traces, parametric_trace
@@ -34,9 +35,15 @@ class Workload:
         self._cache: dict[tuple[int, int, int], RequestSpec] = {}
         self._traces: dict[Task, list[TraceRecord]] = {}
         path = scenario.acceptance.traces
-        if path is not None and scenario.resolve(path).exists():
-            self._traces = load_traces(scenario.resolve(path), scenario.block_size)
-        self.source = "traces" if self._traces else "parametric (assumed, not measured)"
+        if path is not None:
+            resolved = scenario.resolve(path)
+            if not resolved.exists():
+                raise ValueError(
+                    f"acceptance.traces: {resolved} does not exist; point it at a *.jsonl trace "
+                    "file (or a folder of them), or remove the key for the parametric model"
+                )
+            self._traces = load_traces(resolved, scenario.block_size)
+        self.source = _describe(path, self._traces)
 
     def request(self, phase: int, client: int, index: int) -> RequestSpec:
         key = (phase, client, index)
@@ -53,10 +60,18 @@ class Workload:
         tasks = [t for t in mix if mix[t] > 0]
         task = rng.choices(tasks, weights=[mix[t] for t in tasks])[0]
         records = self._traces.get(task)
+        lengths = scenario.lengths_for(task)
         if records:
             record = rng.choice(records)
-            return RequestSpec(key, task, record.prompt_tokens, record.trace)
-        lengths = scenario.lengths_for(task)
+            prompt = record.prompt_tokens
+            if prompt is None:
+                prompt = rng.randint(*lengths.prompt_tokens)
+            return RequestSpec(key, task, prompt, record.trace)
+        if self._traces:
+            raise ValueError(
+                f"acceptance.traces holds no {task.value!r} requests but the mix of phase "
+                f"{scenario.phases[key[0]].name!r} asks for them; record some or drop the task"
+            )
         prompt = rng.randint(*lengths.prompt_tokens)
         output = rng.randint(*lengths.output_tokens)
         model = scenario.acceptance.parametric.get(task)
@@ -67,3 +82,10 @@ class Workload:
             )
         trace = parametric_trace(model, scenario.block_size, output, rng)
         return RequestSpec(key, task, prompt, trace)
+
+
+def _describe(path: Path | None, traces: dict[Task, list[TraceRecord]]) -> str:
+    if not traces:
+        return "parametric (assumed, not measured)"
+    counts = ", ".join(f"{task.value} {len(records)}" for task, records in traces.items())
+    return f"traces {path} ({counts} requests)"

@@ -12,6 +12,8 @@ from controller.sim.scenario import ParametricTask
 from controller.sim.traces import load_traces, parametric_trace, trace_from_accept_lengths
 from policies.types import Task
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _replay(trace: object, k: int) -> list[int]:
     from controller.sim.traces import AcceptanceTrace
@@ -58,3 +60,41 @@ def test_trace_files_load_and_bad_lines_name_file_and_line(tmp_path: Path) -> No
     (tmp_path / "b.jsonl").write_text(json.dumps({**good, "accept_lengths": [17]}) + "\n")
     with pytest.raises(ValueError, match=r"b\.jsonl:1: bad trace line"):
         load_traces(tmp_path, 16)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 6, 7])
+def test_first_step_at_smaller_k_accepts_min_of_recorded_drafts_and_k(k: int) -> None:
+    # A step recorded at full block (k = 7) with accept length L accepted L - 1 drafts (the
+    # bonus is the +1). From the same position, k drafts accept min(L - 1, k), plus the bonus.
+    for recorded in (1, 2, 4, 7, 8):
+        trace = trace_from_accept_lengths([recorded, 8, 8], block_size=8)
+        accepted, _ = trace.accepted_at(0, k)
+        assert accepted == min(recorded - 1, k)
+        assert _replay(trace, k)[0] == min(recorded - 1, k) + 1
+
+
+def test_replay_below_full_block_keeps_positions_not_steps() -> None:
+    # Recorded [8, 3]: seven drafts then a bonus (no hard token), then two accepted and a
+    # miss at output position 10. k = 4 cuts the first run at 5 tokens; the next step starts
+    # at position 5 (not at a fresh recorded step) and runs into the hard token at 10.
+    trace = trace_from_accept_lengths([8, 3], block_size=8)
+    assert trace.hard_positions == (10,)
+    assert _replay(trace, 4) == [5, 5, 1]
+    assert sum(_replay(trace, 4)) == sum(_replay(trace, 7)) == trace.num_output_tokens == 11
+    # No drafting: one token per step, the same output.
+    assert _replay(trace, 0) == [1] * 11
+
+
+def test_recorded_traces_replay_exactly_at_full_block() -> None:
+    traces = load_traces(REPO / "traces" / "demo_b8_embedded.jsonl", 8)
+    assert {task: len(records) for task, records in traces.items()} == {
+        Task.MATH: 40,
+        Task.CODE: 40,
+        Task.CHAT: 40,
+    }
+    lines = [json.loads(line) for line in (REPO / "traces" / "demo_b8_embedded.jsonl").open()]
+    first = {task: next(x for x in lines if x["task"] == task.value) for task in traces}
+    for task, records in traces.items():
+        assert _replay(records[0].trace, 7) == first[task]["accept_lengths"]
+        # The demo traces carry no prompt length: the scenario draws one.
+        assert records[0].prompt_tokens is None

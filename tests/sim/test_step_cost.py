@@ -1,0 +1,85 @@
+"""What the simulated engine charges for a decode step: padded ragged verify + block-wide draft."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from controller.sim.request import SimRequest
+from controller.sim.runner import engine_cost
+from controller.sim.scenario import Scenario
+from controller.sim.server import SimServer
+from controller.sim.workload import Workload
+from policies.costmodel import load_cost_table
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE = REPO / "cost_tables" / "qwen3-8b-h200.json"
+
+
+class Alternating:
+    """Fake controller: k = 0 for even batch slots, ``k`` for odd; remembers each step."""
+
+    name = "alternating"
+
+    def __init__(self, k: int):
+        self.k = k
+        self.steps: list[tuple[int, list[int], tuple[float, float, float]]] = []
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        return [0 if i % 2 == 0 else self.k for i in range(len(batch))]
+
+    def record(
+        self,
+        batch: Sequence[SimRequest],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+        step: tuple[float, float, float],
+    ) -> None:
+        self.steps.append((len(batch), list(spec_tokens), step))
+
+
+def _scenario(tmp_path: Path, concurrency: int) -> Scenario:
+    lines = [{"task": "math", "block_size": 8, "accept_lengths": [8, 3, 1, 5] * 20}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return Scenario.model_validate(
+        {
+            "name": "cost-check",
+            "block_size": 8,
+            "cost": {"table": str(TABLE), "draft_cost_fraction": 0.16},
+            "acceptance": {"traces": str(tmp_path / "t.jsonl")},
+            "phases": [
+                {"name": "p", "duration_s": 0.5, "concurrency": concurrency, "mix": {"math": 1}}
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize("k", [4, 7])
+def test_a_step_costs_the_padded_ragged_verify_plus_the_drafting_rows_block_draft(
+    tmp_path: Path, k: int
+) -> None:
+    scenario = _scenario(tmp_path, concurrency=4)
+    table = load_cost_table(TABLE)
+    controller = Alternating(k)
+    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
+    size, ks, (seconds, width, drafting) = controller.steps[0]
+    assert size == 4 and ks == [0, k, 0, k]
+    # Widths 1 (plain) and k + 1 padded to 8 -> the batch verifies 18 tokens: 4.5 per row.
+    assert width == pytest.approx(4.5)
+    assert drafting == pytest.approx(0.5)
+    # The draft proposes a whole block (8) for each drafting row, whatever its k.
+    expected = table.time_s(4, 4.5) + 0.16 * table.time_s(2, 8)
+    assert seconds == pytest.approx(expected)
+
+
+def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, concurrency=1)  # one request: slot 0 never drafts
+    table = load_cost_table(TABLE)
+    controller = Alternating(7)
+    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
+    _, ks, (seconds, width, drafting) = controller.steps[0]
+    assert ks == [0] and width == 1 and drafting == 0
+    assert seconds == pytest.approx(table.time_s(1, 1))
