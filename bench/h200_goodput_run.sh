@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One H200 device call: static k vs goodput vs no-spec on the embedded engine with the testbed pair.
+#
+#   1. trains the testbed pair (training/configs/testbed.yaml, block-16 draft only, every time
+#      budget x TIME_SCALE) from the carried tokenizer and corpus;
+#   2. profiles this target's verify cost T(batch, tokens) (`draftctl profile-cost`, CUDA graphs)
+#      -> the goodput policy's cost table;
+#   3. runs bench/goodput_gpu.py over a shifting closed-loop trace (1 -> 64 -> 8 clients,
+#      math-heavy -> mixed -> chat-heavy; held-out prompts), phases shortened to fit BUDGET_S.
+# Results land in $OUT as they are made (a stopped run keeps what it finished):
+#   goodput_h200.log, train_testbed.json, cost_table_testbed.json, goodput_h200.json.
+#
+# On the GPU (device tool `run`; carry .train/demo/tokenizer .train/demo/corpus
+# .train/eval_prompts.json .whl):
+#   bash bench/h200_goodput_run.sh
+# CPU dry run (toy recipe, tiny phases, a stand-in cost table):
+#   OUT=/tmp/dry DEVICE=cpu PY=.venv/bin/python RECIPE=/tmp/toy.yaml TIME_SCALE=1 \
+#     PHASE_S=2,3,2 BUDGET_S=200 COST_TABLE=cost_tables/qwen3-8b-h200.json bash bench/h200_goodput_run.sh
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:?set OUT to the results folder}
+RECIPE=${RECIPE:-training/configs/testbed.yaml}
+TIME_SCALE=${TIME_SCALE:-0.3}
+DEVICE=${DEVICE:-cuda}
+BUDGET_S=${BUDGET_S:-420}          # wall clock for this whole script
+PHASE_S=${PHASE_S:-8,14,10}        # seconds of the 1 / 64 / 8-client phases (shrunk to fit)
+STATIC=${STATIC:-15,7,4}
+WARMUP_S=${WARMUP_S:-2}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-128,320}
+COST_TABLE=${COST_TABLE:-}         # empty: profile this target (CUDA)
+WORK=${WORK:-/tmp/h200_testbed}
+PY=${PY:-python3}
+LOG=$OUT/goodput_h200.log
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10
+mkdir -p "$OUT" "$WORK"
+say() { echo "[h200_goodput_run +$(($(date +%s) - T0))s] $*" | tee -a "$LOG"; }
+
+if [ "$DEVICE" = cuda ] && [ -d .whl ]; then  # pydantic & co. are not in the GPU image
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 || say "wheel install failed"
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+[ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >>"$LOG" 2>&1
+"$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tee -a "$LOG"
+
+# 1. the testbed pair (block 16 only: the bench needs k up to 15; one draft gets all draft steps)
+ln -sfn "$PWD/.train/demo/tokenizer" "$WORK/tokenizer"
+ln -sfn "$PWD/.train/demo/corpus" "$WORK/corpus"
+sed 's/^\(  block_sizes:\).*/\1 [16]/' "$RECIPE" >"$WORK/recipe.yaml"
+say "training: $RECIPE (block_sizes [16]) --time-scale $TIME_SCALE"
+"$PY" -m training pair --recipe "$WORK/recipe.yaml" --work "$WORK" --out "$WORK/export" \
+  --time-scale "$TIME_SCALE" 2>&1 | tr '\r' '\n' | grep -v '^ *$' >>"$LOG"
+[ -f "$WORK/export/train.json" ] || { say "training failed (see log)"; exit 1; }
+cp "$WORK/export/train.json" "$OUT/train_testbed.json"
+"$PY" - "$OUT/train_testbed.json" <<'EOF' | tee -a "$LOG"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t, b = d["target"], d["drafts"]["block16"]
+print("trained: target", t["steps"], "steps, val_loss", t["val_loss"], "| draft16", b["steps"],
+      "steps,", b["final"], "| total", d["total_time_s"], "s")
+EOF
+
+# 2. this target's verify cost (the widths the engine captures: 1, 8, 16; its max_seq_len 1024)
+if [ -z "$COST_TABLE" ]; then
+  COST_TABLE=$OUT/cost_table_testbed.json
+  say "profiling verify cost"
+  if ! "$PY" bench/profile_cost.py profile-cost --target "$WORK/export/target" --out "$COST_TABLE" \
+      --context-len 1024 --batch-sizes 1,2,4,8,16,32,64 --tokens-per-request 1,8,16 \
+      --repeats 10 >>"$LOG" 2>&1; then
+    COST_TABLE=cost_tables/qwen3-8b-h200.json
+    say "profiling FAILED: falling back to $COST_TABLE (wrong shape; say so in the results)"
+  fi
+fi
+
+# 3. prompts: held-out sources -> tasks (else the bench's built-in prompts)
+PROMPTS=()
+if [ -f .train/eval_prompts.json ]; then
+  "$PY" - .train/eval_prompts.json "$WORK/prompts.jsonl" <<'EOF'
+import json, sys
+tasks = {"gsm8k-test": "math", "math500": "math", "humaneval": "code", "mbpp-test": "code",
+         "mt-bench": "chat", "sharegpt-heldout": "chat"}
+with open(sys.argv[2], "w") as out:
+    for source, prompts in json.load(open(sys.argv[1])).items():
+        for p in prompts:  # the bench formats prompts with {n}: escape braces
+            text = p.replace("{", "{{").replace("}", "}}")
+            out.write(json.dumps({"task": tasks[source], "source": source, "prompt": text}) + "\n")
+EOF
+  PROMPTS=(--prompts "$WORK/prompts.jsonl")
+fi
+
+# 4. the comparison, phases scaled to the time left (engine load + warm-up + tails reserved)
+read -r P1 P2 P3 SCALE < <("$PY" - "$PHASE_S" "$STATIC" "$((BUDGET_S - $(date +%s) + T0))" <<'EOF'
+import sys
+phases = [float(x) for x in sys.argv[1].split(",")]
+policies = 2 + len(sys.argv[2].split(","))
+left = float(sys.argv[3]) - 30.0          # engine load, graph capture, warm-up
+per_policy = left / policies - 2.0         # set-up of each policy run
+scale = max(0.2, min(1.0, per_policy / sum(phases)))
+print(*(f"{p * scale:.1f}" for p in phases), f"{scale:.2f}")
+EOF
+)
+PHASES="1:$P1:math=0.8,code=0.1,chat=0.1;64:$P2:math=0.4,code=0.2,chat=0.4;8:$P3:math=0.1,code=0.1,chat=0.8"
+say "bench: phases $PHASES (x$SCALE of $PHASE_S), static $STATIC, cost table $COST_TABLE"
+LEFT=$((BUDGET_S - $(date +%s) + T0 + 15))
+timeout "$LEFT" "$PY" bench/goodput_gpu.py --target "$WORK/export/target" \
+  --draft "$WORK/export/draft16" --cost-table "$COST_TABLE" \
+  --goodput-config bench/h200_goodput_policy.yaml --device "$DEVICE" --phases "$PHASES" \
+  --static "$STATIC" --output-tokens "$OUTPUT_TOKENS" --warmup-s "$WARMUP_S" \
+  --max-seq-len 1024 "${PROMPTS[@]}" --out "$OUT/goodput_h200.json" \
+  >"$WORK/bench.stdout" 2>>"$LOG"
+RC=$?
+say "bench exit $RC"
+grep -A20 '^policy ' "$WORK/bench.stdout" | tee -a "$LOG"
+say "done"
+exit $RC
