@@ -121,26 +121,36 @@ def blend_request_history(
     spec_tokens_used: Sequence[int],
     accept_lengths: Sequence[int],
     strength: float,
+    half_life_steps: float = 0.0,
 ) -> list[float]:
     """Blend task rates with one request's own recent steps (same censoring rules).
 
     The task rate acts as a prior of ``strength`` pseudo-trials per position, so a request
     with few observations keeps the task estimate and one with many follows its own data.
+    With ``half_life_steps`` > 0 a step's weight halves every that many steps of age (the
+    last step has weight 1; steps with k = 0 age the others but add nothing): text comes in
+    runs of easy and hard stretches, so the latest steps predict the next one best.
     """
     n = len(task_rates)
-    # reached[a]: steps that accepted exactly a drafts; failed[a]: of those, rejected at a + 1.
-    reached = [0] * (n + 1)
-    failed = [0] * (n + 1)
-    for k, length in zip(spec_tokens_used, accept_lengths, strict=False):
-        if k <= 0:
-            continue
-        k = k if k < n else n
-        accepted = length - 1 if length - 1 < k else k
-        reached[accepted] += 1
-        if accepted < k:
-            failed[accepted] += 1
+    # reached[a]: weight of steps that accepted exactly a drafts; failed[a]: of those, the
+    # ones rejected at a + 1.
+    reached = [0.0] * (n + 1)
+    failed = [0.0] * (n + 1)
+    steps = min(len(spec_tokens_used), len(accept_lengths))
+    decay = 0.5 ** (1.0 / half_life_steps) if half_life_steps > 0 else 1.0
+    weight = 1.0
+    for index in range(steps - 1, -1, -1):  # newest first
+        k = spec_tokens_used[index]
+        if k > 0:
+            k = k if k < n else n
+            length = accept_lengths[index]
+            accepted = length - 1 if length - 1 < k else k
+            reached[accepted] += weight
+            if accepted < k:
+                failed[accepted] += weight
+        weight *= decay
     out = [0.0] * n
-    beyond = 0  # steps that accepted more than i drafts (successes at position i + 1)
+    beyond = 0.0  # weight of steps that accepted more than i drafts (successes at i + 1)
     for i in range(n - 1, -1, -1):
         beyond += reached[i + 1]
         out[i] = (beyond + strength * task_rates[i]) / (beyond + failed[i] + strength)

@@ -82,6 +82,7 @@ class GoodputPolicy:
             observation.request_spec_tokens[-window:],
             observation.request_accept_lengths[-window:],
             self._spec.request_prior_strength,
+            self._spec.request_half_life_steps,
         )
 
     def _best_k(
@@ -108,18 +109,22 @@ class GoodputPolicy:
         return best, plain, None, drafting
 
     def _worth_trying(self, observation: Observation, drafting: Choice, plain: Choice) -> bool:
-        """Request-level censoring: a request that never drafts never shows it is easy.
+        """Request-level censoring: a request that does not draft cannot show it got easy.
 
-        While its own history has fewer than ``request_probe_steps`` drafted steps, draft
-        anyway when the task estimate says drafting loses by less than the margin.
+        Draft anyway, when drafting's score is within ``request_probe_margin`` of a plain
+        step, while the request has fewer than ``request_probe_steps`` drafted steps of its
+        own, or when its last ``request_reprobe_steps`` steps all had k = 0.
         """
         spec = self._spec
-        if drafting.spec_tokens == 0 or spec.request_probe_steps == 0:
+        if drafting.spec_tokens == 0:
             return False
-        own = sum(1 for k in observation.request_spec_tokens if k > 0)
-        if own >= spec.request_probe_steps:
+        if drafting.score < plain.score * (1.0 - spec.request_probe_margin):
             return False
-        return drafting.score >= plain.score * (1.0 - spec.request_probe_margin)
+        history = observation.request_spec_tokens
+        if sum(1 for k in history if k > 0) < spec.request_probe_steps:
+            return True
+        idle = spec.request_reprobe_steps
+        return idle > 0 and len(history) >= idle and not any(history[-idle:])
 
     def _probe_target(self, observation: Observation, spec_tokens: int) -> int | None:
         """One captured width wider than ``spec_tokens``, if a probe is due and useful."""

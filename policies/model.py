@@ -102,6 +102,9 @@ class GoodputSpec(StrictModel):
     request_prior_strength: float = Field(default=6.0, gt=0)
     # How many of the request's most recent steps are used.
     request_window_steps: int = Field(default=32, ge=1)
+    # Within that window a step's weight halves every this many steps of age (0 = all equal):
+    # text comes in runs of easy and hard stretches.
+    request_half_life_steps: float = Field(default=0.0, ge=0)
     # Steps at the start of a request that use the task estimate only and never switch k.
     warmup_steps: int = Field(default=1, ge=0)
     # Keep the previous k unless another k is better by this relative margin.
@@ -116,6 +119,9 @@ class GoodputSpec(StrictModel):
     # estimate says drafting loses by less than ``request_probe_margin`` (0 = never).
     request_probe_steps: int = Field(default=2, ge=0)
     request_probe_margin: float = Field(default=0.35, ge=0, le=1)
+    # A request that has not drafted for this many steps drafts one step under the same
+    # margin, so it notices when its text turns easy again (0 = never).
+    request_reprobe_steps: int = Field(default=0, ge=0)
     # Verify widths (k + 1) are padded up to a multiple of this (engine's captured widths).
     verify_width_multiple: int = Field(default=8, ge=1)
     # Draft forward cost as a fraction of a target forward at full block width.

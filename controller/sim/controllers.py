@@ -102,11 +102,13 @@ class GoodputController:
 
 
 class Informed:
-    """Knows each request's true per-position rates (parametric traces only), not its future.
+    """Knows each request's per-position rates, not which step will accept what.
 
-    The best any non-clairvoyant policy could estimate: the goodput policy's decision rule on
-    exact rates, with no probing and no hysteresis. Separates estimation error from the
-    oracle's clairvoyance.
+    Parametric traces: the rates the trace was drawn from, the best any non-clairvoyant policy
+    could estimate. Recorded traces: the request's own rates over its whole recording (a
+    hindsight average, constant over the request, so it cannot follow easy and hard runs).
+    The goodput policy's decision rule on those rates, with no probing and no hysteresis:
+    separates request-level estimation error from the oracle's per-step clairvoyance.
     """
 
     name = "informed"
@@ -123,7 +125,7 @@ class Informed:
         for request in batch:
             rates = request.spec.trace.true_rates
             if rates is None:
-                raise ValueError("the informed policy needs parametric traces (true rates)")
+                raise ValueError("the informed policy needs per-request rates on every trace")
             observation = Observation(
                 task=request.spec.task,
                 confidence=1.0,
@@ -151,12 +153,17 @@ class Oracle:
 
     name = "oracle"
 
-    def __init__(self, cost: CostModel, block_size: int, min_spec_tokens: int):
+    def __init__(
+        self, cost: CostModel, block_size: int, min_spec_tokens: int, padded: bool = False
+    ):
         self._cost = cost
         self._max_k = block_size - 1
         self._min_k = min(min_spec_tokens, self._max_k)
+        self._padded = padded
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        if self._padded:
+            return self._choose_padded(batch)
         size = len(batch)
         options = []
         for index, request in enumerate(batch):
@@ -178,6 +185,22 @@ class Oracle:
         for _, index, k, _, _ in options[:best_m]:
             ks[index] = k
         return ks
+
+    def _choose_padded(self, batch: Sequence[SimRequest]) -> list[int]:
+        """Every row pays the widest row's width: all draft the covering k of the longest
+        run, or none does, whichever emits more tokens per second this step."""
+        size = len(batch)
+        runs = [min(r.peek_accepted(self._max_k), r.remaining - 1) for r in batch]
+        longest = max(runs)
+        plain = size / self._cost.base_step_time_s(size, 1.0, 0.0)
+        if longest <= 0:
+            return [0] * size
+        k = max(self._min_k, longest)
+        width = float(padded_width(k, self._cost.verify_width_multiple))
+        tokens = size + sum(max(0, run) for run in runs)
+        if tokens / self._cost.base_step_time_s(size, width, 1.0) <= plain:
+            return [0] * size
+        return [k] * size
 
     def record(self, *_: Any) -> None:
         return None

@@ -40,7 +40,9 @@ def build_controllers(scenario: Scenario, table: CostTable) -> list[Controller]:
     if chosen.include_informed:
         controllers.append(Informed(chosen.goodput, table, scenario.block_size, min_k))
     if chosen.include_oracle:
-        controllers.append(Oracle(engine_cost(scenario, table), scenario.block_size, min_k))
+        padded = scenario.cost.batch_verify == "padded"
+        oracle = Oracle(engine_cost(scenario, table), scenario.block_size, min_k, padded)
+        controllers.append(oracle)
     return controllers
 
 

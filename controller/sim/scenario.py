@@ -9,6 +9,7 @@ Defaults live here; unknown keys are errors (``<dotted.key>: <message> (line N)`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -77,6 +78,11 @@ class Costs(Section):
     verify_width_multiple: int = Field(default=8, ge=1)
     # Draft forward = this fraction of a target forward at full block width (assumed).
     draft_cost_fraction: float = Field(default=0.14, ge=0)
+    # How a batch with different k per request is charged. ragged: the verify costs the
+    # batch's total (padded) tokens and only drafting rows run the draft. padded: every row
+    # verifies at the batch's widest padded width and the draft runs for every row once any
+    # row drafts (what engines/embedded/runner.py does today).
+    batch_verify: Literal["ragged", "padded"] = "ragged"
     # Prefill: fixed seconds per prefill step plus seconds per prompt token (assumed).
     prefill_base_s: float = Field(default=0.006, ge=0)
     prefill_s_per_token: float = Field(default=2.5e-5, ge=0)

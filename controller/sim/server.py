@@ -2,7 +2,8 @@
 
 Recipe per iteration: phase changes (clients join) -> admit waiting requests (a prefill step
 emits their first token) -> otherwise one decode step: the controller picks k per request,
-the step costs T(B, mean padded verify width) + the draft forward, each request advances by
+the step costs T(B, mean padded verify width) + the draft forward (``cost.batch_verify``:
+ragged, or padded to the widest row as the embedded engine runs it), each request advances by
 its accepted drafts + 1, finished requests free their client, which sends its next request.
 Closed loop: a phase with concurrency N keeps N clients busy.
 """
@@ -10,11 +11,11 @@ Closed loop: a phase with concurrency N keeps N clients busy.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from controller.sim.controllers import Controller
 from controller.sim.request import SimRequest
-from controller.sim.scenario import Scenario
+from controller.sim.scenario import Costs, Scenario
 from controller.sim.stats import RunStats
 from controller.sim.workload import Workload
 from policies.costmodel import CostModel, padded_width
@@ -105,9 +106,7 @@ class SimServer:
         batch = self._running
         size = len(batch)
         ks = self._controller.choose(batch, self.now_s)
-        multiple = self._scenario.cost.verify_width_multiple
-        mean_width = sum(padded_width(k, multiple) for k in ks) / size
-        drafting = sum(1 for k in ks if k > 0) / size
+        mean_width, drafting = batch_shape(ks, self._scenario.cost)
         seconds = self._cost.base_step_time_s(size, mean_width, drafting)
         self.now_s += seconds
         emitted = [r.advance(k) for r, k in zip(batch, ks, strict=True)]
@@ -131,3 +130,12 @@ class SimServer:
             concurrency = self._scenario.phases[phase_now].concurrency
             if request.client < concurrency and self.now_s < self.stats.duration_s:
                 self._submit(phase_now, request.client, self.now_s)
+
+
+def batch_shape(spec_tokens: Sequence[int], cost: Costs) -> tuple[float, float]:
+    """(verify tokens per row, share of rows that run the draft) for one decode step."""
+    widths = [padded_width(k, cost.verify_width_multiple) for k in spec_tokens]
+    drafting = sum(1 for k in spec_tokens if k > 0) / len(spec_tokens)
+    if cost.batch_verify == "padded":
+        return float(max(widths)), 1.0 if drafting else 0.0
+    return sum(widths) / len(widths), drafting

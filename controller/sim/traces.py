@@ -39,7 +39,8 @@ class AcceptanceTrace:
 
     num_output_tokens: int
     hard_positions: tuple[int, ...]
-    # The per-position rates a parametric trace was drawn from (None for recorded traces).
+    # Per-position conditional rates of this request: the ones a parametric trace was drawn
+    # from, or a recorded trace's own rates over its whole recording (hindsight).
     true_rates: tuple[float, ...] | None = None
 
     def accepted_at(self, position: int, spec_tokens: int, hint: int = 0) -> tuple[int, int]:
@@ -62,7 +63,22 @@ def trace_from_accept_lengths(accept_lengths: list[int], block_size: int) -> Acc
         if length < block_size:
             hard.append(position + length - 1)
         position += length
-    return AcceptanceTrace(position, tuple(hard))
+    return AcceptanceTrace(position, tuple(hard), recorded_rates(accept_lengths, block_size))
+
+
+def recorded_rates(accept_lengths: list[int], block_size: int) -> tuple[float, ...]:
+    """Conditional acceptance per drafted position over a full-block recording.
+
+    Position i was at risk in the steps that accepted at least i - 1 drafts and succeeded in
+    those that accepted at least i; one pseudo-trial at 0.5 keeps unseen positions in (0, 1).
+    """
+    accepted = [length - 1 for length in accept_lengths]
+    rates = []
+    for i in range(1, block_size):
+        at_risk = sum(1 for a in accepted if a >= i - 1)
+        hits = sum(1 for a in accepted if a >= i)
+        rates.append((hits + 0.5) / (at_risk + 1.0))
+    return tuple(rates)
 
 
 def _logit(p: float) -> float:

@@ -98,3 +98,20 @@ def test_request_history_blends_towards_its_own_rate() -> None:
     assert many[1] == pytest.approx(0.8)
     # Steps without drafting tell nothing.
     assert blend_request_history(task, [0, 0], [1, 1], strength=6) == pytest.approx(task)
+
+
+def test_request_half_life_lets_the_latest_steps_lead() -> None:
+    task = [0.5] * 7
+    # Ten hard steps (nothing accepted), then three easy ones (everything accepted).
+    ks = [7] * 13
+    lengths = [1] * 10 + [8] * 3
+    flat = blend_request_history(task, ks, lengths, strength=2)
+    recent = blend_request_history(task, ks, lengths, strength=2, half_life_steps=2)
+    assert flat[0] < 0.35  # 3 of 13 (plus the prior) accepted position 1
+    assert recent[0] > 0.55  # the last three steps weigh the most
+    # Steps with k = 0 age the older steps but add no evidence.
+    idle = blend_request_history(task, [7, 0, 0, 0, 0], [8, 1, 1, 1, 1], 2, half_life_steps=2)
+    fresh = blend_request_history(task, [7], [8], 2, half_life_steps=2)
+    assert task[0] < idle[0] < fresh[0]
+    # half_life_steps = 0 keeps every step at full weight (the flat window).
+    assert blend_request_history(task, ks, lengths, 2, half_life_steps=0) == pytest.approx(flat)

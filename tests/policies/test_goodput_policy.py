@@ -179,3 +179,21 @@ def test_policy_yaml_validates_goodput_keys() -> None:
     with pytest.raises(InvalidDocument, match="rates must be in"):
         parse_policy("goodput:\n  prior_accept_rates: {math: [1.2], code: [0.5], chat: [0.5]}\n")
     assert PolicySpec().goodput == GoodputSpec()
+
+
+def test_a_request_off_for_a_while_drafts_again_to_see_if_its_text_got_easy() -> None:
+    spec = GoodputSpec(
+        probe_probability=0.0, warmup_steps=0, request_probe_steps=0, request_reprobe_steps=4
+    )
+    policy = GoodputPolicy(spec)
+    close_call = _obs(Task.CHAT, 64, 0.72)  # drafting loses ~20% on the task estimate
+    off_for_three = replace(close_call, request_spec_tokens=(7, 0, 0, 0), step_index=4)
+    assert policy.decide(off_for_three).spec_tokens == 0
+    off_for_four = replace(off_for_three, request_spec_tokens=(7, 0, 0, 0, 0), step_index=5)
+    tried = policy.decide(off_for_four)
+    assert tried.spec_tokens == 7 and "try" in tried.reason
+    # Not when drafting is hopeless, and never with the setting at 0.
+    hopeless = replace(off_for_four, accept_rates=(0.2,) * 15)
+    assert policy.decide(hopeless).spec_tokens == 0
+    never = GoodputPolicy(spec.model_copy(update={"request_reprobe_steps": 0}))
+    assert never.decide(off_for_four).spec_tokens == 0

@@ -41,14 +41,18 @@ class Alternating:
         self.steps.append((len(batch), list(spec_tokens), step))
 
 
-def _scenario(tmp_path: Path, concurrency: int) -> Scenario:
+def _scenario(tmp_path: Path, concurrency: int, batch_verify: str = "ragged") -> Scenario:
     lines = [{"task": "math", "block_size": 8, "accept_lengths": [8, 3, 1, 5] * 20}]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return Scenario.model_validate(
         {
             "name": "cost-check",
             "block_size": 8,
-            "cost": {"table": str(TABLE), "draft_cost_fraction": 0.16},
+            "cost": {
+                "table": str(TABLE),
+                "draft_cost_fraction": 0.16,
+                "batch_verify": batch_verify,
+            },
             "acceptance": {"traces": str(tmp_path / "t.jsonl")},
             "phases": [
                 {"name": "p", "duration_s": 0.5, "concurrency": concurrency, "mix": {"math": 1}}
@@ -83,3 +87,15 @@ def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path) -> None:
     _, ks, (seconds, width, drafting) = controller.steps[0]
     assert ks == [0] and width == 1 and drafting == 0
     assert seconds == pytest.approx(table.time_s(1, 1))
+
+
+def test_padded_batches_charge_every_row_the_widest_width_and_the_draft(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, concurrency=4, batch_verify="padded")
+    table = load_cost_table(TABLE)
+    controller = Alternating(4)
+    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
+    _, ks, (seconds, width, drafting) = controller.steps[0]
+    assert ks == [0, 4, 0, 4]
+    # As the embedded engine runs it: one width (8) for all rows, the draft for all rows.
+    assert (width, drafting) == (8.0, 1.0)
+    assert seconds == pytest.approx(table.time_s(4, 8) + 0.16 * table.time_s(4, 8))
