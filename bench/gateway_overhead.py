@@ -1,12 +1,25 @@
 """Latency and CPU that draftctl's gateway adds over calling a fast upstream directly.
 
-Starts a fast fake OpenAI upstream (64 SSE chunks per streamed chat completion, no delay)
-and `draftctl serve` in front of it, pins the gateway alone to one core and the upstream and
-load generator to the other (``taskset``), then runs streaming requests at each concurrency
-against the upstream directly and through the gateway. Prints a JSON report: added
-TTFB/total p50/p99 (gateway minus direct), gateway CPU per request, and gateway req/s.
+Starts a fake OpenAI upstream (64 SSE chunks per streamed chat completion), ``draftctl
+serve`` in front of it (one vLLM-kind pool, static policy, the built-in classifier artifact
+when it exists, so every request is classified) and ``bench/reference_proxy.py``, a
+do-nothing pass-through proxy, as a yardstick. Each proxy is pinned alone to one core, the
+upstream and the load generator to the other (``taskset``). Two modes:
 
-    .venv/bin/python bench/gateway_overhead.py [--requests 3000] [--rounds 3]
+- ``saturated``: the upstream writes its chunks back to back and the load generator sends
+  the next request as soon as one ends (closed loop). The slowest stage sets the pace, so
+  this measures throughput and CPU per request; added latency here is mostly queueing.
+- ``paced``: the upstream sleeps ``--interval-ms`` between chunks, like an LLM decoding,
+  so 64 or 256 streams stay open without saturating either core. This is the latency a
+  client sees through the gateway under that many concurrent streams.
+
+Per point: added TTFB/total p50/p99 (proxied minus direct), the proxy's CPU per request and
+CPU-bound req/s (``/proc/PID/stat``), its run-queue wait share (``/proc/PID/schedstat``:
+time runnable but waiting for a CPU, i.e. other jobs on a shared machine), and the CPU per
+request of the other core's processes (upstream + load generator), which says which stage
+limits a closed loop. Prints one JSON line per point and a JSON report at the end.
+
+    .venv/bin/python bench/gateway_overhead.py [--mode both] [--requests 2000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -15,12 +28,15 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +57,7 @@ _CHUNK = {
         {"index": 0, "delta": {"content": "token "}, "logprobs": None, "finish_reason": None}
     ],
 }
+_PATH = "/v1/chat/completions"
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -50,7 +67,7 @@ def _sse(obj: dict[str, Any]) -> bytes:
 # -- the fast upstream ----------------------------------------------------------------------
 
 
-def run_upstream(port: int, num_chunks: int) -> None:
+def run_upstream(port: int, num_chunks: int, interval_s: float) -> None:
     body_chunk = _sse(_CHUNK)
     last = dict(_CHUNK, choices=[dict(_CHUNK["choices"][0], finish_reason="length")])
     usage = {
@@ -72,6 +89,8 @@ def run_upstream(port: int, num_chunks: int) -> None:
         await resp.prepare(request)
         for _ in range(num_chunks - 1):
             await resp.write(body_chunk)
+            if interval_s:
+                await asyncio.sleep(interval_s)
         await resp.write(_sse(last))
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(_sse(usage))
@@ -80,7 +99,7 @@ def run_upstream(port: int, num_chunks: int) -> None:
 
     app = web.Application()
     app.router.add_get("/health", health)
-    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post(_PATH, chat)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
@@ -88,9 +107,11 @@ def run_upstream(port: int, num_chunks: int) -> None:
 # -- the load generator ---------------------------------------------------------------------
 
 
-async def _one(session: aiohttp.ClientSession, url: str, payload: bytes) -> tuple[float, float]:
+async def _one(
+    session: aiohttp.ClientSession, url: str, payload: bytes, headers: dict[str, str]
+) -> tuple[float, float]:
     start = time.perf_counter()
-    async with session.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+    async with session.post(url, data=payload, headers=headers) as r:
         assert r.status == 200, await r.text()
         first = None
         async for _ in r.content.iter_any():
@@ -101,7 +122,39 @@ async def _one(session: aiohttp.ClientSession, url: str, payload: bytes) -> tupl
     return first - start, end - start
 
 
-async def load(url: str, concurrency: int, num_requests: int) -> dict[str, Any]:
+async def _closed_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    concurrency: int,
+    num_requests: int,
+    spread_s: float,
+) -> list[tuple[float, float]]:
+    remaining = [num_requests]
+    results: list[tuple[float, float]] = []
+
+    async def worker() -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            results.append(await _one(session, url, payload, headers))
+
+    async def staggered(i: int) -> None:
+        await asyncio.sleep(i * spread_s)
+        await worker()
+
+    await asyncio.gather(*(staggered(i) for i in range(concurrency)))
+    return results
+
+
+async def load(
+    url: str,
+    concurrency: int,
+    num_requests: int,
+    num_warmup: int,
+    hint: str | None,
+    spread_s: float = 0.0,
+) -> dict[str, Any]:
     payload = json.dumps(
         {
             "model": MODEL,
@@ -110,20 +163,17 @@ async def load(url: str, concurrency: int, num_requests: int) -> dict[str, Any]:
             "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
         }
     ).encode()
+    headers = {"content-type": "application/json"}
+    if hint:
+        headers["x-draftctl-task"] = hint
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(min(200, num_requests)):  # warm-up: connections, caches
-            await _one(session, url, payload)
-        queue = list(range(num_requests))
-        results: list[tuple[float, float]] = []
-
-        async def worker() -> None:
-            while queue:
-                queue.pop()
-                results.append(await _one(session, url, payload))
-
+        # Warm-up at the same concurrency: connections, caches, the gateway's windows.
+        await _closed_loop(session, url, payload, headers, concurrency, num_warmup, spread_s)
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        results = await _closed_loop(
+            session, url, payload, headers, concurrency, num_requests, spread_s
+        )
         elapsed = time.perf_counter() - start
     ttfb = sorted(r[0] for r in results)
     total = sorted(r[1] for r in results)
@@ -137,20 +187,37 @@ def _pct(values: list[float], q: float) -> float:
 # -- orchestration --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Mode:
+    name: str  # "saturated" | "paced"
+    interval_s: float  # upstream pause between chunks
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one), summed over ``pid``'s threads.
+
+    ``/proc/PID/task/TID/schedstat`` counts in nanoseconds, unlike ``/proc/PID/stat``'s
+    10 ms clock ticks, which are too coarse for the slow paced runs.
+    """
+    cpu_ns = wait_ns = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:  # a thread that just ended
+            continue
+        cpu_ns += int(fields[0])
+        wait_ns += int(fields[1])
+    return cpu_ns / 1e9, wait_ns / 1e9
 
 
-def _runqueue_wait_s(pid: int) -> float:
-    """Seconds ``pid`` spent runnable but not running (``/proc/PID/schedstat``)."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+def _own_cpu_s() -> float:
+    return _schedstat(os.getpid())[0]
 
 
 def _wait_http(url: str, timeout_s: float = 30) -> None:
@@ -164,6 +231,17 @@ def _wait_http(url: str, timeout_s: float = 30) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
+
+
+def _start_upstream(args: argparse.Namespace, mode: Mode) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    cmd = [
+        *_NICE,
+        *["taskset", "-c", args.other_core, sys.executable, __file__],
+        *["--upstream", str(port), "--chunks", str(args.chunks)],
+        *["--interval-ms", str(mode.interval_s * 1e3)],
+    ]
+    return subprocess.Popen(cmd), f"http://127.0.0.1:{port}"
 
 
 def _start_gateway(
@@ -194,35 +272,16 @@ def _start_gateway(
     port = str(_free_port())
     cmd = [
         *_NICE,
-        "taskset",
-        "-c",
-        core,
-        sys.executable,
-        "-m",
-        "controller.cli",
-        "--log-level",
-        "warning",
-        "serve",
-        "--config",
-        str(config),
-        "--port",
-        port,
+        *["taskset", "-c", core, sys.executable, "-m", "controller.cli"],
+        *["--log-level", "warning", "serve", "--config", str(config), "--port", port],
     ]
     return subprocess.Popen(cmd, cwd=_ROOT), f"http://127.0.0.1:{port}"
 
 
 def _start_reference(upstream_url: str, core: str) -> tuple[subprocess.Popen[bytes], str]:
     port = str(_free_port())
-    cmd = [
-        *_NICE,
-        "taskset",
-        "-c",
-        core,
-        sys.executable,
-        str(_ROOT / "bench" / "reference_proxy.py"),
-        upstream_url,
-        port,
-    ]
+    script = str(_ROOT / "bench" / "reference_proxy.py")
+    cmd = [*_NICE, "taskset", "-c", core, sys.executable, script, upstream_url, port]
     return subprocess.Popen(cmd, cwd=_ROOT), f"http://127.0.0.1:{port}"
 
 
@@ -235,52 +294,169 @@ def _pcts(base: dict[str, Any], through: dict[str, Any], prefix: str) -> dict[st
     return out
 
 
+def _sizes(args: argparse.Namespace, mode: Mode, concurrency: int) -> tuple[int, int, float]:
+    """(requests, warm-up requests, seconds between the workers' starts) for one run.
+
+    Paced requests all last about as long, so workers started together would stay in
+    lockstep and hit the gateway in bursts of ``concurrency``; their starts are spread
+    over one request's duration instead.
+    """
+    if mode.name == "saturated":
+        return args.requests, max(200, concurrency), 0.0
+    per_request_s = args.chunks * mode.interval_s
+    num = max(args.paced_min_requests, round(args.paced_seconds / per_request_s * concurrency))
+    return num, concurrency, per_request_s / concurrency
+
+
+def _measured_load(
+    args: argparse.Namespace,
+    url: str,
+    concurrency: int,
+    sizes: tuple[int, int, float],
+    pids: list[int],
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the load against ``url``; also CPU/wait deltas of ``pids`` over the measured part."""
+    before = {pid: _schedstat(pid) for pid in pids}
+    own0, wall0 = _own_cpu_s(), time.perf_counter()
+    result = uvloop.run(load(url, concurrency, sizes[0], sizes[1], args.hint, sizes[2]))
+    wall_s = time.perf_counter() - wall0
+    num = result["num"] + sizes[1]  # warm-up requests used CPU too
+    usage: dict[str, float] = {"loadgen_cpu_ms_per_request": (_own_cpu_s() - own0) / num * 1e3}
+    for pid in pids:
+        cpu1, wait1 = _schedstat(pid)
+        usage[f"{pid}_cpu_s"] = cpu1 - before[pid][0]
+        usage[f"{pid}_wait_share"] = (wait1 - before[pid][1]) / wall_s
+        usage[f"{pid}_busy_share"] = usage[f"{pid}_cpu_s"] / wall_s
+        usage[f"{pid}_cpu_ms_per_request"] = usage[f"{pid}_cpu_s"] / num * 1e3
+    return result, usage
+
+
 def _round(
-    args: argparse.Namespace, concurrency: int, targets: dict[str, tuple[str, int]]
+    args: argparse.Namespace,
+    mode: Mode,
+    concurrency: int,
+    targets: dict[str, tuple[str, int]],
 ) -> dict[str, float]:
-    direct = uvloop.run(load(targets["direct"][0], concurrency, args.requests))
+    sizes = _sizes(args, mode, concurrency)
+    up_pid = targets["direct"][1]
+    direct, use = _measured_load(args, targets["direct"][0], concurrency, sizes, [up_pid])
     row: dict[str, float] = {
+        "requests": sizes[0],
+        "direct_ttfb_p50_ms": _pct(direct["ttfb"], 0.5) * 1e3,
         "direct_total_p50_ms": _pct(direct["total"], 0.5) * 1e3,
+        "direct_total_p99_ms": _pct(direct["total"], 0.99) * 1e3,
         "direct_requests_per_s": direct["num"] / direct["elapsed_s"],
+        # The other core's work per request: upstream plus load generator.
+        "direct_other_core_cpu_ms_per_request": use[f"{up_pid}_cpu_ms_per_request"]
+        + use["loadgen_cpu_ms_per_request"],
     }
     for name in ("draftctl", "reference"):
         url, pid = targets[name]
-        cpu0, wait0, wall0 = _cpu_s(pid), _runqueue_wait_s(pid), time.perf_counter()
-        through = uvloop.run(load(url, concurrency, args.requests))
-        num = through["num"] + min(200, args.requests)  # warm-up requests used CPU too
-        cpu_s = _cpu_s(pid) - cpu0
+        through, use = _measured_load(args, url, concurrency, sizes, [pid, up_pid])
         prefix = "" if name == "draftctl" else "reference_"
         row.update(_pcts(direct, through, prefix))
-        row[f"{prefix}cpu_ms_per_request"] = cpu_s / num * 1e3
+        row[f"{prefix}cpu_ms_per_request"] = use[f"{pid}_cpu_ms_per_request"]
         row[f"{prefix}requests_per_s"] = through["num"] / through["elapsed_s"]
         # What one dedicated core would sustain at this CPU cost per request.
-        row[f"{prefix}cpu_bound_requests_per_s"] = num / cpu_s
-        # Share of the run the proxy was runnable but waiting for a CPU (other jobs).
-        wall_s = time.perf_counter() - wall0
-        row[f"{prefix}runqueue_wait_share"] = (_runqueue_wait_s(pid) - wait0) / wall_s
+        row[f"{prefix}cpu_bound_requests_per_s"] = 1e3 / use[f"{pid}_cpu_ms_per_request"]
+        # Share of the run the proxy's core was busy with it, and the share it was runnable
+        # but waiting for a CPU (other jobs on a shared machine).
+        row[f"{prefix}busy_share"] = use[f"{pid}_busy_share"]
+        row[f"{prefix}runqueue_wait_share"] = use[f"{pid}_wait_share"]
+        row[f"{prefix}other_core_cpu_ms_per_request"] = (
+            use[f"{up_pid}_cpu_ms_per_request"] + use["loadgen_cpu_ms_per_request"]
+        )
     return row
 
 
-def _measure(args: argparse.Namespace, targets: dict[str, tuple[str, int]]) -> list[dict[str, Any]]:
-    rows = []
-    for concurrency in args.concurrency:
-        rounds = [_round(args, concurrency, targets) for _ in range(args.rounds)]
-        row = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
-        rows.append({"concurrency": concurrency, **row})
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+def _measure_mode(args: argparse.Namespace, mode: Mode, workdir: Path) -> list[dict[str, Any]]:
+    upstream, direct = _start_upstream(args, mode)
+    procs = [upstream]
+    try:
+        _wait_http(direct + "/health")
+        gateway, gateway_url = _start_gateway(direct, args.gateway_core, workdir)
+        procs.append(gateway)
+        reference, reference_url = _start_reference(direct, args.gateway_core)
+        procs.append(reference)
+        _wait_http(gateway_url + "/healthz")
+        _wait_http(reference_url + "/healthz")
+        targets = {
+            "direct": (direct + _PATH, upstream.pid),
+            "draftctl": (gateway_url + _PATH, gateway.pid),
+            "reference": (reference_url + _PATH, reference.pid),
+        }
+        rows = []
+        for concurrency in args.concurrency:
+            rounds = [_round(args, mode, concurrency, targets) for _ in range(args.rounds)]
+            row = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
+            rows.append({"mode": mode.name, "concurrency": concurrency, **row})
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
 
 
 def _load_average() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=3000, help="requests per run")
+def _machine() -> dict[str, Any]:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown",
+    )
+    versions = {p: metadata.version(p) for p in ("uvloop", "uvicorn", "httptools", "aiohttp")}
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), **versions}
+
+
+def _classifier_state(hint: str | None) -> str:
+    if hint:
+        return f"skipped: every request carries x-draftctl-task: {hint}"
+    from controller.classifier.artifact import builtin_artifact_dir
+
+    if (builtin_artifact_dir() / "manifest.json").exists():
+        return "built-in artifact: every request is classified"
+    return "no artifact: every request takes the fallback task"
+
+
+def _git_commit() -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "controller", "engines", "policies", "bench"],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--mode", choices=["saturated", "paced", "both"], default="both")
+    parser.add_argument("--requests", type=int, default=2000, help="saturated: requests per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per point (median)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--chunks", type=int, default=64, help="SSE chunks per response")
+    parser.add_argument(
+        "--interval-ms", type=float, default=10.0, help="paced: upstream pause between chunks"
+    )
+    parser.add_argument(
+        "--paced-seconds", type=float, default=15.0, help="paced: about this long per run"
+    )
+    parser.add_argument("--paced-min-requests", type=int, default=40)
+    parser.add_argument(
+        "--hint",
+        choices=["math", "code", "chat"],
+        help="send x-draftctl-task so the gateway skips the classifier",
+    )
     parser.add_argument("--gateway-core", default="0")
     parser.add_argument("--other-core", default="1")
     parser.add_argument(
@@ -290,63 +466,47 @@ def main() -> int:
         help="run upstream, proxies and load generator at this nice level (e.g. -10 on a "
         "machine shared with other jobs, to approximate dedicated cores; needs root)",
     )
+    parser.add_argument("--out", type=Path, help="also write the JSON report here")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if args.upstream:
+        run_upstream(args.upstream, args.chunks, args.interval_ms / 1e3)
+        return 0
     if args.nice:
         _NICE[:] = ["nice", "-n", str(args.nice)]
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
-    if args.upstream:
-        run_upstream(args.upstream, args.chunks)
-        return 0
     os.sched_setaffinity(0, {int(c) for c in args.other_core.split(",")})
-    port = _free_port()
-    upstream = subprocess.Popen(
-        [
-            *_NICE,
-            "taskset",
-            "-c",
-            args.other_core,
-            sys.executable,
-            __file__,
-            "--upstream",
-            str(port),
-            "--chunks",
-            str(args.chunks),
-        ]
-    )
-    direct = f"http://127.0.0.1:{port}"
-    procs = [upstream]
+    modes = {"saturated": Mode("saturated", 0.0), "paced": Mode("paced", args.interval_ms / 1e3)}
+    chosen = list(modes.values()) if args.mode == "both" else [modes[args.mode]]
     load_before = _load_average()
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            _wait_http(direct + "/health")
-            gateway, gateway_url = _start_gateway(direct, args.gateway_core, Path(tmp))
-            procs.append(gateway)
-            reference, reference_url = _start_reference(direct, args.gateway_core)
-            procs.append(reference)
-            _wait_http(gateway_url + "/healthz")
-            _wait_http(reference_url + "/healthz")
-            path = "/v1/chat/completions"
-            targets = {
-                "direct": (direct + path, upstream.pid),
-                "draftctl": (gateway_url + path, gateway.pid),
-                "reference": (reference_url + path, reference.pid),
-            }
-            rows = _measure(args, targets)
-        finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(30)
+    started = time.time()
+    rows = []
+    for mode in chosen:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows += _measure_mode(args, mode, Path(tmp))
     report = {
+        "command": "bench/gateway_overhead.py " + " ".join(sys.argv[1:]),
+        "commit": _git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+        "machine": _machine(),
+        "classifier": _classifier_state(args.hint),
         "nice": args.nice,
         "chunks_per_response": args.chunks,
-        "requests_per_run": args.requests,
+        "paced_interval_ms": args.interval_ms,
+        "saturated_requests_per_run": args.requests,
         "rounds": args.rounds,
         "load_average_before": load_before,
         "load_average_after": _load_average(),
         "results": rows,
     }
-    print(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
     return 0
 
 

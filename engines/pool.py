@@ -69,8 +69,13 @@ class PoolBackend:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s
         )
+        # No cookie jar: cookies one client's upstream response set must not ride along on
+        # other clients' requests (and filtering them costs time on every request).
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop(), name=f"health-{self.name}")
@@ -213,16 +218,15 @@ class PoolBackend:
         first: bytes,
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
-        resp = lease.resp
+        read = lease.resp.content.readany  # what iter_any() wraps, minus one layer per read
         is_clean = False
         try:
-            out = annotator.feed(first)
-            if out:
-                yield out
-            async for data in resp.content.iter_any():
+            data = first
+            while data:
                 out = annotator.feed(data)
                 if out:
                     yield out
+                data = await read()
             is_clean = annotator.is_done
             if not is_clean:
                 response.error = "the backend closed the stream before [DONE]"

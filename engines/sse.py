@@ -48,9 +48,17 @@ _MARKERS = (
 
 
 def _first_marker(block: bytes) -> int:
-    """Offset of the first marker in ``block``, -1 if none (the hot path: no JSON parsing)."""
-    found = [i for i in (block.find(m) for m in _MARKERS) if i >= 0]
-    return min(found) if found else -1
+    """Offset of the first marker in ``block``, -1 if none (the hot path: no JSON parsing).
+
+    Each search after a hit only scans up to that hit; no list or generator per call.
+    """
+    first = -1
+    end = len(block)
+    for marker in _MARKERS:
+        i = block.find(marker, 0, end)
+        if i >= 0:
+            first = end = i
+    return first
 
 
 class SseAnnotator:
@@ -62,7 +70,8 @@ class SseAnnotator:
         self._read_outcome = read_outcome
         self._wants_usage = wants_usage
         self._pending = b""
-        self._held: dict[str, Any] | None = None
+        # The held chunk with a finish_reason: its parsed object and its bytes as received.
+        self._held: tuple[dict[str, Any], bytes] | None = None
         self._is_annotated = False
         self.is_done = False
 
@@ -104,30 +113,30 @@ class SseAnnotator:
         if obj is None:
             return self._flush(annotate=False) + event
         if not obj.get("choices") and obj.get("usage"):
-            return self._usage(obj)
+            return self._usage(obj, event)
         if any(c.get("finish_reason") is not None for c in obj.get("choices") or ()):
             merge_outcome(self.outcome, self._read_outcome(obj), obj)
             out = self._flush(annotate=False)
-            self._held = obj
+            self._held = (obj, event)
             return out
         return self._flush(annotate=False) + event
 
-    def _usage(self, obj: dict[str, Any]) -> bytes:
+    def _usage(self, obj: dict[str, Any], event: bytes) -> bytes:
         merge_outcome(self.outcome, self._read_outcome(obj), obj)
         if not self._wants_usage:
             return b""
         out = self._flush(annotate=False)
         self._is_annotated = True
-        return out + _encode({**obj, "draftctl": self._annotate(self.outcome)})
+        return out + _with_draftctl(obj, event, self._annotate(self.outcome))
 
     def _flush(self, annotate: bool) -> bytes:
         if self._held is None:
             return b""
-        obj, self._held = self._held, None
-        if annotate:
-            self._is_annotated = True
-            obj = {**obj, "draftctl": self._annotate(self.outcome)}
-        return _encode(obj)
+        (obj, event), self._held = self._held, None
+        if not annotate:
+            return event
+        self._is_annotated = True
+        return _with_draftctl(obj, event, self._annotate(self.outcome))
 
 
 def error_event(message: str, code: str = "backend_error") -> bytes:
@@ -146,5 +155,15 @@ def _json_data(event: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _encode(obj: dict[str, Any]) -> bytes:
+def _with_draftctl(obj: dict[str, Any], event: bytes, annotation: dict[str, Any]) -> bytes:
+    """``event`` (whose JSON is ``obj``) with a top-level ``draftctl`` object added.
+
+    The upstream bytes are kept and only the annotation is encoded: re-encoding the whole
+    chunk cost more than everything else the final chunk needs.
+    """
+    data = event.rstrip()
+    if obj and "draftctl" not in obj and data.endswith(b"}"):
+        extra = json.dumps(annotation, separators=(",", ":")).encode()
+        return data[:-1] + b',"draftctl":' + extra + b"}" + _SEP
+    obj = {**obj, "draftctl": annotation}
     return b"data: " + json.dumps(obj).encode() + _SEP

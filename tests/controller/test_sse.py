@@ -92,3 +92,17 @@ def test_error_mid_stream_flushes_held_chunk_then_error_event() -> None:
     events = _events(out)
     assert json.loads(events[1][6:])["choices"][0]["finish_reason"] == "stop"
     assert json.loads(events[2][6:])["error"]["message"] == "backend died"
+
+
+def test_final_chunk_keeps_upstream_bytes_and_gains_one_draftctl_key() -> None:
+    final = _chunk("c", "stop")
+    out, _ = _run(False, [_chunk("a") + final + USAGE + b"data: [DONE]\n\n"])
+    annotated = _events(out)[1]
+    assert annotated.startswith(final.strip()[:-1] + b',"draftctl":')
+    assert json.loads(annotated[6:])["draftctl"] == {"k": 7, "accept_length": 3.5}
+    # An upstream chunk that already has a draftctl key gets it replaced, not duplicated.
+    stale = _ev({"choices": [{"index": 0, "finish_reason": "stop"}], "draftctl": {"x": 1}})
+    out, _ = _run(False, [stale + USAGE + b"data: [DONE]\n\n"])
+    event = _events(out)[0]
+    assert event.count(b'"draftctl"') == 1
+    assert json.loads(event[6:])["draftctl"] == {"k": 7, "accept_length": 3.5}
