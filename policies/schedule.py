@@ -5,7 +5,9 @@ list of inclusive ranges ``[[batch_start, batch_end, k], ...]`` starting at batc
 capped at the server's ``num_speculative_tokens`` and may be 0. For each batch size B this
 module picks the k in {0} U [min_k, pool_k] maximising the task-mix-weighted
 ``sum_t w_t E_t(k) / T(B, k)`` (one k per step for the whole batch, as vLLM applies it) and
-merges equal neighbours into ranges. Pure: rates and cost arrive as arguments.
+merges equal neighbours into ranges. ``best_shared_k`` is the same choice for one live batch
+from each row's own rates (engines that pad every row to one verify width). Pure: rates and
+cost arrive as arguments.
 """
 
 from __future__ import annotations
@@ -47,6 +49,37 @@ def best_k_for_batch(
     best_k, best = 0, score(0)
     for k in range(min_k, max_k + 1):
         value = score(k)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+def best_shared_k(
+    row_rates: Sequence[Sequence[float]],
+    cost: StepCost,
+    min_k: int,
+    max_k: int,
+    min_gain: float = 0.0,
+) -> int:
+    """One k for every row of a batch: the most expected tokens per second for the batch.
+
+    For engines that run a batch at one verify width and draft for every row once any row
+    drafts (the embedded engine pads to the widest row), a row choosing k = 0 saves nothing
+    while another row drafts: the real choice is the batch's. ``row_rates`` holds each row's
+    own per-position rates (e.g. ``GoodputPolicy.rates_for``); drafting must beat a plain
+    step by ``min_gain``.
+    """
+    batch = len(row_rates)
+    if batch == 0:
+        return 0
+
+    def tokens(k: int) -> float:
+        return sum(expected_accept_length(rates, k) for rates in row_rates)
+
+    plain = batch / cost.step_time_s(batch, 0)
+    best_k, best = 0, plain * (1.0 + min_gain)
+    for k in range(min_k, max_k + 1):
+        value = tokens(k) / cost.step_time_s(batch, k)
         if value > best:
             best_k, best = k, value
     return best_k

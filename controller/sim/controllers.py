@@ -2,7 +2,8 @@
 
 Each controller picks k for every request of a decode step. ``no-spec`` and ``static-k<N>``
 are constants, ``goodput`` is the real ``policies.goodput.GoodputPolicy`` fed by the real
-``OnlineModels`` (the same objects the daemon uses), and ``oracle`` reads each request's
+``OnlineModels`` (the same objects the daemon uses; on a padded engine its per-row rates
+feed ``best_shared_k``, one k for the batch), and ``oracle`` reads each request's
 acceptance trace ahead of time and picks the best set of k for the step.
 """
 
@@ -17,6 +18,7 @@ from policies.costmodel import CostModel, CostTable, padded_width
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
+from policies.schedule import best_shared_k
 from policies.types import Observation, Task
 
 
@@ -54,15 +56,38 @@ class GoodputController:
 
     name = "goodput"
 
-    def __init__(self, spec: GoodputSpec, table: CostTable, block_size: int, seed: int, min_k: int):
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        block_size: int,
+        seed: int,
+        min_k: int,
+        padded: bool = False,
+    ):
         self._policy = GoodputPolicy(spec)
         self._models = OnlineModels(spec, block_size, table)
         self._block_size = block_size
         self._rng = random.Random(f"goodput:{seed}")
         self._window = spec.request_window_steps
+        self._min_gain = spec.min_gain
         self.min_spec_tokens = min_k
+        # Padded engine: one k for the batch from every row's own rates (best_shared_k).
+        self._padded = padded
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        observations = self._observations(batch, now_s)
+        if not self._padded:
+            return [self._policy.decide(o).spec_tokens for o in observations]
+        rates = [self._policy.rates_for(o) for o in observations]
+        step_cost = observations[0].step_cost
+        assert step_cost is not None, "OnlineModels built with a table always has a cost"
+        k = best_shared_k(
+            rates, step_cost, self.min_spec_tokens, self._block_size - 1, self._min_gain
+        )
+        return [k] * len(batch)
+
+    def _observations(self, batch: Sequence[SimRequest], now_s: float) -> list[Observation]:
         per_task: dict[Task, dict[str, Any]] = {}
         out = []
         for request in batch:
@@ -85,7 +110,7 @@ class GoodputController:
                 rng_u=self._rng.random(),
                 **fields,
             )
-            out.append(self._policy.decide(observation).spec_tokens)
+            out.append(observation)
         return out
 
     def record(

@@ -35,12 +35,14 @@ def build_controllers(scenario: Scenario, table: CostTable) -> list[Controller]:
             raise ValueError(f"policies.static_spec_tokens: k={k} outside [1, {max_k}]")
         controllers.append(FixedK(k))
     min_k = min(chosen.min_spec_tokens, max_k)
-    goodput = GoodputController(chosen.goodput, table, scenario.block_size, scenario.seed, min_k)
+    padded = scenario.cost.batch_verify == "padded"
+    goodput = GoodputController(
+        chosen.goodput, table, scenario.block_size, scenario.seed, min_k, padded
+    )
     controllers.append(goodput)
     if chosen.include_informed:
         controllers.append(Informed(chosen.goodput, table, scenario.block_size, min_k))
     if chosen.include_oracle:
-        padded = scenario.cost.batch_verify == "padded"
         oracle = Oracle(engine_cost(scenario, table), scenario.block_size, min_k, padded)
         controllers.append(oracle)
     return controllers

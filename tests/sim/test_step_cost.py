@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from controller.sim.controllers import GoodputController
 from controller.sim.request import SimRequest
 from controller.sim.runner import engine_cost
 from controller.sim.scenario import Scenario
 from controller.sim.server import SimServer
 from controller.sim.workload import Workload
 from policies.costmodel import load_cost_table
+from policies.model import GoodputSpec
+from policies.types import Task
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "cost_tables" / "qwen3-8b-h200.json"
@@ -99,3 +102,20 @@ def test_padded_batches_charge_every_row_the_widest_width_and_the_draft(tmp_path
     # As the embedded engine runs it: one width (8) for all rows, the draft for all rows.
     assert (width, drafting) == (8.0, 1.0)
     assert seconds == pytest.approx(table.time_s(4, 8) + 0.16 * table.time_s(4, 8))
+
+
+def test_goodput_on_a_padded_engine_picks_one_k_for_the_whole_batch(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, concurrency=64, batch_verify="padded")
+    table = load_cost_table(TABLE)
+    workload = Workload(scenario)
+    batch = [SimRequest(spec=workload.request(0, c, 0), client=c, arrival_s=0.0) for c in range(64)]
+    # Half the requests accepted the full block every step so far, half never a draft.
+    for i, request in enumerate(batch):
+        request.k_history, request.accept_history = [7] * 20, [8 if i % 2 else 1] * 20
+    spec = GoodputSpec(prior_accept_rates={t: [0.6] for t in Task}, draft_cost_fraction=0.16)
+    ragged = GoodputController(spec, table, 8, seed=0, min_k=4)
+    padded = GoodputController(spec, table, 8, seed=0, min_k=4, padded=True)
+    # Per request (ragged engine) the hard rows stop drafting at batch 64; padded, every row
+    # pays for the width-8 step the easy rows want, so all ride along at k = 7.
+    assert ragged.choose(batch, 0.0) == [0, 7] * 32
+    assert padded.choose(batch, 0.0) == [7] * 64
