@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Re-creates every file in results/sim/ (JSON report, text table, plots for the mixed traces).
+# Run from the repository root: bash results/sim/run.sh   (~10 min on a 2-core CPU)
+set -euo pipefail
+out=results/sim
+for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mixed-shift-padded \
+    mixed-shift-parametric mixed-shift-parametric-heterogeneous; do
+  .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
+    --out "$out/$name.json" --plot "$out" > "$out/$name.txt"
+done
+for task in math code chat; do
+  for c in 1 8 64; do
+    name=steady-$task-c$c
+    .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
+      --out "$out/$name.json" > "$out/$name.txt"
+  done
+done
