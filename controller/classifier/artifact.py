@@ -45,6 +45,7 @@ def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any
             "ngram_sizes": list(spec.ngram_sizes),
             "num_bits": spec.num_bits,
             "is_lowercase": spec.is_lowercase,
+            "is_segmented": spec.is_segmented,
         },
         **manifest,
     }
@@ -78,6 +79,7 @@ def load_classifier(
         ngram_sizes=tuple(features["ngram_sizes"]),
         num_bits=int(features["num_bits"]),
         is_lowercase=bool(features["is_lowercase"]),
+        is_segmented=bool(features.get("is_segmented", False)),  # absent before segments
     )
     tasks = tuple(Task(name) for name in manifest["tasks"])
     with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as arrays:

@@ -20,6 +20,7 @@ class Dataset:
     is_test: list[bool] = field(default_factory=list)
     sharegpt_counts: dict[str, int] = field(default_factory=dict)
     num_duplicates: int = 0
+    max_chars: int = DEFAULT_MAX_CHARS
 
     def subset(self, is_test: bool) -> list[int]:
         return [i for i, flag in enumerate(self.is_test) if flag == is_test]
@@ -34,7 +35,7 @@ def build_dataset(
 
     The first occurrence of a text wins, so the result depends only on source order.
     """
-    dataset = Dataset()
+    dataset = Dataset(max_chars=max_chars)
     seen: set[str] = set()
     for example in examples:
         text = request_text(example.body, max_chars)

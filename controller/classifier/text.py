@@ -12,6 +12,11 @@ best is the latest user turn. So the text is built in this order, within ``max_c
 4. earlier user turns, newest first, filling whatever budget is left. A long last turn thus
    leaves little room for context, while a short follow-up ("now in Rust") borrows it.
 
+The model reads the last user turn (or the prompt) apart from the rest, the *context*
+(:func:`request_segments`): the same words mean different things in the two places, e.g.
+code in the previous answer makes a short "continue" likely code, while the same code pasted
+in the last turn says the user wants it fixed.
+
 Older assistant turns are not read. Content may be a string or a list of content parts, of which
 only ``{"type": "text"}`` parts count. A completions ``prompt`` that is a list of strings is
 read in order until the budget is full; token-id prompts carry no text and give "".
@@ -75,9 +80,14 @@ def _join_bounded(texts: Iterable[str], max_chars: int) -> str:
 
 def chat_text(messages: Sequence[Any], max_chars: int = DEFAULT_MAX_CHARS) -> str:
     """The classifier text of a chat request (see the module docstring for the order)."""
+    return "\n".join(piece for piece in chat_pieces(messages, max_chars) if piece)
+
+
+def chat_pieces(messages: Sequence[Any], max_chars: int = DEFAULT_MAX_CHARS) -> list[str]:
+    """The pieces of :func:`chat_text` in order; the first is the last user turn."""
     user_indexes = _user_indexes_newest_first(messages)
     if not user_indexes:
-        return _join_bounded((_content(m, max_chars) for m in messages[-3:]), max_chars)
+        return [_join_bounded((_content(m, max_chars) for m in messages[-3:]), max_chars)]
     last = content_text(_get(messages[user_indexes[0]], "content"), max_chars)
     pieces = [last]
     num_left = max_chars - len(last) - 1
@@ -95,7 +105,7 @@ def chat_text(messages: Sequence[Any], max_chars: int = DEFAULT_MAX_CHARS) -> st
         earlier = content_text(_get(messages[index], "content"), num_left)
         pieces.append(earlier)
         num_left -= len(earlier) + 1
-    return "\n".join(piece for piece in pieces if piece)
+    return pieces
 
 
 def _user_indexes_newest_first(messages: Sequence[Any]) -> list[int]:
@@ -147,3 +157,18 @@ def request_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHARS) ->
     if isinstance(messages, Sequence) and not isinstance(messages, str):
         return chat_text(messages, max_chars)
     return prompt_text(body.get("prompt"), max_chars)
+
+
+def request_segments(
+    body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHARS
+) -> tuple[str, str]:
+    """``(focus, context)``: the last user turn or the prompt, and the rest of the text.
+
+    Together they are exactly the pieces of :func:`request_text`, within the same budget;
+    a completions prompt and a request without user turn have no context.
+    """
+    messages = body.get("messages")
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
+        pieces = chat_pieces(messages, max_chars)
+        return pieces[0], "\n".join(piece for piece in pieces[1:] if piece)
+    return prompt_text(body.get("prompt"), max_chars), ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import platform
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from tqdm import tqdm
 from controller.classifier.artifact import save_artifact
 from controller.classifier.corpus import data_versions
 from controller.classifier.dataset import Dataset
-from controller.classifier.features import FeatureSpec, bucket_indexes
+from controller.classifier.features import FeatureSpec, request_buckets
 from controller.classifier.model import LinearClassifier
+from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import TASKS
 
 logger = logging.getLogger(__name__)
@@ -37,32 +38,39 @@ class TrainSettings:
     spec: FeatureSpec = field(default_factory=FeatureSpec)
     seed: int = 0
     # L2 penalty of the SGD logistic regression, and passes over the data.
-    alpha: float = 1e-5
+    alpha: float = 3e-6
     num_epochs: int = 15
     # None: "balanced" (1/frequency) scored 94.0% vs 94.6% and sent more chat to code.
     class_weight: str | None = None
 
 
 def feature_matrix(
-    texts: Iterable[str], spec: FeatureSpec, is_progress: bool = False
+    bodies: Iterable[Mapping[str, Any]],
+    spec: FeatureSpec,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    is_progress: bool = False,
 ) -> sp.csr_matrix:
-    """Rows of bucket counts divided by sqrt(number of n-grams), as the model scores them."""
+    """Rows of bucket counts divided by sqrt(number of n-grams of the segment), summed over
+    a request's segments, as the model scores them."""
     indptr = [0]
     columns: list[npt.NDArray[np.intp]] = []
     values: list[npt.NDArray[np.float32]] = []
-    progress = tqdm(texts, desc="features", unit="ex", mininterval=2.0, disable=not is_progress)
-    for text in progress:
-        buckets = bucket_indexes(text, spec)
-        unique, counts = np.unique(buckets, return_counts=True)
-        scale = np.sqrt(buckets.size) if buckets.size else 1.0
-        columns.append(unique)
-        values.append((counts / scale).astype(np.float32))
-        indptr.append(indptr[-1] + unique.size)
+    progress = tqdm(bodies, desc="features", unit="ex", mininterval=2.0, disable=not is_progress)
+    for body in progress:
+        num_entries = 0
+        for buckets in request_buckets(body, spec, max_chars):
+            unique, counts = np.unique(buckets, return_counts=True)
+            columns.append(unique)
+            values.append((counts / np.sqrt(max(buckets.size, 1))).astype(np.float32))
+            num_entries += unique.size
+        indptr.append(indptr[-1] + num_entries)
     data = np.concatenate(values) if values else np.zeros(0, np.float32)
     indices = np.concatenate(columns) if columns else np.zeros(0, np.intp)
-    return sp.csr_matrix(
+    matrix = sp.csr_matrix(
         (data, indices, np.array(indptr)), shape=(len(indptr) - 1, spec.num_buckets)
     )
+    matrix.sum_duplicates()  # a bucket hit by both segments becomes one entry
+    return matrix
 
 
 def labels(dataset: Dataset, rows: list[int]) -> npt.NDArray[np.int64]:
@@ -71,7 +79,8 @@ def labels(dataset: Dataset, rows: list[int]) -> npt.NDArray[np.int64]:
 
 def fit(dataset: Dataset, settings: TrainSettings, is_progress: bool = False) -> LinearClassifier:
     rows = dataset.subset(is_test=False)
-    matrix = feature_matrix((dataset.texts[i] for i in rows), settings.spec, is_progress)
+    bodies = (dataset.examples[i].body for i in rows)
+    matrix = feature_matrix(bodies, settings.spec, dataset.max_chars, is_progress)
     model = SGDClassifier(
         loss="log_loss",
         alpha=settings.alpha,

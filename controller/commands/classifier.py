@@ -40,6 +40,11 @@ def register(subparsers: Any) -> None:
         default=None,
         help="comma-separated byte n-gram sizes (default: FeatureSpec.ngram_sizes)",
     )
+    train.add_argument(
+        "--no-segments",
+        action="store_true",
+        help="hash the whole request as one text (the pre-segment model, for comparison)",
+    )
     train.set_defaults(func=run_train)
     evaluate = actions.add_parser("eval", help="score an artifact on the held-out split")
     _add_data_args(evaluate)
@@ -96,6 +101,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         spec = replace(spec, ngram_sizes=tuple(int(size) for size in args.ngram_sizes.split(",")))
     if args.num_bits is not None:
         spec = replace(spec, num_bits=args.num_bits)
+    if args.no_segments:
+        spec = replace(spec, is_segmented=False)
     return replace(settings, spec=spec)
 
 
