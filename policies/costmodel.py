@@ -7,8 +7,13 @@ to a multiple (``verify_width_multiple``, 8 on the H200 notes: T = 5 and 9 cost 
 and 16). A step that drafts also pays the draft forward, modelled as ``draft_cost_fraction``
 of a target forward at the full block width when the table has no draft row.
 
-Online refinement: each observed step time updates an EWMA of observed/predicted per batch
-size row of the table; predictions are scaled by the interpolated factor. Plain data; the one
+Online refinement, per batch size row of the table: observed step times are regressed on the
+table's prediction, ``observed ~ scale x predicted + overhead`` (exponentially weighted). Once a
+row has seen steps of clearly different predicted cost (e.g. plain and drafting steps) the fit
+separates a per-step host overhead, which scales nothing, from a factor on the forward;
+until then, or when the fit is implausible, the overhead is 0 and the scale is the ratio of
+means. An overhead matters for the choice of k: it makes wide verifies relatively cheaper.
+Predictions interpolate scale and overhead between rows. Plain data; the one
 function that reads a file, ``load_cost_table``, is for the daemon and tools, never a policy.
 """
 
@@ -116,6 +121,48 @@ def padded_width(spec_tokens: int, multiple: int) -> int:
     return int(math.ceil(width / multiple) * multiple)
 
 
+# The overhead is fitted only once a row's predictions spread by this fraction of their mean
+# and it has seen this many observations (fractional when a step falls between two rows).
+_MIN_SPREAD = 0.05
+_MIN_OBSERVATIONS = 20.0
+
+
+@dataclass
+class RowFit:
+    """Exponentially weighted least squares of observed on predicted step time for one row."""
+
+    count: float = 0.0
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+
+    def add(self, predicted_s: float, observed_s: float, rate: float, share: float) -> None:
+        self.count += share
+        keep = 1.0 - rate
+        self.weight = keep * self.weight + rate
+        self.sum_x = keep * self.sum_x + rate * predicted_s
+        self.sum_y = keep * self.sum_y + rate * observed_s
+        self.sum_xx = keep * self.sum_xx + rate * predicted_s * predicted_s
+        self.sum_xy = keep * self.sum_xy + rate * predicted_s * observed_s
+
+    def fit(self) -> tuple[float, float]:
+        """(scale, overhead seconds); (1, 0) before any observation."""
+        if self.weight <= 0:
+            return 1.0, 0.0
+        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
+        ratio = mean_y / mean_x
+        var_x = self.sum_xx / self.weight - mean_x * mean_x
+        if self.count < _MIN_OBSERVATIONS or var_x <= (_MIN_SPREAD * mean_x) ** 2:
+            return ratio, 0.0
+        scale = (self.sum_xy / self.weight - mean_x * mean_y) / var_x
+        overhead = mean_y - scale * mean_x
+        if scale <= 0 or overhead < 0 or overhead >= mean_y:
+            return ratio, 0.0
+        return scale, overhead
+
+
 @dataclass
 class CostModel:
     """Table + online correction. ``snapshot()`` gives the immutable view policies use."""
@@ -126,10 +173,15 @@ class CostModel:
     draft_cost_fraction: float = 0.14
     learning_rate: float = 0.05
     _correction: list[float] = field(default_factory=list)
+    _overhead_s: list[float] = field(default_factory=list)
+    _fits: list[RowFit] = field(default_factory=list)
     _snapshot: CostSnapshot | None = None
 
     def __post_init__(self) -> None:
-        self._correction = [1.0] * len(self.table.batch_sizes)
+        rows = len(self.table.batch_sizes)
+        self._correction = [1.0] * rows
+        self._overhead_s = [0.0] * rows
+        self._fits = [RowFit() for _ in range(rows)]
 
     def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
         """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
@@ -142,56 +194,90 @@ class CostModel:
     def observe_step(
         self, batch_size: int, mean_width: float, drafting: float, observed_s: float
     ) -> None:
-        """Fold one measured step time into the correction of the nearest table rows."""
+        """Fold one measured step time into the fits of the nearest table rows."""
         if observed_s <= 0 or batch_size <= 0:
             return
-        ratio = observed_s / self.base_step_time_s(batch_size, mean_width, drafting)
+        predicted = self.base_step_time_s(batch_size, mean_width, drafting)
         i, w = _bracket(self.table.batch_sizes, batch_size)
         w = min(max(w, 0.0), 1.0)
         for row, share in ((i, 1.0 - w), (i + 1, w)):
-            rate = self.learning_rate * share
-            self._correction[row] += rate * (ratio - self._correction[row])
-        # Keep the memoised snapshot until a correction moved by more than 0.1%.
-        if self._snapshot is not None and any(
-            abs(c - s) > 1e-3 * s
-            for c, s in zip(self._correction, self._snapshot.corrections, strict=True)
-        ):
+            if share <= 0:
+                continue
+            self._fits[row].add(predicted, observed_s, self.learning_rate * share, share)
+            scale, overhead = self._fits[row].fit()
+            self._correction[row], self._overhead_s[row] = scale, overhead
+        # Keep the memoised snapshot until a row moved by more than 0.1% of its plain step.
+        if self._snapshot is not None and self._moved(self._snapshot):
             self._snapshot = None
 
-    def load_corrections(self, corrections: Sequence[float]) -> None:
-        """Restore corrections saved by ``OnlineModels.to_dict`` (one per batch size row)."""
-        if len(corrections) != len(self._correction) or any(c <= 0 for c in corrections):
+    def _moved(self, snapshot: CostSnapshot) -> bool:
+        for row, b in enumerate(self.table.batch_sizes):
+            plain = self.table.time_s(b, 1.0)
+            old = snapshot.corrections[row] * plain + snapshot.overheads_s[row]
+            new = self._correction[row] * plain + self._overhead_s[row]
+            scale_moved = abs(self._correction[row] - snapshot.corrections[row])
+            if abs(new - old) > 1e-3 * old or scale_moved > 1e-3 * snapshot.corrections[row]:
+                return True
+        return False
+
+    def load_corrections(
+        self, corrections: Sequence[float], overheads_s: Sequence[float] = ()
+    ) -> None:
+        """Restore the fits saved by ``OnlineModels.to_dict`` (one per batch size row)."""
+        rows = len(self._correction)
+        if len(corrections) != rows or any(c <= 0 for c in corrections):
             raise ValueError(
-                f"cost_correction needs {len(self._correction)} positive factors (one per "
+                f"cost_correction needs {rows} positive factors (one per "
                 f"batch size of the table), got {list(corrections)}"
             )
+        overheads = list(overheads_s) or [0.0] * rows
+        if len(overheads) != rows or any(o < 0 for o in overheads):
+            raise ValueError(
+                f"cost_overhead_s needs {rows} non-negative seconds (one per batch size of "
+                f"the table), got {list(overheads_s)}"
+            )
         self._correction = list(corrections)
+        self._overhead_s = overheads
         self._snapshot = None
 
     def snapshot(self) -> CostSnapshot:
         if self._snapshot is None:
-            self._snapshot = CostSnapshot(self, tuple(self._correction))
+            self._snapshot = CostSnapshot(self, tuple(self._correction), tuple(self._overhead_s))
         return self._snapshot
 
 
 class CostSnapshot:
     """Immutable T(B, k) for one decision; memoised because policies ask many times."""
 
-    def __init__(self, model: CostModel, correction: tuple[float, ...]):
+    def __init__(
+        self, model: CostModel, correction: tuple[float, ...], overhead_s: tuple[float, ...]
+    ):
         self._model = model
         self._correction = correction
+        self._overhead_s = overhead_s
         self._memo: dict[tuple[int, int], float] = {}
         self.verify_width_multiple = model.verify_width_multiple
 
     @property
     def corrections(self) -> tuple[float, ...]:
-        """observed / table factor per batch size row."""
+        """Fitted factor on the table's time per batch size row."""
         return self._correction
 
+    @property
+    def overheads_s(self) -> tuple[float, ...]:
+        """Fitted per-step overhead (seconds) per batch size row, added after the factor."""
+        return self._overhead_s
+
     def correction(self, batch_size: float) -> float:
+        return self._interpolate(self._correction, batch_size)
+
+    def overhead_s(self, batch_size: float) -> float:
+        return self._interpolate(self._overhead_s, batch_size)
+
+    def _interpolate(self, rows: tuple[float, ...], batch_size: float) -> float:
         i, w = _bracket(self._model.table.batch_sizes, batch_size)
         w = min(max(w, 0.0), 1.0)
-        return self._correction[i] + w * (self._correction[i + 1] - self._correction[i])
+        return rows[i] + w * (rows[i + 1] - rows[i])
 
     def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
         """Seconds for one step of ``batch_size`` requests all verifying ``spec_tokens``."""
@@ -200,7 +286,7 @@ class CostSnapshot:
         if cached is None:
             width = padded_width(spec_tokens, self.verify_width_multiple)
             base = self._model.base_step_time_s(batch_size, width, 1.0 if spec_tokens else 0.0)
-            cached = base * self.correction(batch_size)
+            cached = base * self.correction(batch_size) + self.overhead_s(batch_size)
             self._memo[key] = cached
         return cached
 

@@ -123,6 +123,7 @@ class OnlineModels:
             out["tasks"][task.value] = {"accept_rates": snap.rates, "trials": snap.trials}
         if self.cost is not None:
             out["cost_correction"] = list(self.cost.snapshot().corrections)
+            out["cost_overhead_s"] = list(self.cost.snapshot().overheads_s)
         return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from controller.sim.controllers import Controller, FixedK, GoodputController, Informed, Oracle
@@ -15,14 +16,26 @@ from policies.costmodel import CostModel, CostTable, load_cost_table
 logger = logging.getLogger(__name__)
 
 
-def engine_cost(scenario: Scenario, table: CostTable) -> CostModel:
-    """The simulated engine's true step cost (the same formula the policy's model uses)."""
+@dataclass
+class EngineCost(CostModel):
+    """The simulated engine's true step cost: the policy's formula plus a host overhead."""
+
+    step_overhead_s: float = 0.0
+
+    def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
+        forward = super().base_step_time_s(batch_size, mean_width, drafting)
+        return forward + self.step_overhead_s
+
+
+def engine_cost(scenario: Scenario, table: CostTable) -> EngineCost:
+    """The simulated engine's step cost (table + draft forward + ``cost.step_overhead_s``)."""
     cost = scenario.cost
-    return CostModel(
+    return EngineCost(
         table=table,
         block_size=scenario.block_size,
         verify_width_multiple=cost.verify_width_multiple,
         draft_cost_fraction=cost.draft_cost_fraction,
+        step_overhead_s=cost.step_overhead_s,
     )
 
 

@@ -83,6 +83,9 @@ class Costs(Section):
     # verifies at the batch's widest padded width and the draft runs for every row once any
     # row drafts (what engines/embedded/runner.py does today).
     batch_verify: Literal["ragged", "padded"] = "ragged"
+    # Host time per decode step on top of the table's forward (scheduling, sampling, the
+    # policy itself): the table holds CUDA-graph replay times only.
+    step_overhead_s: float = Field(default=0.0, ge=0)
     # Prefill: fixed seconds per prefill step plus seconds per prompt token (assumed).
     prefill_base_s: float = Field(default=0.006, ge=0)
     prefill_s_per_token: float = Field(default=2.5e-5, ge=0)

@@ -16,6 +16,7 @@ MIXED = [
     "mixed-shift-b16",
     "mixed-shift-32b",
     "mixed-shift-padded",
+    "mixed-shift-host-overhead",
     "mixed-shift-parametric",
     "mixed-shift-parametric-heterogeneous",
 ]

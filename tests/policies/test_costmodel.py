@@ -73,3 +73,44 @@ def test_load_cost_table_names_the_file_and_problem(tmp_path: Path) -> None:
         load_cost_table(bad)
     with pytest.raises(ValueError, match="cannot read"):
         load_cost_table(tmp_path / "missing.json")
+
+
+def test_a_per_step_host_overhead_is_learned_apart_from_the_forward() -> None:
+    # The engine adds 3 s of host work to every step on top of the table's forward (units are
+    # the table's). Plain steps (2.0) and width-16 steps (10.0) at batch 64 take 5 and 13.
+    model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0, learning_rate=0.1)
+    for i in range(200):
+        width, table_s = (1.0, 2.0) if i % 2 else (16.0, 10.0)
+        model.observe_step(64, width, 0.0, table_s + 3.0)
+    snap = model.snapshot()
+    assert snap.overhead_s(64) == pytest.approx(3.0, rel=0.02)
+    assert snap.correction(64) == pytest.approx(1.0, rel=0.02)
+    assert snap.step_time_s(64, 0) == pytest.approx(5.0, rel=0.01)
+    assert snap.step_time_s(64, 15) == pytest.approx(13.0, rel=0.01)
+    # A ratio alone would have said 1.5 and mispriced both: 3.0 plain, 15.0 wide.
+
+
+def test_one_kind_of_step_only_fits_a_ratio_and_implausible_fits_fall_back() -> None:
+    model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0, learning_rate=0.1)
+    for _ in range(100):
+        model.observe_step(64, 16.0, 0.0, 13.0)  # only wide steps: no way to split
+    snap = model.snapshot()
+    assert snap.overhead_s(64) == 0.0
+    assert snap.correction(64) == pytest.approx(1.3, rel=0.01)
+    # Wide steps relatively *more* expensive than the table says (negative intercept): no
+    # overhead, ratio of means.
+    other = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0, learning_rate=0.1)
+    for i in range(200):
+        width, observed = (1.0, 1.0) if i % 2 else (16.0, 15.0)
+        other.observe_step(64, width, 0.0, observed)
+    assert other.snapshot().overhead_s(64) == 0.0
+    assert other.snapshot().correction(64) == pytest.approx(16.0 / 12.0, rel=0.02)
+
+
+def test_saved_fits_round_trip_and_bad_ones_name_the_key() -> None:
+    model = CostModel(TABLE)
+    rows = len(TABLE.batch_sizes)
+    model.load_corrections([1.2] * rows, [0.5] * rows)
+    assert model.snapshot().step_time_s(1, 0) == pytest.approx(1.2 * 1.0 + 0.5)
+    with pytest.raises(ValueError, match="cost_overhead_s needs"):
+        model.load_corrections([1.0] * rows, [-1.0] * rows)

@@ -57,6 +57,7 @@ def test_vllm_style_counts_and_tpot_refine_the_models(tmp_path: Path) -> None:
     assert models.observe(Task.CODE)["step_cost"].step_time_s(64, 7) > 2 * cost_before
     snapshot = models.to_dict()
     assert len(snapshot["cost_correction"]) == 3
+    assert len(snapshot["cost_overhead_s"]) == 3
     assert len(snapshot["tasks"]["code"]["accept_rates"]) == 15
     with pytest.raises(ValueError, match="one k per step"):
         models.record_outcome(Task.CODE, spec_tokens=[7, 7], accept_lengths=[1])

@@ -44,7 +44,9 @@ class Alternating:
         self.steps.append((len(batch), list(spec_tokens), step))
 
 
-def _scenario(tmp_path: Path, concurrency: int, batch_verify: str = "ragged") -> Scenario:
+def _scenario(
+    tmp_path: Path, concurrency: int, batch_verify: str = "ragged", overhead_s: float = 0.0
+) -> Scenario:
     lines = [{"task": "math", "block_size": 8, "accept_lengths": [8, 3, 1, 5] * 20}]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return Scenario.model_validate(
@@ -55,6 +57,7 @@ def _scenario(tmp_path: Path, concurrency: int, batch_verify: str = "ragged") ->
                 "table": str(TABLE),
                 "draft_cost_fraction": 0.16,
                 "batch_verify": batch_verify,
+                "step_overhead_s": overhead_s,
             },
             "acceptance": {"traces": str(tmp_path / "t.jsonl")},
             "phases": [
@@ -82,14 +85,15 @@ def test_a_step_costs_the_padded_ragged_verify_plus_the_drafting_rows_block_draf
     assert seconds == pytest.approx(expected)
 
 
-def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, concurrency=1)  # one request: slot 0 never drafts
+@pytest.mark.parametrize("overhead_s", [0.0, 0.002])
+def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path, overhead_s: float) -> None:
+    scenario = _scenario(tmp_path, concurrency=1, overhead_s=overhead_s)  # slot 0 never drafts
     table = load_cost_table(TABLE)
     controller = Alternating(7)
     SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
     _, ks, (seconds, width, drafting) = controller.steps[0]
     assert ks == [0] and width == 1 and drafting == 0
-    assert seconds == pytest.approx(table.time_s(1, 1))
+    assert seconds == pytest.approx(table.time_s(1, 1) + overhead_s)
 
 
 def test_padded_batches_charge_every_row_the_widest_width_and_the_draft(tmp_path: Path) -> None:
