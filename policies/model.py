@@ -128,7 +128,8 @@ class GoodputSpec(StrictModel):
     draft_cost_fraction: float = Field(default=0.14, ge=0)
     # Cost table JSON (relative paths resolve against the policy file's directory).
     cost_table: str | None = None
-    # EWMA rate at which observed step times correct the table.
+    # Weight of each observed step time in the online cost fit (scale and per-step overhead
+    # per batch size row; exponential forgetting).
     cost_learning_rate: float = Field(default=0.05, gt=0, le=1)
 
     @field_validator("prior_accept_rates")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-creates every file in results/sim/ (JSON report, text table, plots for the mixed traces).
-# Run from the repository root: bash results/sim/run.sh   (~2.5 min on a 2-core CPU)
+# Run from the repository root: bash results/sim/run.sh   (~3 min on a 2-core CPU)
 set -euo pipefail
 out=results/sim
 for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mixed-shift-padded mixed-shift-host-overhead \
