@@ -171,9 +171,11 @@ def _cost(args: argparse.Namespace, goodput: Any, base_dir: Path) -> tuple[Any, 
         draft_cost_fraction=goodput.draft_cost_fraction,
     )
     if args.models is not None:
-        correction = json.loads(args.models.read_text()).get("cost_correction")
+        saved = json.loads(args.models.read_text())
+        correction = saved.get("cost_correction")
         if correction:
-            model.load_corrections([float(c) for c in correction])
+            overheads = saved.get("cost_overhead_s") or ()
+            model.load_corrections([float(c) for c in correction], [float(o) for o in overheads])
     return model.snapshot(), f"table {path}"
 
 
