@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.classifier.combiner import combiner_from_arrays
 from controller.classifier.features import FeatureSpec
 from controller.classifier.model import LinearClassifier
 from controller.classifier.text import DEFAULT_MAX_CHARS
@@ -36,11 +37,18 @@ def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any
     """Write the model's arrays and ``manifest`` (plus the feature spec) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     weights = model.weights.astype(np.float16)
-    np.savez_compressed(folder / WEIGHTS_FILE, weights=weights, bias=model.bias.astype(np.float32))
+    arrays: dict[str, Any] = {  # Any: numpy stubs would match a value to allow_pickle
+        "weights": weights,
+        "bias": model.bias.astype(np.float32),
+    }
+    if model.combiner is not None:
+        arrays.update(model.combiner.arrays())
+    np.savez_compressed(folder / WEIGHTS_FILE, **arrays)
     spec = model.spec
     full = {
         "format_version": FORMAT_VERSION,
         "tasks": [str(task) for task in model.tasks],
+        "combiner_hidden": model.combiner.w1.shape[0] if model.combiner is not None else 0,
         "features": {
             "ngram_sizes": list(spec.ngram_sizes),
             "num_bits": spec.num_bits,
@@ -85,7 +93,13 @@ def load_classifier(
     with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as arrays:
         weights = arrays["weights"].astype(np.float32)
         bias = arrays["bias"].astype(np.float32)
+        try:
+            combiner = combiner_from_arrays({name: arrays[name] for name in arrays.files})
+        except ValueError as error:
+            raise ArtifactError(
+                f"{folder / WEIGHTS_FILE}: {error}; retrain the artifact"
+            ) from error
     try:
-        return LinearClassifier(spec, tasks, weights, bias, max_chars)
+        return LinearClassifier(spec, tasks, weights, bias, max_chars, combiner)
     except ValueError as error:
         raise ArtifactError(f"{folder / WEIGHTS_FILE}: {error}; retrain the artifact") from error

@@ -33,6 +33,9 @@ class Example:
     task: Task
     source: str
     group: str
+    # ShareGPT only: the answer that followed, from which the label came (topic switches
+    # reuse a conversation with its answer as history; see switches.py).
+    answer: str = ""
 
 
 class MissingDataError(FileNotFoundError):
@@ -146,20 +149,22 @@ def sharegpt_turns(counts: dict[str, int]) -> Iterator[Example]:
             num_users = sum(1 for m in turn.messages if m["role"] == "user")
             source = "sharegpt_first" if num_users == 1 else "sharegpt_later"
             messages = [dict(m) for m in turn.messages]
-            yield Example({"messages": messages}, task, source, f"sharegpt/{turn.conversation_id}")
+            group = f"sharegpt/{turn.conversation_id}"
+            yield Example({"messages": messages}, task, source, group, turn.answer)
 
 
 def all_examples(shared: Path, sharegpt_counts: dict[str, int]) -> Iterator[Example]:
-    yield from gsm8k(shared)
-    yield from math500(shared)
-    yield from mbpp(shared)
-    yield from mt_bench(shared)
-    yield from human_eval()
-    yield from champ()
-    yield from sharegpt_turns(sharegpt_counts)
-    from controller.classifier.synthetic import synthetic_math  # imports this module
+    # These import this module.
+    from controller.classifier.switches import topic_switches
+    from controller.classifier.synthetic import synthetic_math
 
+    public = [*gsm8k(shared), *math500(shared), *mbpp(shared), *mt_bench(shared)]
+    public += [*human_eval(), *champ()]
+    conversations = list(sharegpt_turns(sharegpt_counts))
+    yield from public
+    yield from conversations
     yield from synthetic_math()
+    yield from topic_switches(public + conversations)
 
 
 def data_versions(shared: Path) -> dict[str, str]:

@@ -87,7 +87,14 @@ def format_latency(label: str, latencies_s: Sequence[float]) -> str:
 
 
 def format_report(report: EvalReport) -> str:
-    lines = [f"held-out examples: {report.num_examples}  accuracy: {report.accuracy:.2%}", ""]
+    real = [tally for source, tally in report.per_source.items() if not source.startswith("synth")]
+    num_real = sum(total for _, total in real)
+    real_accuracy = sum(correct for correct, _ in real) / num_real if num_real else 0.0
+    lines = [
+        f"held-out examples: {report.num_examples}  accuracy: {report.accuracy:.2%}",
+        f"real sources (no synthetic_*): {num_real}  accuracy: {real_accuracy:.2%}",
+        "",
+    ]
     lines.append(f"{'source (label)':34} {'n':>6} {'accuracy':>9}")
     for source, (correct, total) in sorted(report.per_source.items()):
         lines.append(f"{source:34} {total:6d} {correct / total:9.2%}")

@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.classifier.base import TaskGuess, uniform_scores
-from controller.classifier.features import FeatureSpec, bucket_indexes, request_buckets
+from controller.classifier.combiner import Combiner, combiner_inputs
+from controller.classifier.features import EMPTY, FeatureSpec, bucket_indexes, request_buckets
 from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import Task
 
@@ -29,7 +30,8 @@ class LinearClassifier:
     """Implements :class:`controller.classifier.base.Classifier`.
 
     ``weights`` has shape [num_tasks, num_buckets] and ``bias`` [num_tasks], rows in the
-    order of ``tasks``.
+    order of ``tasks``. With a ``combiner`` (segmented specs only), the per-segment scores
+    go through it instead of being added (``combiner.py``).
     """
 
     def __init__(
@@ -39,7 +41,10 @@ class LinearClassifier:
         weights: npt.NDArray[np.float32],
         bias: npt.NDArray[np.float32],
         max_chars: int = DEFAULT_MAX_CHARS,
+        combiner: Combiner | None = None,
     ) -> None:
+        if combiner is not None and not spec.is_segmented:
+            raise ValueError("a combiner needs a segmented feature spec")
         expected = (len(tasks), spec.num_buckets)
         if weights.shape != expected or bias.shape != (len(tasks),):
             raise ValueError(f"weights {weights.shape} / bias {bias.shape} do not fit {expected}")
@@ -48,6 +53,7 @@ class LinearClassifier:
         self.weights = np.ascontiguousarray(weights, dtype=np.float32)
         self.bias = bias.astype(np.float64)
         self.max_chars = max_chars
+        self.combiner = combiner
 
     def classify(self, body: Mapping[str, Any]) -> TaskGuess:
         start_s = time.perf_counter()
@@ -56,7 +62,8 @@ class LinearClassifier:
 
     def classify_text(self, text: str) -> TaskGuess:
         """Classify already-extracted text as a last user turn with no context."""
-        return self.classify_buckets([bucket_indexes(text, self.spec)])
+        buckets = bucket_indexes(text, self.spec)
+        return self.classify_buckets([buckets, EMPTY] if self.spec.is_segmented else [buckets])
 
     def classify_buckets(self, segments: list[npt.NDArray[np.intp]]) -> TaskGuess:
         """Classify per-segment buckets; no n-gram at all is chat with confidence 0."""
@@ -70,12 +77,21 @@ class LinearClassifier:
         return TaskGuess(self.tasks[best], float(probabilities[best]), scores, latency_s)
 
     def probabilities(self, segments: list[npt.NDArray[np.intp]]) -> npt.NDArray[np.float64]:
-        logits = self.bias.copy()
-        for buckets in segments:
-            if buckets.size:
-                # float32 accumulation (pairwise) is ~8 us faster than float64 at 4,000 chars.
-                sums = np.take(self.weights, buckets, axis=1).sum(axis=1).astype(np.float64)
-                logits += sums / np.sqrt(buckets.size)
-        sigmoid = 1.0 / (1.0 + np.exp(-logits))
+        scores = [self.segment_scores(buckets) for buckets in segments]
+        if self.combiner is not None:
+            (focus, context), (focus_scores, context_scores) = segments, scores
+            inputs = combiner_inputs(focus_scores, context_scores, focus.size, context.size)
+            return self.combiner.probabilities(inputs)
+        logits = self.bias + sum(scores)
+        sigmoid = 0.5 + 0.5 * np.tanh(0.5 * logits)  # = 1 / (1 + exp(-x)), cannot overflow
         result: npt.NDArray[np.float64] = sigmoid / sigmoid.sum()
+        return result
+
+    def segment_scores(self, buckets: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """``weights[:, buckets].sum(axis=1) / sqrt(N)`` without bias; zeros for no n-gram."""
+        if not buckets.size:
+            return np.zeros(len(self.tasks))
+        # float32 accumulation (pairwise) is ~8 us faster than float64 at 4,000 characters.
+        sums = np.take(self.weights, buckets, axis=1).sum(axis=1).astype(np.float64)
+        result: npt.NDArray[np.float64] = sums / np.sqrt(buckets.size)
         return result

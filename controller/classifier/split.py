@@ -15,3 +15,10 @@ def is_held_out(group: str, held_out_percent: int = DEFAULT_HELD_OUT_PERCENT) ->
     """
     digest = hashlib.sha256(group.encode("utf-8", "replace")).digest()
     return int.from_bytes(digest[:8], "big") % 100 < held_out_percent
+
+
+def fold_of(group: str, num_folds: int) -> int:
+    """The cross-fitting fold of a training group: bytes 8-16 of the same digest, so folds
+    are independent of the held-out split and keep a group's examples together."""
+    digest = hashlib.sha256(group.encode("utf-8", "replace")).digest()
+    return int.from_bytes(digest[8:16], "big") % num_folds

@@ -1,4 +1,7 @@
-"""Fit the linear classifier on the training split and write the artifact.
+"""Fit the classifier on the training split and write the artifact.
+
+Two stages: a linear model over hashed n-grams (SGD logistic regression), then, for
+segmented specs, the combiner MLP on out-of-fold segment scores (``stacking.py``).
 
 Reproducible: the split is a hash of each example's group, examples come in source order,
 and the optimiser is seeded. The manifest records the package versions and sha256 of the
@@ -27,6 +30,7 @@ from controller.classifier.corpus import data_versions
 from controller.classifier.dataset import Dataset
 from controller.classifier.features import FeatureSpec, request_buckets
 from controller.classifier.model import LinearClassifier
+from controller.classifier.stacking import fit_combiner, out_of_fold_features
 from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import TASKS
 
@@ -38,39 +42,53 @@ class TrainSettings:
     spec: FeatureSpec = field(default_factory=FeatureSpec)
     seed: int = 0
     # L2 penalty of the SGD logistic regression, and passes over the data.
-    alpha: float = 3e-6
+    alpha: float = 1e-6
     num_epochs: int = 15
+    # Averaged SGD: the final iterate moved held-out accuracy by up to 0.8 points between
+    # seeds (94.8-95.6%); the average by 0.2 (95.4-95.6%).
+    is_averaged: bool = True
     # None: "balanced" (1/frequency) scored 94.0% vs 94.6% and sent more chat to code.
     class_weight: str | None = None
+    # Hidden units of the combiner MLP (0: none, segment scores are added); needs segments.
+    num_hidden: int = 8
+    # Folds of the out-of-fold linear scores the combiner is fitted on.
+    num_folds: int = 5
 
 
-def feature_matrix(
+def segment_matrices(
     bodies: Iterable[Mapping[str, Any]],
     spec: FeatureSpec,
     max_chars: int = DEFAULT_MAX_CHARS,
     is_progress: bool = False,
-) -> sp.csr_matrix:
-    """Rows of bucket counts divided by sqrt(number of n-grams of the segment), summed over
-    a request's segments, as the model scores them."""
-    indptr = [0]
-    columns: list[npt.NDArray[np.intp]] = []
-    values: list[npt.NDArray[np.float32]] = []
+) -> tuple[list[sp.csr_matrix], list[npt.NDArray[np.intp]]]:
+    """Per segment: rows of bucket counts / sqrt(N), and N (the segment's n-gram count).
+
+    The model scores a request as the sum over its segments of ``weights @ row``.
+    """
+    rows: list[list[tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]]] = []
+    sizes: list[list[int]] = []
     progress = tqdm(bodies, desc="features", unit="ex", mininterval=2.0, disable=not is_progress)
     for body in progress:
-        num_entries = 0
-        for buckets in request_buckets(body, spec, max_chars):
+        segments = request_buckets(body, spec, max_chars)
+        if not rows:
+            rows, sizes = [[] for _ in segments], [[] for _ in segments]
+        for index, buckets in enumerate(segments):
             unique, counts = np.unique(buckets, return_counts=True)
-            columns.append(unique)
-            values.append((counts / np.sqrt(max(buckets.size, 1))).astype(np.float32))
-            num_entries += unique.size
-        indptr.append(indptr[-1] + num_entries)
-    data = np.concatenate(values) if values else np.zeros(0, np.float32)
-    indices = np.concatenate(columns) if columns else np.zeros(0, np.intp)
-    matrix = sp.csr_matrix(
-        (data, indices, np.array(indptr)), shape=(len(indptr) - 1, spec.num_buckets)
-    )
-    matrix.sum_duplicates()  # a bucket hit by both segments becomes one entry
-    return matrix
+            rows[index].append(
+                (unique, (counts / np.sqrt(max(buckets.size, 1))).astype(np.float32))
+            )
+            sizes[index].append(buckets.size)
+    matrices = [_csr(segment_rows, spec.num_buckets) for segment_rows in rows]
+    return matrices, [np.array(segment_sizes, dtype=np.intp) for segment_sizes in sizes]
+
+
+def _csr(
+    rows: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]], num_columns: int
+) -> sp.csr_matrix:
+    indptr = np.cumsum([0] + [columns.size for columns, _ in rows])
+    indices = np.concatenate([columns for columns, _ in rows])
+    data = np.concatenate([values for _, values in rows])
+    return sp.csr_matrix((data, indices, indptr), shape=(len(rows), num_columns))
 
 
 def labels(dataset: Dataset, rows: list[int]) -> npt.NDArray[np.int64]:
@@ -80,7 +98,27 @@ def labels(dataset: Dataset, rows: list[int]) -> npt.NDArray[np.int64]:
 def fit(dataset: Dataset, settings: TrainSettings, is_progress: bool = False) -> LinearClassifier:
     rows = dataset.subset(is_test=False)
     bodies = (dataset.examples[i].body for i in rows)
-    matrix = feature_matrix(bodies, settings.spec, dataset.max_chars, is_progress)
+    segments, sizes = segment_matrices(bodies, settings.spec, dataset.max_chars, is_progress)
+    matrix = sum(segments[1:], segments[0]).tocsr()
+    targets = labels(dataset, rows)
+    logger.info("fitting %d examples x %d buckets", matrix.shape[0], matrix.shape[1])
+    linear = fit_linear(matrix, targets, settings)
+    weights = linear.coef_.astype(np.float32)
+    bias = linear.intercept_.astype(np.float32)
+    combiner = None
+    if settings.num_hidden and settings.spec.is_segmented:
+        groups = [dataset.examples[i].group for i in rows]
+        features = out_of_fold_features(
+            segments, sizes, targets, groups,
+            lambda x, y: fit_linear(x, y, settings), settings.num_folds,
+        )  # fmt: skip
+        combiner = fit_combiner(features, targets, settings.num_hidden, settings.seed)
+    return LinearClassifier(settings.spec, TASKS, weights, bias, dataset.max_chars, combiner)
+
+
+def fit_linear(
+    matrix: sp.csr_matrix, targets: npt.NDArray[np.int64], settings: TrainSettings
+) -> SGDClassifier:
     model = SGDClassifier(
         loss="log_loss",
         alpha=settings.alpha,
@@ -88,12 +126,9 @@ def fit(dataset: Dataset, settings: TrainSettings, is_progress: bool = False) ->
         tol=None,
         random_state=settings.seed,
         class_weight=settings.class_weight,
+        average=settings.is_averaged,
     )
-    logger.info("fitting %d examples x %d buckets", matrix.shape[0], matrix.shape[1])
-    model.fit(matrix, labels(dataset, rows))
-    weights = model.coef_.astype(np.float32)
-    bias = model.intercept_.astype(np.float32)
-    return LinearClassifier(settings.spec, TASKS, weights, bias)
+    return model.fit(matrix, targets)
 
 
 def manifest(dataset: Dataset, settings: TrainSettings, shared_data: Path) -> dict[str, Any]:
@@ -106,6 +141,9 @@ def manifest(dataset: Dataset, settings: TrainSettings, shared_data: Path) -> di
         "seed": settings.seed,
         "alpha": settings.alpha,
         "num_epochs": settings.num_epochs,
+        "is_averaged": settings.is_averaged,
+        "num_hidden": settings.num_hidden if settings.spec.is_segmented else 0,
+        "num_folds": settings.num_folds,
         "class_weight": settings.class_weight,
         "data_versions": data_versions(shared_data),
         "num_train": len(train_rows),

@@ -45,6 +45,13 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="hash the whole request as one text (the pre-segment model, for comparison)",
     )
+    train.add_argument(
+        "--num-hidden",
+        type=int,
+        default=None,
+        help="hidden units of the combiner MLP; 0 adds the segment scores instead "
+        "(default: TrainSettings.num_hidden)",
+    )
     train.set_defaults(func=run_train)
     evaluate = actions.add_parser("eval", help="score an artifact on the held-out split")
     _add_data_args(evaluate)
@@ -103,6 +110,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         spec = replace(spec, num_bits=args.num_bits)
     if args.no_segments:
         spec = replace(spec, is_segmented=False)
+    if args.num_hidden is not None:
+        settings = replace(settings, num_hidden=args.num_hidden)
     return replace(settings, spec=spec)
 
 

@@ -1,6 +1,6 @@
 """What text the classifier reads from a request body."""
 
-from controller.classifier.text import clip, request_text
+from controller.classifier.text import clip, request_segments, request_text
 
 
 def chat(*messages: tuple[str, object]) -> dict[str, object]:
@@ -59,3 +59,17 @@ def test_huge_request_is_bounded_in_size_and_work() -> None:
 def test_malformed_messages_give_text_or_nothing_never_raise() -> None:
     assert request_text({"messages": [None, 3, {"role": "user", "content": None}]}) == ""
     assert request_text({"messages": [{"role": "assistant", "content": "only"}]}) == "only"
+
+
+def test_segments_split_the_last_turn_from_its_context() -> None:
+    body = chat(("system", "SYS"), ("user", "OLD"), ("assistant", "ANSWER"), ("user", "LAST"))
+    assert request_segments(body) == ("LAST", "SYS\nANSWER\nOLD")
+    assert request_segments({"prompt": "def f():"}) == ("def f():", "")
+    assert request_segments({"messages": []}) == ("", "")
+
+
+def test_segments_stay_within_the_budget_of_the_joined_text() -> None:
+    body = chat(("user", "a" * 3000), ("assistant", "b" * 3000), ("user", "c" * 3500))
+    focus, context = request_segments(body, max_chars=4000)
+    assert focus + "\n" + context == request_text(body, max_chars=4000)
+    assert len(focus) + len(context) + 1 <= 4000

@@ -32,7 +32,7 @@ def tiny_dataset():  # type: ignore[no-untyped-def]
 
 
 def test_fit_learns_a_tiny_corpus_and_survives_the_round_trip(tmp_path: Path) -> None:
-    settings = TrainSettings(spec=FeatureSpec(num_bits=12), alpha=1e-4, num_epochs=50)
+    settings = TrainSettings(spec=FeatureSpec(num_bits=12), alpha=1e-4, num_epochs=50, num_hidden=0)
     model = fit(tiny_dataset(), settings)
     for task, texts in ((Task.MATH, MATH), (Task.CODE, CODE), (Task.CHAT, CHAT)):
         assert [model.classify(user(t)).task for t in texts] == [task] * 3
@@ -64,4 +64,40 @@ def test_missing_or_mismatched_artifact_names_the_path(tmp_path: Path) -> None:
     manifest = tmp_path / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"num_bits": 8', '"num_bits": 9'))
     with pytest.raises(ArtifactError, match=r"weights\.npz"):
+        load_classifier(tmp_path)
+
+
+def test_segmented_flag_round_trips_and_old_manifests_load_unsegmented(tmp_path: Path) -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=8), num_epochs=2, num_hidden=0)
+    model = fit(tiny_dataset(), settings)
+    assert model.spec.is_segmented and model.combiner is None
+    save_artifact(model, tmp_path, {})
+    assert load_classifier(tmp_path).spec.is_segmented
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"is_segmented": true,', ""))
+    assert not load_classifier(tmp_path).spec.is_segmented
+
+
+def test_combiner_is_fitted_saved_and_loaded_with_the_same_scores(tmp_path: Path) -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=10), num_epochs=5, num_hidden=4, num_folds=2)
+    model = fit(tiny_dataset(), settings)
+    assert model.combiner is not None and model.combiner.w1.shape == (4, 8)
+    save_artifact(model, tmp_path, {})
+    loaded = load_classifier(tmp_path)
+    assert loaded.combiner is not None
+    body = {
+        "messages": [
+            {"role": "user", "content": "Write a poem about the sea."},
+            {"role": "assistant", "content": "The sea is wide."},
+            {"role": "user", "content": "Solve 3x + 5 = 20 for x."},
+        ]
+    }
+    before, after = model.classify(body).scores, loaded.classify(body).scores
+    assert all(np.isclose(before[t], after[t], atol=1e-2) for t in before)  # float16 weights
+    # A combiner reads segment scores: an unsegmented manifest cannot carry one.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        manifest.read_text().replace('"is_segmented": true', '"is_segmented": false')
+    )
+    with pytest.raises(ArtifactError, match="segmented"):
         load_classifier(tmp_path)
