@@ -87,10 +87,14 @@ def run_upstream(port: int, num_chunks: int, interval_s: float) -> None:
         body = await request.json()
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        for _ in range(num_chunks - 1):
+        # Paced: chunk i goes out at start + i * interval (a late wake-up does not push the
+        # rest of the stream back, so the stream's length does not depend on the load).
+        loop = asyncio.get_running_loop()
+        start_s = loop.time()
+        for i in range(1, num_chunks):
             await resp.write(body_chunk)
             if interval_s:
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(max(0.0, start_s + i * interval_s - loop.time()))
         await resp.write(_sse(last))
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(_sse(usage))

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from controller.config import ServerConfig
@@ -171,7 +171,14 @@ class Gateway:
         check_length(request.headers.get("content-length"), limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        receive = request.receive  # what request.stream() wraps, minus its async generator
+        more_body = True
+        while more_body:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            more_body = message.get("more_body", False)
             size += len(chunk)
             if size > limit:
                 raise body_too_large(size, limit)
@@ -243,7 +250,7 @@ class Gateway:
             time.monotonic(), plan.task, backend.name, outcome, tpot_s
         )
         if accept is not None:
-            self.metrics.accept_length.labels(plan.task.value, backend.name).set(accept)
+            self.metrics.set_accept_length(plan.task.value, backend.name, accept)
         try:
             plan.running.learn(plan.task, k, outcome, max(1, plan.concurrency), tpot_s)
         except Exception:

@@ -62,15 +62,26 @@ class Metrics:
             ["component"],
             registry=r,
         )
-        self._children: dict[tuple[str, ...], Counter] = {}
+        self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
+        self._accept: dict[tuple[str, str], Gauge] = {}
 
     def count_request(self, task: str, backend: str, spec_tokens: int) -> None:
-        key = ("r", task, backend, str(spec_tokens))
-        if key not in self._children:
-            self._children[key] = self.requests.labels(task, backend)
-            self._children[("k", *key[1:])] = self.spec_tokens_chosen.labels(task, str(spec_tokens))
-        self._children[key].inc()
-        self._children[("k", *key[1:])].inc()
+        key = (task, backend, spec_tokens)
+        children = self._counted.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(task, backend),
+                self.spec_tokens_chosen.labels(task, str(spec_tokens)),
+            )
+            self._counted[key] = children
+        children[0].inc()
+        children[1].inc()
+
+    def set_accept_length(self, task: str, backend: str, value: float) -> None:
+        gauge = self._accept.get((task, backend))
+        if gauge is None:
+            gauge = self._accept[(task, backend)] = self.accept_length.labels(task, backend)
+        gauge.set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

