@@ -353,6 +353,7 @@ def _round(
         # The other core's work per request: upstream plus load generator.
         "direct_other_core_cpu_ms_per_request": use[f"{up_pid}_cpu_ms_per_request"]
         + use["loadgen_cpu_ms_per_request"],
+        "direct_upstream_runqueue_wait_share": use[f"{up_pid}_wait_share"],
     }
     for name in ("draftctl", "reference"):
         url, pid = targets[name]
@@ -450,12 +451,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--chunks", type=int, default=64, help="SSE chunks per response")
     parser.add_argument(
-        "--interval-ms", type=float, default=10.0, help="paced: upstream pause between chunks"
+        "--interval-ms", type=float, default=20.0, help="paced: upstream pause between chunks"
     )
     parser.add_argument(
         "--paced-seconds", type=float, default=15.0, help="paced: about this long per run"
     )
-    parser.add_argument("--paced-min-requests", type=int, default=40)
+    parser.add_argument("--paced-min-requests", type=int, default=30)
     parser.add_argument(
         "--hint",
         choices=["math", "code", "chat"],

@@ -22,6 +22,8 @@ from engines.base import Annotator, Outcome
 OutcomeReader = Callable[[dict[str, Any]], Outcome | None]
 
 _DONE = b"data: [DONE]"
+# json.dumps() with any non-default argument builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 _SEP = b"\n\n"
 
 
@@ -163,7 +165,7 @@ def _with_draftctl(obj: dict[str, Any], event: bytes, annotation: dict[str, Any]
     """
     data = event.rstrip()
     if obj and "draftctl" not in obj and data.endswith(b"}"):
-        extra = json.dumps(annotation, separators=(",", ":")).encode()
+        extra = _COMPACT.encode(annotation).encode()
         return data[:-1] + b',"draftctl":' + extra + b"}" + _SEP
     obj = {**obj, "draftctl": annotation}
     return b"data: " + json.dumps(obj).encode() + _SEP
