@@ -14,6 +14,7 @@ scores the linear stage gives to text it has not seen. Plain numpy; a few micros
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,11 +44,15 @@ class Combiner:
             raise ValueError(f"combiner shapes {shapes} do not fit {expected}")
 
     def probabilities(self, inputs: Array) -> Array:
-        hidden = np.maximum(self.w1 @ inputs + self.b1, 0.0)
-        logits = self.w2 @ hidden + self.b2
-        exp = np.exp(logits - logits.max())
-        result: Array = exp / exp.sum()
-        return result
+        hidden = self.w1 @ inputs
+        hidden += self.b1
+        np.maximum(hidden, 0.0, out=hidden)
+        logits = self.w2 @ hidden
+        logits += self.b2
+        logits -= logits.max()
+        np.exp(logits, out=logits)
+        logits /= logits.sum()
+        return logits
 
     def arrays(self) -> dict[str, Array]:
         return {"combiner_w1": self.w1, "combiner_b1": self.b1,
@@ -58,8 +63,12 @@ def combiner_inputs(
     focus_scores: Array, context_scores: Array, num_focus: int, num_context: int
 ) -> Array:
     """The 8 inputs of the combiner for one request (see the module docstring)."""
-    sizes = np.log1p([num_focus, num_context]) / LENGTH_SCALE
-    return np.concatenate([focus_scores, context_scores, sizes])
+    inputs = np.empty(NUM_INPUTS)
+    inputs[0:3] = focus_scores
+    inputs[3:6] = context_scores
+    inputs[6] = math.log1p(num_focus) / LENGTH_SCALE
+    inputs[7] = math.log1p(num_context) / LENGTH_SCALE
+    return inputs
 
 
 def combiner_from_arrays(arrays: dict[str, Array]) -> Combiner | None:

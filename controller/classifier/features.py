@@ -59,25 +59,32 @@ class FeatureSpec:
         return 1 << self.num_bits
 
 
-def text_bytes(text: str, spec: FeatureSpec) -> npt.NDArray[np.uint32]:
+def text_bytes(text: str, spec: FeatureSpec) -> npt.NDArray[np.uint8]:
     if spec.is_lowercase:
         text = text.lower()
-    raw = text.encode("utf-8", "replace")
-    return np.frombuffer(raw, dtype=np.uint8).astype(np.uint32)
+    return np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
 
 
 def bucket_indexes(text: str, spec: FeatureSpec, segment: int = 0) -> npt.NDArray[np.intp]:
     """The bucket of every byte n-gram of ``text``, n-gram sizes concatenated (shape [N])."""
     if not text:
         return EMPTY  # the usual context of a single-turn request: skip ~10 us of numpy calls
-    data = text_bytes(text, spec)
+    return byte_buckets(text_bytes(text, spec), spec, segment, spec.ngram_sizes)
+
+
+def byte_buckets(
+    data: npt.NDArray[np.uint8], spec: FeatureSpec, segment: int, sizes: tuple[int, ...]
+) -> npt.NDArray[np.intp]:
+    """The buckets of the byte n-grams of ``data`` for the n-gram ``sizes`` (a subset of the
+    spec's), in the order of ``sizes``."""
+    data32 = data.astype(np.uint32)
     shift = np.uint32(32 - spec.num_bits)
     parts: list[npt.NDArray[np.uint32]] = []
-    rolling = data
-    for n in range(1, max(spec.ngram_sizes) + 1):
+    rolling = data32
+    for n in range(1, max(sizes, default=0) + 1):
         if n > 1:
-            rolling = rolling[:-1] * PRIME + data[n - 1 :]
-        if n in spec.ngram_sizes and rolling.size:
+            rolling = rolling[:-1] * PRIME + data32[n - 1 :]
+        if n in sizes and rolling.size:
             salt = np.uint32((n * SALT + segment * SEGMENT_SALT) % 2**32)
             parts.append(((rolling + salt) * MULTIPLIER) >> shift)
     if not parts:
@@ -85,15 +92,26 @@ def bucket_indexes(text: str, spec: FeatureSpec, segment: int = 0) -> npt.NDArra
     return np.concatenate(parts).astype(np.intp)
 
 
+def unigram_buckets(spec: FeatureSpec, segment: int) -> npt.NDArray[np.intp]:
+    """[256]: the bucket of each byte value as a 1-gram of ``segment``."""
+    return byte_buckets(np.arange(256, dtype=np.uint8), spec, segment, (1,))
+
+
+def request_texts(body: Mapping[str, Any], spec: FeatureSpec, max_chars: int) -> list[str]:
+    """The text of each segment of a request: ``[request_text]`` for an unsegmented spec,
+    ``[last user turn or prompt, context]`` for a segmented one (``text.request_segments``)."""
+    if not spec.is_segmented:
+        return [request_text(body, max_chars)]
+    return list(request_segments(body, max_chars))
+
+
 def request_buckets(
     body: Mapping[str, Any], spec: FeatureSpec, max_chars: int
 ) -> list[npt.NDArray[np.intp]]:
     """The buckets of a request, one array per segment, each scored with its own 1/sqrt(N).
 
-    Unsegmented: one array for the whole ``request_text``. Segmented: the last user turn
-    (segment 0) and the context (segment 1), so a long history cannot drown a short question.
+    Segmented specs read the last user turn (segment 0) apart from the context (segment 1),
+    so a long history cannot drown a short question.
     """
-    if not spec.is_segmented:
-        return [bucket_indexes(request_text(body, max_chars), spec)]
-    focus, context = request_segments(body, max_chars)
-    return [bucket_indexes(focus, spec, 0), bucket_indexes(context, spec, 1)]
+    texts = request_texts(body, spec, max_chars)
+    return [bucket_indexes(text, spec, segment) for segment, text in enumerate(texts)]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import subprocess
+import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -118,12 +122,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 def run_eval(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import ArtifactError, load_classifier
     from controller.classifier.dataset import load_dataset
-    from controller.classifier.evaluation import (
-        evaluate,
-        format_latency,
-        format_report,
-        long_prompt_latencies_s,
-    )
+    from controller.classifier.evaluation import evaluate, format_report
 
     try:
         classifier = load_classifier(args.artifact)
@@ -131,10 +130,19 @@ def run_eval(args: argparse.Namespace) -> int:
     except (ArtifactError, MissingDataError) as error:
         logger.error("%s", error)
         return 2
-    rows = dataset.subset(is_test=True)
-    print(format_report(evaluate(classifier, [dataset.examples[i] for i in rows])))
-    texts = [dataset.texts[i] for i in rows]
-    num_chars = classifier.max_chars
-    latencies_s = long_prompt_latencies_s(classifier, texts, num_chars)
-    print(format_latency(f"latency per {num_chars}-character prompt", latencies_s))
-    return 0
+    examples = [dataset.examples[i] for i in dataset.subset(is_test=True)]
+    print(format_report(evaluate(classifier, examples), has_latency=False))
+    return measure_latency(examples, args.artifact)
+
+
+def measure_latency(examples: list[Any], artifact: Path | None) -> int:
+    """Time the held-out requests in a child process (see controller/classifier/latency.py)."""
+    with tempfile.TemporaryDirectory() as folder:
+        requests = Path(folder) / "held_out.jsonl"
+        with requests.open("w", encoding="utf-8") as out:
+            for example in examples:
+                out.write(json.dumps(example.body) + "\n")
+        command = [sys.executable, "-m", "controller.classifier.latency", str(requests)]
+        if artifact is not None:
+            command += ["--artifact", str(artifact)]
+        return subprocess.run(command, check=False).returncode
