@@ -63,3 +63,45 @@ def test_scores_are_probabilities(classifier: LinearClassifier) -> None:
     assert abs(sum(guess.scores.values()) - 1.0) < 1e-9
     assert guess.confidence == max(guess.scores.values())
     assert guess.latency_s > 0
+
+
+CODE_ANSWER = (
+    "Here is the function:\n```python\ndef load(path):\n    with open(path) as f:\n"
+    "        return json.load(f)\n```\nIt reads the file and parses it."
+)
+PROSE_ANSWER = (
+    "The French Revolution began in 1789 and reshaped politics across Europe. It ended the "
+    "monarchy and spread ideas of citizenship."
+)
+
+
+@pytest.mark.parametrize(
+    ("first", "answer", "last", "task"),
+    [
+        # A bare follow-up continues in the style of the previous answer...
+        ("Write a Python function that loads a JSON file", CODE_ANSWER, "continue", Task.CODE),
+        ("Tell me about the French Revolution", PROSE_ANSWER, "continue", Task.CHAT),
+        # ...while a self-contained request is read on its own (docs/classifier.md).
+        (
+            "Write a Python function that loads a JSON file",
+            CODE_ANSWER,
+            "Thanks! Now write a short poem about autumn leaves.",
+            Task.CHAT,
+        ),
+        (
+            "Tell me about the French Revolution",
+            PROSE_ANSWER,
+            "Write a Python script that prints the years of the revolution",
+            Task.CODE,
+        ),
+    ],
+)
+def test_follow_ups_use_the_context_and_topic_switches_do_not(
+    classifier: LinearClassifier, first: str, answer: str, last: str, task: Task
+) -> None:
+    messages = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": last},
+    ]
+    assert classifier.classify({"messages": messages}).task == task
