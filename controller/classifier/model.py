@@ -98,8 +98,11 @@ class LinearClassifier:
                 combiner_inputs(focus, context, num_focus, num_context)
             )
         logits = self.bias + sum(scores for scores, _ in scored)
-        sigmoid = 0.5 + 0.5 * np.tanh(0.5 * logits)  # = 1 / (1 + exp(-x)), cannot overflow
-        result: npt.NDArray[np.float64] = sigmoid / sigmoid.sum()
+        # Each class's sigmoid, normalised; in log space, so that very negative logits
+        # neither overflow exp nor all round to 0 (0 / 0).
+        log_sigmoid = -np.logaddexp(0.0, -logits)
+        result: npt.NDArray[np.float64] = np.exp(log_sigmoid - log_sigmoid.max())
+        result /= result.sum()
         return result
 
     def segment_scores(self, text: str, segment: int) -> tuple[npt.NDArray[np.float64], int]:

@@ -1,5 +1,9 @@
+import numpy as np
+
 from controller.classifier import ClassifierConfig, TaskGuess, apply_threshold
-from policies.types import Task
+from controller.classifier.features import FeatureSpec
+from controller.classifier.model import LinearClassifier
+from policies.types import TASKS, Task
 
 SCORES = {Task.MATH: 0.5, Task.CODE: 0.3, Task.CHAT: 0.2}
 
@@ -25,3 +29,12 @@ def test_config_defaults_and_unknown_keys() -> None:
         assert "min_confidance" in str(error)
     else:
         raise AssertionError("unknown key accepted")
+
+
+def test_linear_probabilities_stay_finite_for_extreme_logits() -> None:
+    spec = FeatureSpec(ngram_sizes=(1,), num_bits=8, is_segmented=False)
+    weights = np.zeros((3, 256), dtype=np.float32)
+    bias = np.array([-900.0, -800.0, -1000.0], dtype=np.float32)  # every sigmoid rounds to 0
+    guess = LinearClassifier(spec, TASKS, weights, bias).classify({"prompt": "hello"})
+    assert guess.task == TASKS[1] and np.isfinite(list(guess.scores.values())).all()
+    assert abs(sum(guess.scores.values()) - 1.0) < 1e-9
