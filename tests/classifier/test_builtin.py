@@ -1,8 +1,10 @@
 """The committed artifact: robustness cases with defined answers (docs/classifier.md)."""
 
+import numpy as np
 import pytest
 
 from controller.classifier import apply_threshold, load_classifier
+from controller.classifier.features import bucket_indexes
 from controller.classifier.model import LinearClassifier
 from policies.types import Task
 
@@ -105,3 +107,13 @@ def test_follow_ups_use_the_context_and_topic_switches_do_not(
         {"role": "user", "content": last},
     ]
     assert classifier.classify({"messages": messages}).task == task
+
+
+def test_byte_histogram_scores_equal_the_gathered_sum(classifier: LinearClassifier) -> None:
+    text = "Ünïcode, code: def f(x):\n    return x ** 2  # and prose\n" * 30
+    for segment in (0, 1):
+        buckets = bucket_indexes(text, classifier.spec, segment)
+        gathered = classifier.weights[:, buckets].sum(axis=1) / np.sqrt(buckets.size)
+        scores, num_ngrams = classifier.segment_scores(text, segment)
+        assert num_ngrams == buckets.size
+        assert np.allclose(scores, gathered, atol=1e-4)
