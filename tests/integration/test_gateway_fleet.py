@@ -108,7 +108,9 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     started, stop = threading.Event(), threading.Event()
 
     def consume() -> None:
-        args = chat_args("code", max_tokens=60, temperature=1.0)
+        # Long enough (the server's max-model-len is 512) to outlast the test body on a fast,
+        # idle machine; the consumer stops reading (and the gateway aborts it) at teardown.
+        args = chat_args("code", max_tokens=440, temperature=1.0)
         with client(gateway).chat.completions.create(stream=True, **args) as stream:
             for _ in stream:
                 started.set()
