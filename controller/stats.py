@@ -215,7 +215,8 @@ class LiveStats:
         accept = self.task_accept_length(task, now_s)
         if spec and plain and accept is not None:
             return speedup_from_steps(accept, plain, spec)
-        return speedup_for_task(tpots, k_by_backend)
+        concurrency = self._history[-1][1] if self._history else 1
+        return speedup_for_task(tpots, k_by_backend, accept, concurrency)
 
     def _backend_view(self, backend: Backend, now_s: float) -> dict[str, Any]:
         mine = [c for (_, b), c in self._cells.items() if b == backend.name]

@@ -75,6 +75,20 @@ def test_speedup_from_tpot_needs_both_pools() -> None:
     assert result["is_estimate"] is False
 
 
+def test_speedup_without_a_no_spec_pool_is_a_labelled_cost_model_estimate() -> None:
+    k = {"k7": 7}
+    assert speedup_for_task({"k7": [0.01]}, k)["value"] is None  # no acceptance reported
+    result = speedup_for_task({"k7": [0.01, 0.01]}, k, accept_length=3.0, concurrency=1)
+    assert result["method"] == "cost-model-estimate" and result["is_estimate"] is True
+    # RelativeCost at batch 1, width 8: plain 1.0, speculative 1.15 + 0.0045 * 7.
+    assert result["value"] == round(3.0 / (1.15 + 0.0045 * 7), 3)
+    busy = speedup_for_task({"k7": [0.01]}, k, accept_length=3.0, concurrency=64)
+    assert busy["value"] < result["value"]  # verification costs more under load
+    # A measured k=0 pool wins over the estimate.
+    measured = speedup_for_task({"k0": [0.03], "k7": [0.01]}, {"k0": 0, "k7": 7}, 3.0)
+    assert measured["method"] == "tpot-vs-no-spec-pool"
+
+
 def test_step_time_speedup_for_the_embedded_engine() -> None:
     stats = LiveStats(window_s=60, started_s=0.0)
     outcome = Outcome(
