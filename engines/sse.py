@@ -55,11 +55,11 @@ def _first_marker(block: bytes) -> int:
     Each search after a hit only scans up to that hit; no list or generator per call.
     """
     first = -1
-    end = len(block)
     for marker in _MARKERS:
-        i = block.find(marker, 0, end)
+        # One-argument find() until a hit: bounds cost an argument-parsing call per search.
+        i = block.find(marker) if first < 0 else block.find(marker, 0, first)
         if i >= 0:
-            first = end = i
+            first = i
     return first
 
 
@@ -78,6 +78,10 @@ class SseAnnotator:
         self.is_done = False
 
     def feed(self, data: bytes) -> bytes:
+        if not self._pending and self._held is None and data.endswith(_SEP):
+            # The common read: whole events, nothing held. Pass it on if it has no marker.
+            if _first_marker(data) < 0:
+                return data
         buffer = self._pending + data if self._pending else data
         end = buffer.rfind(_SEP)
         if end < 0:
