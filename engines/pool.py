@@ -1,10 +1,11 @@
-"""A pool of vLLM or SGLang servers started with one fixed k, reached over HTTP (aiohttp).
+"""A pool of vLLM or SGLang servers started with one fixed k, reached over HTTP.
 
 Within a pool a request goes to the healthy server with the fewest requests in flight.
 A server that refuses a connection or answers 5xx before the first byte is marked down and
 the next one is tried; when none is left the pool raises BackendUnavailable and the gateway
 moves on to another pool. A periodic ``GET /health`` takes servers out and puts them back.
 After the first byte a failure ends the client's stream with an error event, never a hang.
+Requests and health checks go through engines/http_upstream.py (keep-alive, httptools).
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-import aiohttp
 
 from controller.config import RemotePool
 from engines.base import (
@@ -25,19 +24,20 @@ from engines.base import (
     BackendResponse,
     BackendUnavailable,
 )
+from engines.http_upstream import HttpUpstream, UpstreamError, UpstreamResponse
 from engines.outcome_readers import reader_for, request_extras
 from engines.sse import SseAnnotator, merge_outcome
 
 log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-_JSON = {"content-type": "application/json"}
-_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+_UPSTREAM_ERRORS = (UpstreamError, TimeoutError, ConnectionError)
 
 
 @dataclass
 class ServerSlot:
     url: str
+    upstream: HttpUpstream = field(repr=False)
     is_healthy: bool = True
     num_inflight: int = 0
 
@@ -52,9 +52,11 @@ class PoolBackend:
         self.model = config.model
         self.block_size = config.block_size
         self.spec_tokens: int | None = config.spec_tokens
-        self.slots = [ServerSlot(url) for url in config.urls]
+        self.slots = [
+            ServerSlot(url, HttpUpstream(url, config.connect_timeout_s, config.timeout_s))
+            for url in config.urls
+        ]
         self._read_outcome = reader_for(config.kind)
-        self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._turn = 0
 
@@ -65,18 +67,6 @@ class PoolBackend:
         return sum(s.num_inflight for s in self.slots)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s
-        )
-        # No cookie jar: cookies one client's upstream response set must not ride along on
-        # other clients' requests (and filtering them costs time on every request).
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop(), name=f"health-{self.name}")
 
@@ -84,18 +74,22 @@ class PoolBackend:
         if self._health_task is not None:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        for slot in self.slots:
+            slot.upstream.close()
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(slot) for slot in self.slots))
 
     async def _check(self, slot: ServerSlot) -> None:
-        assert self._session is not None, "start() first"
-        timeout = aiohttp.ClientTimeout(total=min(self.config.health_interval_s, 5.0))
+        timeout_s = min(self.config.health_interval_s, 5.0)
         try:
-            async with self._session.get(slot.url + "/health", timeout=timeout) as resp:
-                is_up = resp.status == 200
+            async with asyncio.timeout(timeout_s):
+                resp = await slot.upstream.request("GET", "/health")
+                try:
+                    await resp.read_all()
+                finally:
+                    resp.release()
+            is_up = resp.status == 200
         except _UPSTREAM_ERRORS:
             is_up = False
         if is_up != slot.is_healthy:
@@ -153,14 +147,11 @@ class PoolBackend:
         The slot's in-flight count is released here unless a stream was handed over (its
         relay releases it), also when the caller is cancelled (a timeout).
         """
-        assert self._session is not None, "start() first"
         slot.num_inflight += 1
         is_handed_over = False
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
         try:
-            resp = await self._session.post(
-                slot.url + _PATHS[request.endpoint], data=payload, headers=_JSON
-            )
+            resp = await slot.upstream.request("POST", _PATHS[request.endpoint], payload)
             if resp.status >= 500:
                 self._mark_down(slot, f"HTTP {resp.status} before the first byte")
                 return None
@@ -178,10 +169,10 @@ class PoolBackend:
                 if resp is not None:
                     resp.close()
 
-    async def _whole(self, resp: aiohttp.ClientResponse, annotate: Annotator) -> BackendResponse:
-        raw = await resp.read()
+    async def _whole(self, resp: UpstreamResponse, annotate: Annotator) -> BackendResponse:
+        raw = await resp.read_all()
         resp.release()
-        media_type = resp.headers.get("content-type", "application/json")
+        media_type = resp.header("content-type", "application/json")
         response = BackendResponse(resp.status, media_type, _once(raw))
         if resp.status != 200:
             return response
@@ -197,13 +188,13 @@ class PoolBackend:
     async def _stream(
         self,
         slot: ServerSlot,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         annotate: Annotator,
         wants_usage: bool,
     ) -> BackendResponse:
-        first = await resp.content.readany()  # retryable until this arrives
+        first = await resp.read()  # retryable until this arrives
         if not first:
-            raise aiohttp.ClientPayloadError("stream closed before the first byte")
+            raise UpstreamError("stream closed before the first byte")
         annotator = SseAnnotator(annotate, self._read_outcome, wants_usage)
         lease = _Lease(slot, resp)
         response = BackendResponse(200, "text/event-stream", _once(b""), annotator.outcome)
@@ -218,7 +209,7 @@ class PoolBackend:
         first: bytes,
         response: BackendResponse,
     ) -> AsyncIterator[bytes]:
-        read = lease.resp.content.readany  # what iter_any() wraps, minus one layer per read
+        read = lease.resp.read
         is_clean = False
         try:
             data = first
@@ -248,7 +239,7 @@ class PoolBackend:
 class _Lease:
     """One stream's hold on a server slot and an upstream connection; ``end`` is idempotent."""
 
-    def __init__(self, slot: ServerSlot, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, slot: ServerSlot, resp: UpstreamResponse) -> None:
         self.slot = slot
         self.resp = resp
         self.is_ended = False
