@@ -1,8 +1,10 @@
 """Watch the live policy file and reload it into the store when it changes.
 
 Polling, not inotify: it works the same on every filesystem, in containers and on bind
-mounts, and a policy file is tiny. Each poll reads the file's signature (mtime, size and a
-hash of the contents, so a same-size edit inside one mtime tick is still seen). A change is
+mounts, and a policy file is tiny. Each poll reads the file's signature: mtime and size
+from one ``stat``, plus a hash of the contents when those changed or the mtime is younger
+than ``_FRESH_NS`` (a same-size edit inside one mtime tick is still seen; an idle daemon
+does not read and hash the file four times a second). A change is
 applied only after the signature has stayed the same for ``debounce_s``: editors that
 truncate then write, or write a temp file then rename, settle first. The store ignores text
 that is already running (e.g. its own writes after an admin API change). An invalid file is
@@ -22,6 +24,9 @@ from controller.policy_store import PolicyStore
 from policies.validation import InvalidDocument
 
 log = logging.getLogger(__name__)
+
+# A file modified less than this long ago (wall clock) is read and hashed on every poll.
+_FRESH_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class PolicyWatcher:
         self._debounce_s = debounce_s
         self._poll_s = poll_s
         self._clock = clock
-        self._seen, _ = self._read()
+        self._seen, self._data = self._read(None)
         self._changed_at: float | None = None
         self.num_reloads = 0
         self.num_invalid = 0
@@ -62,14 +67,15 @@ class PolicyWatcher:
     def poll_once(self) -> None:
         """One poll: note a change, or apply it once it has settled for ``debounce_s``."""
         now = self._clock()
-        signature, data = self._read()
+        signature, data = self._read(self._seen)
         if signature != self._seen:
-            self._seen = signature
+            self._seen, self._data = signature, data
             self._changed_at = now
             return
         if self._changed_at is None or now - self._changed_at < self._debounce_s:
             return
         self._changed_at = None
+        data = self._data
         if data is None:
             log.warning("policy file %s is missing; the running policy stays", self._store.path)
             return
@@ -85,10 +91,17 @@ class PolicyWatcher:
         if version != before:
             self.num_reloads += 1
 
-    def _read(self) -> tuple[FileSignature | None, bytes | None]:
+    def _read(self, seen: FileSignature | None) -> tuple[FileSignature | None, bytes | None]:
+        """The file's signature and bytes; ``seen`` and no bytes if it cannot have changed."""
         path = self._store.path
         try:
             stat = path.stat()
+            if (
+                seen is not None
+                and (stat.st_mtime_ns, stat.st_size) == (seen.mtime_ns, seen.size_bytes)
+                and time.time_ns() - stat.st_mtime_ns > _FRESH_NS
+            ):
+                return seen, None
             data = path.read_bytes()
         except FileNotFoundError:
             return None, None

@@ -1,4 +1,10 @@
-"""``draftctl config check PATH`` and ``draftctl config schema``."""
+"""``draftctl config check PATH`` and ``draftctl config schema``.
+
+``check`` validates the config file and then the policy file it points to (``policy.path``),
+the way ``draftctl serve`` would load it. Problems in the policy file are printed in the
+same ``<dotted.key>: <message> (line N)`` form, prefixed with ``policy file <path>:``.
+A missing policy file is fine: ``serve`` creates it with the default policy.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,19 @@ import json
 import sys
 from pathlib import Path
 
-from controller.config import config_schema, load_config
-from policies.validation import InvalidDocument
+from controller.config import Config, RemotePool, config_schema, load_config
+from controller.policy_state import RunningPolicy
+from controller.policy_store import validate_policy_text
+from policies.validation import InvalidDocument, Problem
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("config", help="check a config file or print its schema")
     sub = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    check = sub.add_parser("check", help="validate a config file: prints ok or one line a problem")
+    check = sub.add_parser(
+        "check",
+        help="validate a config file and its policy file: prints ok or one line a problem",
+    )
     check.add_argument("path", type=Path)
     check.set_defaults(func=check_command)
     schema = sub.add_parser("schema", help="print the config file's JSON Schema")
@@ -23,13 +34,49 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def check_command(args: argparse.Namespace) -> int:
     try:
-        load_config(args.path)
+        config = load_config(args.path)
     except InvalidDocument as exc:
-        for problem in exc.problems:
-            sys.stdout.write(f"{problem}\n")
+        _print(exc.problems, "")
+        return 1
+    problems = policy_problems(config)
+    if problems:
+        _print(problems, f"policy file {config.policy.path}: ")
         return 1
     sys.stdout.write("ok\n")
     return 0
+
+
+def policy_problems(config: Config) -> list[Problem]:
+    """What is wrong with the policy file ``config`` points to (empty: fine or absent)."""
+    path = config.policy.path
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        return [Problem("", f"cannot read it: {exc.strerror}")]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [Problem("", f"the file is not UTF-8 text (bad byte at offset {exc.start})")]
+    try:
+        spec = validate_policy_text(text)
+    except InvalidDocument as exc:
+        return exc.problems
+    # An embedded backend's block size comes from its draft model, which check does not load.
+    pools = [b.block_size for b in config.backends if isinstance(b, RemotePool)]
+    block_size = max(pools, default=16)
+    try:
+        # What serve does next: e.g. a goodput cost_table that cannot be read fails here.
+        RunningPolicy.build(0, spec, block_size, path.parent)
+    except (ValueError, OSError) as exc:
+        return [Problem(spec.kind, str(exc))]
+    return []
+
+
+def _print(problems: list[Problem], prefix: str) -> None:
+    for problem in problems:
+        sys.stdout.write(f"{prefix}{problem}\n")
 
 
 def schema_command(args: argparse.Namespace) -> int:
