@@ -3,12 +3,19 @@
 The engine calls the controller on its own thread, so everything it reads is captured when
 the request starts (the policy object, windowed acceptance estimates) or comes with the
 step (the request's own history, the batch size). A failing policy gives k = 0 and counts.
+
+The goodput policy is batch-aware here: the engine verifies every row of a step at the widest
+row's width and drafts for every row once any row drafts, so one k per step is chosen for the
+whole batch (``policies.batch_width.BatchWidth``, one per engine thread) and every row gets
+it; the decision is made on the step's first call and the other rows' calls are lookups.
+Other policies are asked per request.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +24,8 @@ from controller.metrics import Metrics
 from controller.policy_state import RunningPolicy
 from controller.stats import LiveStats
 from engines.embedded.events import RequestView
+from policies.batch_width import BatchWidth
+from policies.online import OnlineModels
 from policies.types import Observation, StepCost, Task
 
 log = logging.getLogger(__name__)
@@ -39,12 +48,26 @@ class RequestSteps:
     rng: random.Random = field(default_factory=random.Random)
 
     def __call__(self, view: RequestView) -> int:
-        if view.step_index == 0:
+        if self.running.models is not None:
+            k = self._shared(view)
+        elif view.step_index == 0:
             k = self.first_spec_tokens  # the gateway's decision, as told to the client
         else:
             k = self._decide(view)
         self.spec_tokens.append(k)
         return k
+
+    def _shared(self, view: RequestView) -> int:
+        """The step's shared k from this engine thread's planner (goodput policy)."""
+        try:
+            width, models = _engine_planner(self.running, self.block_size)
+            return width.spec_tokens(
+                view.request_id, self.task, view.batch_size, view.accept_lengths, models.observe
+            )
+        except Exception:
+            log.exception("batch planner failed on a step; drafting off for this step")
+            self.metrics.degraded.labels("policy").inc()
+            return 0
 
     def _decide(self, view: RequestView) -> int:
         lo, hi = self.running.spec.bounds_for(self.block_size)
@@ -72,6 +95,21 @@ class RequestSteps:
             log.exception("policy failed on a step; drafting off for this step")
             self.metrics.degraded.labels("policy").inc()
             return 0
+
+
+_threads = threading.local()
+
+
+def _engine_planner(running: RunningPolicy, block_size: int) -> tuple[BatchWidth, OnlineModels]:
+    """The planner of the calling engine thread, rebuilt when a newer policy version arrives
+    (rows of older versions then join it) or the block size changes."""
+    assert running.models is not None
+    held = getattr(_threads, "planner", None)
+    if held is None or held[0] < running.version or held[1] != block_size:
+        lo, hi = running.spec.bounds_for(block_size)
+        width = BatchWidth(running.models.spec, block_size, lo, hi, random.Random().random)
+        held = _threads.planner = (running.version, block_size, width, running.models)
+    return held[2], held[3]
 
 
 StepControllerFactory = Callable[[Task, float, int, int], RequestSteps]

@@ -13,7 +13,11 @@ row has seen steps of clearly different predicted cost (e.g. plain and drafting 
 separates a per-step host overhead, which scales nothing, from a factor on the forward;
 until then, or when the fit is implausible, the overhead is 0 and the scale is the ratio of
 means. An overhead matters for the choice of k: it makes wide verifies relatively cheaper.
-Predictions interpolate scale and overhead between rows. Plain data; the one
+A configured host overhead (``prior_overhead_s`` + batch size x ``prior_overhead_per_request_s``:
+scheduling, sampling, the policy's own time, which the table's graph-replay times leave out)
+is added from the start and stands in until a row's fit separates one of its own; the
+ratio-of-means scale is then taken on the time above it. Predictions interpolate scale and
+overhead between rows. Plain data; the one
 function that reads a file, ``load_cost_table``, is for the daemon and tools, never a policy.
 """
 
@@ -147,19 +151,24 @@ class RowFit:
         self.sum_xx = keep * self.sum_xx + rate * predicted_s * predicted_s
         self.sum_xy = keep * self.sum_xy + rate * predicted_s * observed_s
 
-    def fit(self) -> tuple[float, float]:
-        """(scale, overhead seconds); (1, 0) before any observation."""
+    def fit(self, prior_overhead_s: float = 0.0) -> tuple[float, float]:
+        """(scale, overhead seconds); (1, prior) before any observation.
+
+        Until the overhead can be separated (or when the fit is implausible) the overhead is
+        ``prior_overhead_s`` and the scale the ratio of means of the time above it.
+        """
         if self.weight <= 0:
-            return 1.0, 0.0
+            return 1.0, prior_overhead_s
         mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
-        ratio = mean_y / mean_x
+        prior = prior_overhead_s if prior_overhead_s < mean_y else 0.0
+        ratio = (mean_y - prior) / mean_x
         var_x = self.sum_xx / self.weight - mean_x * mean_x
         if self.count < _MIN_OBSERVATIONS or var_x <= (_MIN_SPREAD * mean_x) ** 2:
-            return ratio, 0.0
+            return ratio, prior
         scale = (self.sum_xy / self.weight - mean_x * mean_y) / var_x
         overhead = mean_y - scale * mean_x
         if scale <= 0 or overhead < 0 or overhead >= mean_y:
-            return ratio, 0.0
+            return ratio, prior
         return scale, overhead
 
 
@@ -172,6 +181,8 @@ class CostModel:
     verify_width_multiple: int = 8
     draft_cost_fraction: float = 0.14
     learning_rate: float = 0.05
+    prior_overhead_s: float = 0.0  # host time per step the table leaves out ...
+    prior_overhead_per_request_s: float = 0.0  # ... plus this per request in the batch
     _correction: list[float] = field(default_factory=list)
     _overhead_s: list[float] = field(default_factory=list)
     _fits: list[RowFit] = field(default_factory=list)
@@ -180,8 +191,12 @@ class CostModel:
     def __post_init__(self) -> None:
         rows = len(self.table.batch_sizes)
         self._correction = [1.0] * rows
-        self._overhead_s = [0.0] * rows
+        self._overhead_s = [self.prior_overhead(b) for b in self.table.batch_sizes]
         self._fits = [RowFit() for _ in range(rows)]
+
+    def prior_overhead(self, batch_size: float) -> float:
+        """The configured host time of a step at ``batch_size`` (before any fit)."""
+        return self.prior_overhead_s + batch_size * self.prior_overhead_per_request_s
 
     def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
         """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
@@ -204,7 +219,8 @@ class CostModel:
             if share <= 0:
                 continue
             self._fits[row].add(predicted, observed_s, self.learning_rate * share, share)
-            scale, overhead = self._fits[row].fit()
+            prior = self.prior_overhead(self.table.batch_sizes[row])
+            scale, overhead = self._fits[row].fit(prior)
             self._correction[row], self._overhead_s[row] = scale, overhead
         # Keep the memoised snapshot until a row moved by more than 0.1% of its plain step.
         if self._snapshot is not None and self._moved(self._snapshot):
@@ -230,7 +246,7 @@ class CostModel:
                 f"cost_correction needs {rows} positive factors (one per "
                 f"batch size of the table), got {list(corrections)}"
             )
-        overheads = list(overheads_s) or [0.0] * rows
+        overheads = list(overheads_s) or [self.prior_overhead(b) for b in self.table.batch_sizes]
         if len(overheads) != rows or any(o < 0 for o in overheads):
             raise ValueError(
                 f"cost_overhead_s needs {rows} non-negative seconds (one per batch size of "

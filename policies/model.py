@@ -131,6 +131,11 @@ class GoodputSpec(StrictModel):
     # Weight of each observed step time in the online cost fit (scale and per-step overhead
     # per batch size row; exponential forgetting).
     cost_learning_rate: float = Field(default=0.05, gt=0, le=1)
+    # Host time per engine step the cost table (GPU forward only) leaves out, in seconds:
+    # ``step_overhead_s + batch size x request_overhead_s`` is added to every T(B, k) until the
+    # online fit of observed step times separates an overhead of its own (then the fit's).
+    step_overhead_s: float = Field(default=0.0, ge=0, le=1)
+    request_overhead_s: float = Field(default=0.0, ge=0, le=0.1)
 
     @field_validator("prior_accept_rates")
     @classmethod

@@ -46,6 +46,8 @@ class OnlineModels:
                 verify_width_multiple=spec.verify_width_multiple,
                 draft_cost_fraction=spec.draft_cost_fraction,
                 learning_rate=spec.cost_learning_rate,
+                prior_overhead_s=spec.step_overhead_s,
+                prior_overhead_per_request_s=spec.request_overhead_s,
             )
 
     @classmethod

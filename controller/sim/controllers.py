@@ -2,9 +2,10 @@
 
 Each controller picks k for every request of a decode step. ``no-spec`` and ``static-k<N>``
 are constants, ``goodput`` is the real ``policies.goodput.GoodputPolicy`` fed by the real
-``OnlineModels`` (the same objects the daemon uses; on a padded engine its per-row rates
-feed ``best_shared_k``, one k for the batch), and ``oracle`` reads each request's
-acceptance trace ahead of time and picks the best set of k for the step.
+``OnlineModels`` (the same objects the daemon uses; on a padded engine the embedded engine's
+per-step planner, ``policies.batch_width.BatchWidth``, picks one k for the batch, asked row by
+row as the engine asks), and ``oracle`` reads each request's acceptance trace ahead of time
+and picks the best set of k for the step.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from controller.sim.request import SimRequest
+from policies.batch_width import BatchWidth
 from policies.costmodel import CostModel, CostTable, padded_width
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
-from policies.schedule import best_shared_k
 from policies.types import Observation, Task
 
 
@@ -70,22 +71,21 @@ class GoodputController:
         self._block_size = block_size
         self._rng = random.Random(f"goodput:{seed}")
         self._window = spec.request_window_steps
-        self._min_gain = spec.min_gain
         self.min_spec_tokens = min_k
-        # Padded engine: one k for the batch from every row's own rates (best_shared_k).
-        self._padded = padded
+        # Padded engine: one k per step for the batch, as the embedded engine's controller
+        # (controller/step_control.py) chooses it.
+        self._width = (
+            BatchWidth(spec, block_size, min_k, rng_u=self._rng.random) if padded else None
+        )
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
-        observations = self._observations(batch, now_s)
-        if not self._padded:
-            return [self._policy.decide(o).spec_tokens for o in observations]
-        rates = [self._policy.rates_for(o) for o in observations]
-        step_cost = observations[0].step_cost
-        assert step_cost is not None, "OnlineModels built with a table always has a cost"
-        k = best_shared_k(
-            rates, step_cost, self.min_spec_tokens, self._block_size - 1, self._min_gain
-        )
-        return [k] * len(batch)
+        if self._width is not None:
+            size, observe, width = len(batch), self._models.observe, self._width
+            return [
+                width.spec_tokens(r.spec.key, r.spec.task, size, r.accept_history, observe)
+                for r in batch
+            ]
+        return [self._policy.decide(o).spec_tokens for o in self._observations(batch, now_s)]
 
     def _observations(self, batch: Sequence[SimRequest], now_s: float) -> list[Observation]:
         per_task: dict[Task, dict[str, Any]] = {}
@@ -212,20 +212,24 @@ class Oracle:
         return ks
 
     def _choose_padded(self, batch: Sequence[SimRequest]) -> list[int]:
-        """Every row pays the widest row's width: all draft the covering k of the longest
-        run, or none does, whichever emits more tokens per second this step."""
+        """Every row pays the widest row's width and the draft: per step, the one k (no
+        drafting, or the largest k of each captured width) that emits the most tokens per
+        second given every row's known run. Exact per step; greedy over steps."""
         size = len(batch)
-        runs = [min(r.peek_accepted(self._max_k), r.remaining - 1) for r in batch]
-        longest = max(runs)
-        plain = size / self._cost.base_step_time_s(size, 1.0, 0.0)
-        if longest <= 0:
-            return [0] * size
-        k = max(self._min_k, longest)
-        width = float(padded_width(k, self._cost.verify_width_multiple))
-        tokens = size + sum(max(0, run) for run in runs)
-        if tokens / self._cost.base_step_time_s(size, width, 1.0) <= plain:
-            return [0] * size
-        return [k] * size
+        runs = [max(0, min(r.peek_accepted(self._max_k), r.remaining - 1)) for r in batch]
+        best_k, best = 0, size / self._cost.base_step_time_s(size, 1.0, 0.0)
+        multiple = self._cost.verify_width_multiple
+        candidates = {
+            min(self._max_k, padded_width(k, multiple) - 1)
+            for k in range(self._min_k, self._max_k + 1)
+        }
+        for k in sorted(candidates):
+            width = float(padded_width(k, multiple))
+            tokens = size + sum(min(run, k) for run in runs)
+            rate = tokens / self._cost.base_step_time_s(size, width, 1.0)
+            if rate > best:
+                best_k, best = k, rate
+        return [best_k] * size
 
     def record(self, *_: Any) -> None:
         return None

@@ -60,3 +60,37 @@ def test_goodput_steps_use_the_online_models() -> None:
     assert steps.accept_rates == running.models.observe(Task.MATH)["accept_rates"]
     k = steps(_view(1, 1, [8]))
     assert 0 <= k <= 15 and steps.spec_tokens == [k]
+
+
+def test_goodput_rows_of_one_step_share_k_per_engine_thread() -> None:
+    import threading
+
+    from controller.step_control import _engine_planner
+
+    running = RunningPolicy.build(7, PolicySpec(kind="goodput"), block_size=16)
+    decider = StepDecider(lambda: running, LiveStats(60, 0.0), Metrics())
+    rows = [decider(task, 0.9, 15, 16) for task in (Task.MATH, Task.CHAT, Task.CODE)]
+    views = [RequestView(f"r{i}", 0, [], 3, 0) for i in range(3)]
+    ks = [steps(view) for steps, view in zip(rows, views, strict=True)]
+    assert len(set(ks)) == 1  # one k for the padded batch
+    planner, _ = _engine_planner(running, 16)
+    assert planner.steps == 1
+    other: list[int] = []  # another engine thread has a planner of its own
+    thread = threading.Thread(target=lambda: other.append(_engine_planner(running, 16)[0].steps))
+    thread.start()
+    thread.join()
+    assert other == [0]
+
+
+def test_goodput_planner_failure_is_k0_and_counted() -> None:
+    running = RunningPolicy.build(8, PolicySpec(kind="goodput"), block_size=16)
+    assert running.models is not None
+
+    def broken(task: Task) -> dict[str, object]:
+        raise RuntimeError("no estimates")
+
+    metrics = Metrics()
+    steps = StepDecider(lambda: running, LiveStats(60, 0.0), metrics)(Task.MATH, 1.0, 7, 16)
+    running.models.observe = broken  # type: ignore[method-assign]  # fails from the next step
+    assert steps(RequestView("x", 0, [], 1, 0)) == 0
+    assert b'draftctl_degraded_decisions_total{component="policy"} 1.0' in metrics.render()

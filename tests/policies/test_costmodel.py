@@ -114,3 +114,30 @@ def test_saved_fits_round_trip_and_bad_ones_name_the_key() -> None:
     assert model.snapshot().step_time_s(1, 0) == pytest.approx(1.2 * 1.0 + 0.5)
     with pytest.raises(ValueError, match="cost_overhead_s needs"):
         model.load_corrections([1.0] * rows, [-1.0] * rows)
+
+
+def test_a_configured_host_overhead_prices_steps_until_the_fit_measures_one() -> None:
+    model = CostModel(
+        TABLE,
+        verify_width_multiple=8,
+        draft_cost_fraction=0.0,
+        learning_rate=0.1,
+        prior_overhead_s=0.5,
+        prior_overhead_per_request_s=0.05,
+    )
+    # Before any step: table + 0.5 + B x 0.05.
+    assert model.snapshot().step_time_s(64, 15) == pytest.approx(10.0 + 0.5 + 3.2)
+    assert model.snapshot().step_time_s(1, 0) == pytest.approx(1.0 + 0.55)
+    # Only wide steps seen (13.0 observed): the overhead cannot be split off, the configured
+    # one stays and the factor covers the rest ((13 - 3.7) / 10).
+    for _ in range(100):
+        model.observe_step(64, 16.0, 0.0, 13.0)
+    snap = model.snapshot()
+    assert snap.overhead_s(64) == pytest.approx(3.7)
+    assert snap.correction(64) == pytest.approx(0.93, rel=0.01)
+    assert snap.step_time_s(64, 15) == pytest.approx(13.0, rel=0.01)
+    # Plain and wide steps with a true overhead of 3: the fit replaces the configured one.
+    for i in range(300):
+        width, table_s = (1.0, 2.0) if i % 2 else (16.0, 10.0)
+        model.observe_step(64, width, 0.0, table_s + 3.0)
+    assert model.snapshot().overhead_s(64) == pytest.approx(3.0, rel=0.05)

@@ -103,3 +103,17 @@ def test_export_schedule_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert chat["num_speculative_tokens_per_batch_size"] == [[1, 64, 0]]
     assert main([*argv, "--mix", "poetry=1"]) == 2
     assert main(["policy", "export-schedule"]) == 2
+
+
+def test_policy_file_host_overhead_reaches_the_cost_model(tmp_path: Path) -> None:
+    from policies.model import parse_policy
+    from policies.validation import InvalidDocument
+
+    (tmp_path / "cost.json").write_text(json.dumps(TABLE))
+    text = "kind: goodput\ngoodput:\n  cost_table: cost.json\n  step_overhead_s: 0.002\n"
+    spec = parse_policy(text + "  request_overhead_s: 0.0001\n").goodput
+    cost = OnlineModels.from_spec(spec, block_size=16, base_dir=tmp_path).step_cost()
+    assert cost is not None
+    assert cost.step_time_s(1, 0) == pytest.approx(5.5e-3 + 0.002 + 0.0001)
+    with pytest.raises(InvalidDocument, match=r"goodput\.step_overhead_s"):
+        parse_policy(text.replace("0.002", "-1"))
