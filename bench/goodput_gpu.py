@@ -2,9 +2,13 @@
 
 One run loads the engine once, warms it up, then replays the same closed-loop request
 sequence (phases of concurrency and task mix, like scenarios/mixed-shift.yaml) under each
-policy: no-spec, static-k<N> for each --static value, and goodput (the real GoodputPolicy fed by
-OnlineModels, asked per request per step through the engine's spec_controller). Prints a
-table and one JSON object (also written to --out).
+policy: no-spec, static-k<N> for each --static value, and goodput (the goodput settings fed by
+OnlineModels through the engine's spec_controller: ``goodput`` chooses one k per engine step
+for the whole batch, as the engine pads every row to the widest verify width —
+``policies.batch_width.BatchWidth``; with ``--per-request`` also ``goodput-per-request``, the
+GoodputPolicy asked per request per step, the earlier wiring). Prints a table and one JSON
+object (also written to --out). For goodput it also reports the controller's own time per
+engine step (host time on the engine thread, inside the step's wall clock).
 
     python bench/goodput_gpu.py --target DIR --draft DIR \
         --cost-table cost_tables/qwen3-8b-h200.json --out "$OUT/goodput_gpu.json"
@@ -196,6 +200,17 @@ class Probe:
     controller: StepController | None = None
     feed: StepTimeFeed | None = None
 
+    def host_figures(self) -> dict[str, float]:
+        """Time spent inside the controller: per call and per engine step."""
+        if self.controller is None or self.feed is None or not self.controller.calls:
+            return {}
+        c = self.controller
+        return {
+            "controller_calls": c.calls,
+            "controller_us_per_call": c.host_s / c.calls * 1e6,
+            "controller_us_per_step": c.host_s / max(1, self.feed.steps) * 1e6,
+        }
+
     def spec(self) -> Any:
         if self.controller is not None:
             return self.controller
@@ -279,11 +294,13 @@ def load_goodput_spec(args: argparse.Namespace) -> GoodputSpec:
 
 
 def make_probe(how: int | str, spec: GoodputSpec, block_size: int, seed: int) -> Probe:
-    if how != "goodput":
+    if how not in ("goodput", "goodput-per-request"):
         return Probe(int(how))
     models = OnlineModels.from_spec(spec, block_size)
     policy = GoodputPolicy(spec)
-    controller = StepController(lambda: policy, models, block_size, rng=random.Random(seed))
+    controller = StepController(
+        lambda: policy, models, block_size, rng=random.Random(seed), shared=how == "goodput"
+    )
     return Probe(None, controller, StepTimeFeed(models, spec.verify_width_multiple))
 
 
@@ -317,6 +334,7 @@ def report_document(
     statics = {n: r["tok_s"] for n, r in results.items() if n.startswith("static-k")}
     goodput = results.get("goodput", {}).get("tok_s")
     no_spec = results.get("no-spec", {}).get("tok_s")
+    per_request = results.get("goodput-per-request", {}).get("tok_s")
     best = max(statics, key=lambda n: statics[n]) if statics else None
     return {
         "device": engine.device,
@@ -339,7 +357,10 @@ def report_document(
         "best_static": best,
         "goodput_vs_best_static": goodput / statics[best] if goodput and best else None,
         "goodput_vs_no_spec": goodput / no_spec if goodput and no_spec else None,
-        "complete": len(results) == 2 + len(args.static),
+        "goodput_per_request_vs_best_static": (
+            per_request / statics[best] if per_request and best else None
+        ),
+        "complete": len(results) == 2 + int(args.per_request) + len(args.static),
         "command": " ".join(sys.argv),
     }
 
@@ -366,6 +387,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     )
     log(f"engine loaded in {time.perf_counter() - started:.1f} s on {engine.device}")
     policies: list[tuple[str, int | str]] = [("no-spec", 0), ("goodput", "goodput")]
+    if args.per_request:
+        policies.append(("goodput-per-request", "goodput-per-request"))
     policies += [(f"static-k{k}", k) for k in args.static]
     if args.warmup_s > 0:  # warm allocator and caches at the shapes the trace uses
         warm = [Phase(min(8, p.concurrency), args.warmup_s, p.mix) for p in phases[:2]]
@@ -379,6 +402,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = summarise(tally, phases, time.perf_counter() - began)
         if probe.feed is not None:
             results[name]["timed_steps_fed"] = probe.feed.steps
+            results[name] |= probe.host_figures()
         document = report_document(args, engine, phases, spec, results)
         write_report(args.out, document)
         per_phase = {n: round(v["tok_s"], 1) for n, v in results[name]["phases"].items()}
@@ -437,6 +461,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup-s", type=float, default=5.0, help="seconds per warm-up phase (0: none)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--per-request",
+        action="store_true",
+        help="also run goodput-per-request (the policy asked per request per step)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here (after each policy)")
     return parser.parse_args(argv)
 

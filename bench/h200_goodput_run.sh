@@ -6,16 +6,20 @@
 #   2. profiles this target's verify cost T(batch, tokens) (`draftctl profile-cost`, CUDA graphs)
 #      -> the goodput policy's cost table;
 #   3. runs bench/goodput_gpu.py over a shifting closed-loop trace (1 -> 64 -> 8 clients,
-#      math-heavy -> mixed -> chat-heavy; held-out prompts), phases shortened to fit BUDGET_S.
+#      math-heavy -> mixed -> chat-heavy; held-out prompts), phases shortened to fit BUDGET_S:
+#      no-spec, goodput (one k per engine step for the padded batch), goodput-per-request
+#      (PER_REQUEST=1: the policy asked per request, the earlier wiring) and static k, all on
+#      the same seeded request sequence.
+# A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
 # Results land in $OUT as they are made (a stopped run keeps what it finished):
 #   goodput_h200.log, train_testbed.json, cost_table_testbed.json, goodput_h200.json.
 #
 # On the GPU (device tool `run`; carry .train/demo/tokenizer .train/demo/corpus
 # .train/eval_prompts.json .whl):
 #   bash bench/h200_goodput_run.sh
-# CPU dry run (toy recipe, tiny phases, a stand-in cost table):
-#   OUT=/tmp/dry DEVICE=cpu PY=.venv/bin/python RECIPE=/tmp/toy.yaml TIME_SCALE=1 \
-#     PHASE_S=2,3,2 BUDGET_S=200 COST_TABLE=cost_tables/qwen3-8b-h200.json bash bench/h200_goodput_run.sh
+# CPU dry run (TINY=1: a toy-sized recipe derived from RECIPE, short phases, the 8B table as a
+# stand-in cost table; the numbers mean nothing, it checks that every step runs):
+#   OUT=/tmp/dry DEVICE=cpu PY=.venv/bin/python TINY=1 bash bench/h200_goodput_run.sh
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:?set OUT to the results folder}
@@ -23,8 +27,10 @@ RECIPE=${RECIPE:-training/configs/testbed.yaml}
 TIME_SCALE=${TIME_SCALE:-0.3}
 DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-420}          # wall clock for this whole script
-PHASE_S=${PHASE_S:-9,16,11}        # seconds of the 1 / 64 / 8-client phases (shrunk to fit)
-STATIC=${STATIC:-15,7,4}
+PHASE_S=${PHASE_S:-12,20,14}       # seconds of the 1 / 64 / 8-client phases (shrunk to fit)
+STATIC=${STATIC:-15,7}
+PER_REQUEST=${PER_REQUEST:-1}
+TINY=${TINY:-0}
 WARMUP_S=${WARMUP_S:-2}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-128,320}
 COST_TABLE=${COST_TABLE:-}         # empty: profile this target (CUDA)
@@ -44,13 +50,36 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-}
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >>"$LOG" 2>&1
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tee -a "$LOG"
 
+if [ "$TINY" = 1 ]; then  # toy sizes and budgets: a CPU check that every step runs
+  "$PY" - "$RECIPE" "$WORK/recipe_tiny.yaml" <<'EOF'
+import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+d["target"].update(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=4,
+                   num_kv_heads=2, head_dim=16)
+d["target_train"].update(batch_size=8, seq_len=128, warmup_steps=5, time_budget_s=15.0)
+d["generation"].update(time_budget_s=8.0, batch_size=16, max_new_tokens=48)
+d["corpus"]["num_generation_prompts"] = 64
+d["draft"]["num_layers"] = 1
+d["draft"]["num_anchors"] = 8
+d["draft"]["train"].update(batch_size=8, seq_len=128, warmup_steps=5, time_budget_s=10.0)
+d["draft"]["block_sizes"] = [16]
+yaml.safe_dump(d, open(sys.argv[2], "w"), default_flow_style=None, sort_keys=False)
+EOF
+  RECIPE=$WORK/recipe_tiny.yaml TIME_SCALE=1 PHASE_S=2,3,2 WARMUP_S=1 OUTPUT_TOKENS=16,48
+  COST_TABLE=${COST_TABLE:-cost_tables/qwen3-8b-h200.json}
+fi
+
 # 1. the testbed pair (block 16 only: the bench needs k up to 15; one draft gets all draft steps)
 ln -sfn "$PWD/.train/demo/tokenizer" "$WORK/tokenizer"
 ln -sfn "$PWD/.train/demo/corpus" "$WORK/corpus"
-sed 's/^\(  block_sizes:\).*/\1 [16]/' "$RECIPE" >"$WORK/recipe.yaml"
-say "training: $RECIPE (block_sizes [16]) --time-scale $TIME_SCALE"
-"$PY" -m training pair --recipe "$WORK/recipe.yaml" --work "$WORK" --out "$WORK/export" \
-  --time-scale "$TIME_SCALE" 2>&1 | tr '\r' '\n' | grep -v '^ *$' >>"$LOG"
+if [ -f "$WORK/export/train.json" ] && [ -d "$WORK/export/draft16" ]; then
+  say "reusing the pair in $WORK/export"
+else
+  sed 's/^\(  block_sizes:\).*/\1 [16]/' "$RECIPE" >"$WORK/recipe.yaml"
+  say "training: $RECIPE (block_sizes [16]) --time-scale $TIME_SCALE"
+  "$PY" -m training pair --recipe "$WORK/recipe.yaml" --work "$WORK" --out "$WORK/export" \
+    --time-scale "$TIME_SCALE" 2>&1 | tr '\r' '\n' | grep -v '^ *$' >>"$LOG"
+fi
 [ -f "$WORK/export/train.json" ] || { say "training failed (see log)"; exit 1; }
 cp "$WORK/export/train.json" "$OUT/train_testbed.json"
 "$PY" - "$OUT/train_testbed.json" <<'EOF' | tee -a "$LOG"
@@ -90,10 +119,10 @@ EOF
 fi
 
 # 4. the comparison, phases scaled to the time left (engine load + warm-up + tails reserved)
-read -r P1 P2 P3 SCALE < <("$PY" - "$PHASE_S" "$STATIC" "$((BUDGET_S - $(date +%s) + T0))" <<'EOF'
+read -r P1 P2 P3 SCALE < <("$PY" - "$PHASE_S" "$STATIC" "$((BUDGET_S - $(date +%s) + T0))" "$PER_REQUEST" <<'EOF'
 import sys
 phases = [float(x) for x in sys.argv[1].split(",")]
-policies = 2 + len(sys.argv[2].split(","))
+policies = 2 + int(sys.argv[4]) + len(sys.argv[2].split(","))
 left = float(sys.argv[3]) - 30.0          # engine load, graph capture, warm-up
 per_policy = left / policies - 2.0         # set-up of each policy run
 scale = max(0.2, min(1.0, per_policy / sum(phases)))
@@ -103,11 +132,13 @@ EOF
 PHASES="1:$P1:math=0.8,code=0.1,chat=0.1;64:$P2:math=0.4,code=0.2,chat=0.4;8:$P3:math=0.1,code=0.1,chat=0.8"
 say "bench: phases $PHASES (x$SCALE of $PHASE_S), static $STATIC, cost table $COST_TABLE"
 LEFT=$((BUDGET_S - $(date +%s) + T0 + 15))
+EXTRA=()
+[ "$PER_REQUEST" = 1 ] && EXTRA=(--per-request)
 timeout "$LEFT" "$PY" bench/goodput_gpu.py --target "$WORK/export/target" \
   --draft "$WORK/export/draft16" --cost-table "$COST_TABLE" \
   --goodput-config bench/h200_goodput_policy.yaml --device "$DEVICE" --phases "$PHASES" \
   --static "$STATIC" --output-tokens "$OUTPUT_TOKENS" --warmup-s "$WARMUP_S" \
-  --max-seq-len 1024 "${PROMPTS[@]}" --out "$OUT/goodput_h200.json" \
+  --max-seq-len 1024 "${PROMPTS[@]}" --out "$OUT/goodput_h200.json" "${EXTRA[@]}" \
   >"$WORK/bench.stdout" 2>>"$LOG"
 RC=$?
 say "bench exit $RC"

@@ -20,6 +20,7 @@ from policies.costmodel import CostModel, CostTable, padded_width
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
+from policies.schedule import best_shared_k
 from policies.types import Observation, Task
 
 
@@ -138,19 +139,30 @@ class Informed:
 
     name = "informed"
 
-    def __init__(self, spec: GoodputSpec, table: CostTable, block_size: int, min_k: int):
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        block_size: int,
+        min_k: int,
+        padded: bool = False,
+    ):
         quiet = spec.model_copy(update={"probe_probability": 0.0, "hysteresis": 0.0})
         self._policy = GoodputPolicy(quiet)
         self._cost = OnlineModels(quiet, block_size, table).step_cost()
         self._block_size = block_size
         self._min_k = min_k
+        self._padded = padded  # one k for the batch: best_shared_k on the rows' rates
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        if self._padded:
+            assert self._cost is not None, "built with a table, so it has a cost"
+            rows = [_true_rates(r) for r in batch]
+            k = best_shared_k(rows, self._cost, self._min_k, self._block_size - 1)
+            return [k] * len(batch)
         out = []
         for request in batch:
-            rates = request.spec.trace.true_rates
-            if rates is None:
-                raise ValueError("the informed policy needs per-request rates on every trace")
+            rates = _true_rates(request)
             observation = Observation(
                 task=request.spec.task,
                 confidence=1.0,
@@ -167,6 +179,13 @@ class Informed:
 
     def record(self, *_: Any) -> None:
         return None
+
+
+def _true_rates(request: SimRequest) -> tuple[float, ...]:
+    rates = request.spec.trace.true_rates
+    if rates is None:
+        raise ValueError("the informed policy needs per-request rates on every trace")
+    return tuple(rates)
 
 
 class Oracle:

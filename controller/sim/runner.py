@@ -54,7 +54,8 @@ def build_controllers(scenario: Scenario, table: CostTable) -> list[Controller]:
     )
     controllers.append(goodput)
     if chosen.include_informed:
-        controllers.append(Informed(chosen.goodput, table, scenario.block_size, min_k))
+        informed = Informed(chosen.goodput, table, scenario.block_size, min_k, padded)
+        controllers.append(informed)
     if chosen.include_oracle:
         oracle = Oracle(engine_cost(scenario, table), scenario.block_size, min_k, padded)
         controllers.append(oracle)
