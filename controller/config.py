@@ -112,6 +112,7 @@ class EmbeddedBackend(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = Field(default=8, ge=1)
     max_seq_len: int = Field(default=2048, ge=16)
+    torch_compile: bool = False
 
     @field_validator("target", "draft")
     @classmethod

@@ -70,7 +70,13 @@ class EmbeddedEngineBackend:
             if not folder.is_dir():
                 raise FileNotFoundError(f"backend {c.name}: {role} directory {folder} not found")
         self._engine = await asyncio.to_thread(
-            AsyncEngine.load, c.target, c.draft, c.device, c.max_batch_size, c.max_seq_len
+            AsyncEngine.load,
+            c.target,
+            c.draft,
+            c.device,
+            c.max_batch_size,
+            c.max_seq_len,
+            compile_forwards=c.torch_compile,
         )
         self.block_size = self._engine.block_size
         log.info("embedded engine %s loaded on %s", c.name, self._engine.device)

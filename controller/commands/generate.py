@@ -38,8 +38,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, help="sampling seed")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--max-batch-size", type=int, default=8)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--max-batch-size", type=int, default=8, help="rows decoded together")
+    parser.add_argument(
+        "--max-seq-len", type=int, default=2048, help="prompt + output tokens per request"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the forwards first (faster steps on CUDA; slow start-up)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)
 
@@ -106,6 +113,7 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         device=args.device,
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
+        compile_forwards=args.compile,
     )
     k = engine.block_size - 1 if args.spec_tokens is None else args.spec_tokens
     if not 0 <= k < engine.block_size:

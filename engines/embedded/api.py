@@ -51,6 +51,7 @@ class AsyncEngine:
         max_batch_size: int = 8,
         max_seq_len: int = 2048,
         use_cuda_graphs: bool | None = None,
+        compile_forwards: bool = False,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking."""
         from transformers import AutoTokenizer
@@ -63,6 +64,7 @@ class AsyncEngine:
             max_batch_size,
             max_seq_len,
             use_cuda_graphs,
+            compile_forwards=compile_forwards,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         return cls(Engine(runner, max_batch_size, max_seq_len), tokenizer, str(torch_device))

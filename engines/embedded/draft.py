@@ -22,6 +22,7 @@ from engines.embedded.layers import (
     attention_mask,
     cached_attention,
     decoder_layers,
+    load_strict,
     write_cache,
 )
 from engines.embedded.target import TargetModel
@@ -46,12 +47,7 @@ class DraftModel(nn.Module):
             for k, v in weights.items()
             if not k.startswith(("embed_tokens", "lm_head", "model.embed_tokens"))
         }
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"draft weights do not match the config: missing={missing[:5]}, "
-                f"unexpected={unexpected[:5]}"
-            )
+        load_strict(self, state, "draft")
 
     def fuse(self) -> None:
         for layer in decoder_layers(self.layers):

@@ -135,6 +135,17 @@ class DecoderLayer(nn.Module):
         return h + self.mlp.down_proj(F.silu(gate) * up)
 
 
+def load_strict(module: nn.Module, state: dict[str, torch.Tensor], role: str) -> None:
+    """``load_state_dict`` that fails with the first missing and unexpected names, so a
+    mismatched checkpoint says which tensors it lacks or has too many of."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{role} weights do not match the config: missing={missing[:5]}, "
+            f"unexpected={unexpected[:5]}"
+        )
+
+
 def decoder_layers(layers: nn.ModuleList) -> list[DecoderLayer]:
     """Typed view of a ModuleList of decoder layers."""
     return [layer for layer in layers if isinstance(layer, DecoderLayer)]

@@ -73,6 +73,7 @@ def load_runner(
     max_seq_len: int,
     use_cuda_graphs: bool | None = None,
     dtype: torch.dtype | None = None,
+    compile_forwards: bool = False,
 ) -> ModelRunner:
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
@@ -89,11 +90,14 @@ def load_runner(
     )
     graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
     logger.info(
-        "loaded target %s and draft %s on %s (%s, cuda graphs: %s)",
+        "loaded target %s and draft %s on %s (%s, cuda graphs: %s, compiled: %s)",
         target_dir,
         draft_dir,
         device,
         dtype,
         graphs,
+        compile_forwards,
     )
-    return ModelRunner(target, draft, device, dtype, max_batch_size, max_seq_len, graphs)
+    return ModelRunner(
+        target, draft, device, dtype, max_batch_size, max_seq_len, graphs, compile_forwards
+    )

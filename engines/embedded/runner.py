@@ -9,6 +9,7 @@ Rows with k = 0 verify only their last token but still get their draft context u
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +43,24 @@ class ModelRunner:
         max_batch_size: int,
         max_seq_len: int,
         use_cuda_graphs: bool,
+        compile_forwards: bool = False,
     ) -> None:
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
+        # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
+        # into a few kernels; the graphs below then capture the compiled forwards. Costs a
+        # compile per distinct shape class at start-up (see docs/engine.md).
+        if compile_forwards and not use_cuda_graphs:
+            raise ValueError(
+                "torch_compile needs CUDA graphs (device cuda): the compiled forwards are "
+                "captured once per graph shape; without graphs shapes change every step and "
+                "each change recompiles"
+            )
+        self.compile_forwards = compile_forwards
+        self._verify: Callable[..., torch.Tensor] = self._verify_forward
+        self._draft: Callable[..., torch.Tensor] = self._draft_forward
+        if compile_forwards:
+            self._verify = torch.compile(self._verify_forward, fullgraph=True)
+            self._draft = torch.compile(self._draft_forward, fullgraph=True)
         self.block_size = draft.spec.block_size
         self.mask_token_id = draft.spec.mask_token_id
         self.use_cuda_graphs = use_cuda_graphs
@@ -87,18 +104,16 @@ class ModelRunner:
             for width in reversed(self.widths):
                 ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
                 pos = torch.arange(width, device=self.device).repeat(batch, 1)
-                self._graphs["verify", batch, width] = GraphedCall(
-                    self._verify_forward, (ids, pos), pool
-                )
+                self._graphs["verify", batch, width] = GraphedCall(self._verify, (ids, pos), pool)
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
             self._graphs["draft", batch, self.block_size] = GraphedCall(
-                self._draft_forward, (ids, pos), pool
+                self._draft, (ids, pos), pool
             )
 
     def _run(self, name: str, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         rows, width = ids.shape
-        forward = self._verify_forward if name == "verify" else self._draft_forward
+        forward = self._verify if name == "verify" else self._draft
         if not self.use_cuda_graphs:
             num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
             return forward(ids, positions, min(num_keys, self.target_cache.max_len))

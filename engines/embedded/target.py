@@ -15,6 +15,7 @@ from engines.embedded.layers import (
     attention_mask,
     cached_attention,
     decoder_layers,
+    load_strict,
     write_cache,
 )
 
@@ -37,12 +38,7 @@ class TargetModel(nn.Module):
         state = {k.removeprefix("model."): v for k, v in weights.items()}
         if self.shape.tie_word_embeddings or "lm_head.weight" not in state:
             state["lm_head.weight"] = state["embed_tokens.weight"]
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"target weights do not match the config: missing={missing[:5]}, "
-                f"unexpected={unexpected[:5]}"
-            )
+        load_strict(self, state, "target")
 
     def fuse(self) -> None:
         """Fuse projection weights after loading (see ``DecoderLayer.fuse``)."""

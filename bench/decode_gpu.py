@@ -1,0 +1,207 @@
+"""Plain decode (batch 1, k = 0) against the weight-read floor, eager vs torch.compile'd forwards.
+
+For each target shape (random bf16 weights, a z-lab style 5-layer block-16 DFlash draft): build
+the models once, then two runners over the same weights — CUDA graphs of the eager forwards, and
+CUDA graphs of the ``torch.compile``'d forwards — and time, per runner:
+
+- the target-only decode forward (1 token, logits; no draft context insert), CUDA graph replay;
+- the engine's verify graph at widths 1 and 16 (target forward + draft context insert);
+- the engine's draft graph (one block);
+- engine steps at k = 0 and k = 15 on a 512-token prompt (wall clock, sampling and bookkeeping
+  included).
+
+The floor is (bytes of weights one decode forward reads) / (measured device-to-device copy
+bandwidth, bytes read + written per second): the target's weights without the embedding table
+for the target-only forward; plus the draft's context projections (fc and each layer's K/V)
+for the engine's k = 0 step, which also updates the draft's context.
+
+Correctness on the device: compiled vs eager logits on the same inputs (max abs difference,
+argmax agreement) and the greedy tokens the two engines generate.
+
+    python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_gpu import hbm_bandwidth_bytes_per_s, run_engine, sync
+
+from engines.embedded.cuda_graphs import GraphedCall
+from engines.embedded.engine import Engine
+from engines.embedded.loader import build_models
+from engines.embedded.runner import ModelRunner
+from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
+
+logger = logging.getLogger("bench.decode_gpu")
+PROMPT_LEN, NEW_TOKENS = 512, 64
+
+
+def tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def weight_bytes(runner: ModelRunner) -> dict[str, int]:
+    """Bytes one decode forward reads: target (no embedding), and the draft context insert."""
+    target = tensor_bytes(
+        p for n, p in runner.target.named_parameters() if "embed_tokens" not in n
+    ) + tensor_bytes(
+        b for n, b in runner.target.named_buffers() if n.endswith(("qkv_weight", "gate_up_weight"))
+    )
+    q_rows = runner.draft.spec.shape.num_heads * runner.draft.spec.shape.head_dim
+    draft_context = runner.draft.fc.weight.numel() * runner.draft.fc.weight.element_size()
+    for n, b in runner.draft.named_buffers():
+        if n.endswith("qkv_weight"):  # the K/V rows only
+            draft_context += b[q_rows:].numel() * b.element_size()
+    return {"target": target, "draft_context": draft_context}
+
+
+def replay_ms(graph: GraphedCall, repeats: int = 100) -> float:
+    graph.graph.replay()
+    start = sync()
+    for _ in range(repeats):
+        graph.graph.replay()
+    return 1e3 * (sync() - start) / repeats
+
+
+def target_only_graph(runner: ModelRunner, compiled: bool, pool: Any) -> GraphedCall:
+    def forward(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, _ = runner.target(ids, positions, runner.target_cache)
+        return runner.target.logits(hidden)
+
+    fn = torch.compile(forward, fullgraph=True) if compiled else forward
+    ids = torch.zeros(1, 1, dtype=torch.long, device=runner.device)
+    positions = torch.full((1, 1), PROMPT_LEN, dtype=torch.long, device=runner.device)
+    with torch.inference_mode():
+        return GraphedCall(fn, (ids, positions), pool)
+
+
+def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, float]) -> dict:
+    compiled = runner.compile_forwards
+    result: dict[str, Any] = {}
+    started = time.perf_counter()
+    target_graph = target_only_graph(runner, compiled, torch.cuda.graph_pool_handle())
+    result["target_only_capture_s"] = time.perf_counter() - started
+    result["target_only_decode_ms"] = replay_ms(target_graph)
+    result["target_only_ratio"] = result["target_only_decode_ms"] / floors["target_ms"]
+    del target_graph
+    for width in (1, 16):
+        result[f"verify_{width}_ms"] = replay_ms(runner._graphs["verify", 1, width])
+    result["verify_1_ratio"] = result["verify_1_ms"] / floors["target_and_context_ms"]
+    result["draft_ms"] = replay_ms(runner._graphs["draft", 1, runner.block_size])
+    engine = Engine(runner, 1, PROMPT_LEN + NEW_TOKENS + 8)
+    run_engine(engine, prompt[:64], 8, 0)  # warm-up
+    for label, k in (("k0", 0), ("k15", runner.block_size - 1)):
+        run = run_engine(engine, prompt, NEW_TOKENS, k)
+        result[f"engine_{label}"] = {
+            key: run[key] for key in ("ms_per_step_wall", "ms_per_step_device", "num_steps")
+        }
+        result[f"engine_{label}"]["output_ids"] = run["output_ids"]
+    result["engine_k0_ratio"] = (
+        result["engine_k0"]["ms_per_step_wall"] / floors["target_and_context_ms"]
+    )
+    return result
+
+
+@torch.inference_mode()
+def compare_logits(eager: ModelRunner, compiled: ModelRunner, width: int) -> dict[str, float]:
+    torch.manual_seed(width)
+    ids = torch.randint(0, eager.target.shape.vocab_size, (1, width), device=eager.device)
+    positions = torch.arange(width, device=eager.device)[None] + 100
+    reference = eager._verify_forward(ids, positions).float()
+    ours = compiled._graphs["verify", 1, width](ids, positions)[:1].float()
+    return {
+        "max_abs_diff": float((reference - ours).abs().max()),
+        "logit_abs_max": float(reference.abs().max()),
+        "argmax_agreement": float((reference.argmax(-1) == ours.argmax(-1)).float().mean()),
+    }
+
+
+def identical_prefix(a: list[int], b: list[int]) -> int:
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    return same
+
+
+def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str, Any]:
+    shape = TARGET_SHAPES[name]
+    spec = dflash_draft_for(shape)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    max_seq_len = PROMPT_LEN + NEW_TOKENS + 8
+    torch.manual_seed(0)
+    target, draft = build_models(shape, spec, device, dtype, max_seq_len + 64)
+    runners: dict[str, ModelRunner] = {}
+    result: dict[str, Any] = {"shape": name, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
+    for label, compiled in (("eager", False), ("compiled", True)):
+        started = time.perf_counter()
+        runners[label] = ModelRunner(target, draft, device, dtype, 1, max_seq_len, True, compiled)
+        result[f"{label}_start_s"] = time.perf_counter() - started
+        logger.info("%s %s runner ready in %.1f s", name, label, result[f"{label}_start_s"])
+    sizes = weight_bytes(runners["eager"])
+    floors = {
+        "target_ms": 1e3 * sizes["target"] / bandwidth,
+        "target_and_context_ms": 1e3 * (sizes["target"] + sizes["draft_context"]) / bandwidth,
+    }
+    result.update(weight_bytes=sizes, floors_ms=floors)
+    prompt = torch.randint(0, shape.vocab_size, (PROMPT_LEN,)).tolist()
+    for label, runner in runners.items():
+        result[label] = measure_runner(runner, prompt, floors)
+        logger.info("%s %s: %s", name, label, json.dumps(result[label])[:600])
+    result["compiled_vs_eager"] = {
+        f"verify_{w}_logits": compare_logits(runners["eager"], runners["compiled"], w)
+        for w in (1, 16)
+    }
+    for key in ("engine_k0", "engine_k15"):
+        eager_ids = result["eager"][key].pop("output_ids")
+        compiled_ids = result["compiled"][key].pop("output_ids")
+        result["compiled_vs_eager"][f"{key}_identical_prefix_tokens"] = identical_prefix(
+            eager_ids, compiled_ids
+        )
+    del runners, target, draft
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--shapes", default="qwen3-8b,qwen3-32b", help="comma-separated names")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device (CUDA graphs)")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    report: dict[str, Any] = {
+        "command": "python " + " ".join(sys.argv),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "hbm_copy_bytes_per_s": hbm_bandwidth_bytes_per_s(),
+        "shapes": {},
+    }
+    for name in args.shapes.split(","):
+        try:
+            report["shapes"][name] = measure_shape(name, device, report["hbm_copy_bytes_per_s"])
+        except Exception as exc:  # keep the shapes already measured
+            logger.exception("shape %s failed", name)
+            report["shapes"][name] = {"error": repr(exc)}
+        (args.out_dir / "decode_gpu.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
