@@ -58,6 +58,8 @@ _CHUNK = {
     ],
 }
 _PATH = "/v1/chat/completions"
+# Column prefix per measured proxy.
+_PREFIXES = {"draftctl": "", "reference": "reference_", "baseline": "baseline_"}
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -249,8 +251,22 @@ def _start_upstream(args: argparse.Namespace, mode: Mode) -> tuple[subprocess.Po
 
 
 def _start_gateway(
-    upstream_url: str, core: str, workdir: Path
+    upstream_url: str, core: str, workdir: Path, root: Path = _ROOT
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """``draftctl serve`` from the tree at ``root`` (another checkout for --baseline)."""
+    config = _start_gateway_config(upstream_url, workdir)
+    port = str(_free_port())
+    cmd = [
+        *_NICE,
+        *["taskset", "-c", core, sys.executable, "-m", "controller.cli"],
+        *["--log-level", "warning", "serve", "--config", str(config), "--port", port],
+    ]
+    return subprocess.Popen(cmd, cwd=root), f"http://127.0.0.1:{port}"
+
+
+def _start_gateway_config(upstream_url: str, workdir: Path, **pool: Any) -> Path:
+    """The benchmark's draftctl config: one vLLM-kind pool (k = 7; ``pool`` adds settings)."""
+    workdir.mkdir(exist_ok=True)
     config = workdir / "config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -268,18 +284,13 @@ def _start_gateway(
                         "model": MODEL,
                         "spec_tokens": 7,
                         "block_size": 16,
+                        **pool,
                     }
                 ],
             }
         )
     )
-    port = str(_free_port())
-    cmd = [
-        *_NICE,
-        *["taskset", "-c", core, sys.executable, "-m", "controller.cli"],
-        *["--log-level", "warning", "serve", "--config", str(config), "--port", port],
-    ]
-    return subprocess.Popen(cmd, cwd=_ROOT), f"http://127.0.0.1:{port}"
+    return config
 
 
 def _start_reference(upstream_url: str, core: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -355,10 +366,10 @@ def _round(
         + use["loadgen_cpu_ms_per_request"],
         "direct_upstream_runqueue_wait_share": use[f"{up_pid}_wait_share"],
     }
-    for name in ("draftctl", "reference"):
+    for name in [n for n in _PREFIXES if n in targets]:
         url, pid = targets[name]
         through, use = _measured_load(args, url, concurrency, sizes, [pid, up_pid])
-        prefix = "" if name == "draftctl" else "reference_"
+        prefix = _PREFIXES[name]
         row.update(_pcts(direct, through, prefix))
         row[f"{prefix}cpu_ms_per_request"] = use[f"{pid}_cpu_ms_per_request"]
         row[f"{prefix}requests_per_s"] = through["num"] / through["elapsed_s"]
@@ -390,6 +401,13 @@ def _measure_mode(args: argparse.Namespace, mode: Mode, workdir: Path) -> list[d
             "draftctl": (gateway_url + _PATH, gateway.pid),
             "reference": (reference_url + _PATH, reference.pid),
         }
+        if args.baseline is not None:
+            baseline, baseline_url = _start_gateway(
+                direct, args.gateway_core, workdir / "baseline", args.baseline
+            )
+            procs.append(baseline)
+            _wait_http(baseline_url + "/healthz")
+            targets["baseline"] = (baseline_url + _PATH, baseline.pid)
         rows = []
         for concurrency in args.concurrency:
             rounds = [_round(args, mode, concurrency, targets) for _ in range(args.rounds)]
@@ -471,6 +489,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run upstream, proxies and load generator at this nice level (e.g. -10 on a "
         "machine shared with other jobs, to approximate dedicated cores; needs root)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also measure draftctl from this other checkout (e.g. `git archive` of an "
+        "earlier commit) in the same run; its columns are prefixed baseline_",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     return parser
@@ -496,6 +520,7 @@ def main() -> int:
     report = {
         "command": "bench/gateway_overhead.py " + " ".join(sys.argv[1:]),
         "commit": _git_commit(),
+        "baseline": None if args.baseline is None else str(args.baseline),
         "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "machine": _machine(),
         "classifier": _classifier_state(args.hint),
