@@ -86,9 +86,13 @@ class Costs(Section):
     # Host time per decode step on top of the table's forward (scheduling, sampling, the
     # policy itself): the table holds CUDA-graph replay times only.
     step_overhead_s: float = Field(default=0.0, ge=0)
-    # Prefill: fixed seconds per prefill step plus seconds per prompt token (assumed).
+    # Prefill: fixed seconds per prefill forward plus seconds per prompt token (assumed).
     prefill_base_s: float = Field(default=0.006, ge=0)
     prefill_s_per_token: float = Field(default=2.5e-5, ge=0)
+    # batched: the requests admitted together share one prefill forward (one base cost);
+    # per_request: one forward per admitted request, each paying the base (what
+    # engines/embedded/engine.py does: it prefills each admitted request on its own).
+    prefill_batching: Literal["batched", "per_request"] = "batched"
 
 
 class Policies(Section):

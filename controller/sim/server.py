@@ -92,7 +92,8 @@ class SimServer:
             return False
         cost = self._scenario.cost
         prompt = sum(r.spec.prompt_tokens for r in admitted)
-        self.now_s += cost.prefill_base_s + cost.prefill_s_per_token * prompt
+        forwards = len(admitted) if cost.prefill_batching == "per_request" else 1
+        self.now_s += forwards * cost.prefill_base_s + cost.prefill_s_per_token * prompt
         for request in admitted:
             request.first_token_s = self.now_s
             request.position = 1

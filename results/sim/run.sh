@@ -3,7 +3,7 @@
 # Run from the repository root: bash results/sim/run.sh   (~3 min on a 2-core CPU)
 set -euo pipefail
 out=results/sim
-for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mixed-shift-padded mixed-shift-host-overhead \
+for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mixed-shift-ragged mixed-shift-host-overhead \
     mixed-shift-parametric mixed-shift-parametric-heterogeneous; do
   .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
     --out "$out/$name.json" --plot "$out" > "$out/$name.txt"

@@ -15,7 +15,7 @@ MIXED = [
     "mixed-shift-reference",
     "mixed-shift-b16",
     "mixed-shift-32b",
-    "mixed-shift-padded",
+    "mixed-shift-ragged",
     "mixed-shift-host-overhead",
     "mixed-shift-parametric",
     "mixed-shift-parametric-heterogeneous",

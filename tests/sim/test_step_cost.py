@@ -123,3 +123,51 @@ def test_goodput_on_a_padded_engine_picks_one_k_for_the_whole_batch(tmp_path: Pa
     # pays for the width-8 step the easy rows want, so all ride along at k = 7.
     assert ragged.choose(batch, 0.0) == [0, 7] * 32
     assert padded.choose(batch, 0.0) == [7] * 64
+
+
+@pytest.mark.parametrize(("batching", "forwards"), [("batched", 1), ("per_request", 4)])
+def test_prefill_pays_its_base_per_forward(tmp_path: Path, batching: str, forwards: int) -> None:
+    scenario = _scenario(tmp_path, concurrency=4)
+    scenario = scenario.model_copy(
+        update={"cost": scenario.cost.model_copy(update={"prefill_batching": batching})}
+    )
+    table = load_cost_table(TABLE)
+    server = SimServer(scenario, Workload(scenario), Alternating(7), engine_cost(scenario, table))
+    server._enter_phases()
+    prompts = sum(r.spec.prompt_tokens for r in server._waiting)
+    assert server._admit()  # all four clients' first requests
+    cost = scenario.cost
+    want = forwards * cost.prefill_base_s + cost.prefill_s_per_token * prompts
+    assert server.now_s == pytest.approx(want)
+
+
+def test_padded_oracle_tries_every_captured_width(tmp_path: Path) -> None:
+    from controller.sim.controllers import Oracle
+
+    # Block 16: one row would accept 15 drafts, the other 63 only 3 each.
+    lines = [
+        {"task": "math", "block_size": 16, "accept_lengths": [16] * 30},
+        {"task": "chat", "block_size": 16, "accept_lengths": [4] * 30},
+    ]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    scenario = Scenario.model_validate(
+        {
+            "name": "oracle-check",
+            "block_size": 16,
+            "cost": {"table": str(TABLE), "draft_cost_fraction": 0.16, "batch_verify": "padded"},
+            "acceptance": {"traces": str(tmp_path / "t.jsonl")},
+            "phases": [
+                {"name": "p", "duration_s": 1, "concurrency": 64, "mix": {"math": 1, "chat": 63}}
+            ],
+        }
+    )
+    workload = Workload(scenario)
+    specs = [workload.request(0, c, 0) for c in range(400)]
+    math = next(r for r in specs if r.task is Task.MATH)
+    chat = [r for r in specs if r.task is Task.CHAT][:63]
+    batch = [SimRequest(spec=r, client=c, arrival_s=0.0) for c, r in enumerate([math, *chat])]
+    assert [r.peek_accepted(15) for r in batch] == [15] + [3] * 63
+    oracle = Oracle(engine_cost(scenario, load_cost_table(TABLE)), 16, 4, padded=True)
+    # Width 16 (k = 15) would cover the longest run, but at batch 64 it costs far more than
+    # width 8, which covers every other row's run of 3 and 7 of the long one.
+    assert oracle.choose(batch, 0.0) == [7] * 64
