@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,6 +18,7 @@ from controller.metrics import Metrics
 from controller.openai_errors import ApiError
 from controller.policy_state import RunningPolicy
 from controller.stats import LiveStats
+from engines.base import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +75,19 @@ class HotPath:
 
     def __init__(self, app: Starlette, gateway: Gateway) -> None:
         self.app = app
-        self.handlers: dict[str, Callable[[Request], Awaitable[Response]]] = {
-            "/v1/chat/completions": gateway.chat,
-            "/v1/completions": gateway.completions,
+        self.gateway = gateway
+        self.endpoints: dict[str, Endpoint] = {
+            "/v1/chat/completions": "chat",
+            "/v1/completions": "completion",
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if handler is None or scope["method"] != "POST":
+        endpoint = self.endpoints.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         try:
-            response = await handler(Request(scope, receive))
+            response = await self.gateway.serve(scope, receive, endpoint)
         except Exception:
             log.exception("unhandled error on %s", scope["path"])
             error = ApiError(500, "Internal error in draftctl; see its log", "server_error")

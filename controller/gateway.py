@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope
 
 from controller.config import ServerConfig
 from controller.fleet import Fleet, routing_view
@@ -74,10 +75,10 @@ class Gateway:
         )
 
     async def chat(self, request: Request) -> Response:
-        return await self._handle(request, "chat")
+        return await self.serve(request.scope, request.receive, "chat")
 
     async def completions(self, request: Request) -> Response:
-        return await self._handle(request, "completion")
+        return await self.serve(request.scope, request.receive, "completion")
 
     async def models(self, request: Request) -> Response:
         data = [
@@ -86,13 +87,15 @@ class Gateway:
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    async def _handle(self, request: Request, endpoint: Endpoint) -> Response:
+    async def serve(self, scope: Scope, receive: Receive, endpoint: Endpoint) -> Response:
+        """One completion request, from the ASGI scope (no Starlette Request on this path)."""
         started_s = time.perf_counter()
+        task_header, length_header = _request_headers(scope)
         try:
             parsed = parse_request(
                 endpoint,
-                await self._read_body(request),
-                request.headers.get(TASK_HEADER),
+                await self._read_body(receive, length_header),
+                task_header,
                 self.allow_hint,
             )
             backends = self.fleet.backends_for(parsed.model)
@@ -166,12 +169,11 @@ class Gateway:
             return timeout_error(self.config.request_timeout_s).response()
         return Response(content, response.status, headers, response.media_type)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, receive: Receive, length_header: str | None) -> bytes:
         limit = self.config.max_body_bytes
-        check_length(request.headers.get("content-length"), limit)
+        check_length(length_header, limit)
         chunks: list[bytes] = []
         size = 0
-        receive = request.receive  # what request.stream() wraps, minus its async generator
         more_body = True
         while more_body:
             message = await receive()
@@ -256,6 +258,20 @@ class Gateway:
         except Exception:
             log.exception("the policy's online models rejected an outcome")
             self.metrics.degraded.labels("learning").inc()
+
+
+_TASK_HEADER = TASK_HEADER.encode()
+
+
+def _request_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """(x-draftctl-task, content-length) from the ASGI scope's lower-cased raw headers."""
+    task = length = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value.decode("latin-1")
+        elif name == _TASK_HEADER:
+            task = value.decode("latin-1")
+    return task, length
 
 
 async def _close(body: AsyncIterator[bytes]) -> None:

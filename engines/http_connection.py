@@ -147,7 +147,18 @@ class Connection(asyncio.Protocol):
         while not self._body:
             if self.is_complete:
                 return b""
-            await self._wait()
+            # _wait() inlined: this runs once per relayed chunk.
+            if self._error is not None:
+                raise self._error
+            if self.is_closed:
+                raise UpstreamError("upstream connection is closed")
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            if self._error is not None:
+                raise self._error
         body = self._body
         data = body[0] if len(body) == 1 else b"".join(body)
         self._body = []

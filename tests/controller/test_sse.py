@@ -106,3 +106,29 @@ def test_final_chunk_keeps_upstream_bytes_and_gains_one_draftctl_key() -> None:
     event = _events(out)[0]
     assert event.count(b'"draftctl"') == 1
     assert json.loads(event[6:])["draftctl"] == {"k": 7, "accept_length": 3.5}
+
+
+def _spaced(event: bytes) -> bytes:
+    """The same event as a server using json.dumps' default separators would write it."""
+    return b"data: " + json.dumps(json.loads(event[6:])).encode() + b"\n\n"
+
+
+def test_spaced_json_upstream_is_annotated_at_any_split() -> None:
+    """Markers are learnt from the first event; a spaced writer keeps the spaced spellings."""
+    spaced = b"".join(_spaced(e) for e in [_chunk("a"), _chunk("b"), _chunk("c", "stop"), USAGE])
+    stream = spaced + b"data: [DONE]\n\n"
+    for cut in (1, 5, 17, len(stream)):
+        pieces = [stream[i : i + cut] for i in range(0, len(stream), cut)]
+        out, annotator = _run(False, pieces)
+        events = _events(out)
+        assert len(events) == 4, "the usage chunk the client did not ask for is dropped"
+        assert json.loads(events[2][6:])["draftctl"] == {"k": 7, "accept_length": 3.5}
+        assert annotator.outcome.num_output_tokens == 3
+
+
+def test_compact_upstream_with_spaced_text_in_content() -> None:
+    stream = _chunk('say ": hi') + _chunk("b", "stop") + USAGE + b"data: [DONE]\n\n"
+    out, _ = _run(False, [stream])
+    events = _events(out)
+    assert len(events) == 3
+    assert json.loads(events[1][6:])["draftctl"] == {"k": 7, "accept_length": 3.5}
