@@ -102,7 +102,7 @@ class Engine:
         view = RequestView(
             request_id=request.request_id,
             step_index=len(request.accept_lengths),
-            accept_lengths=list(request.accept_lengths),
+            accept_lengths=request.accept_lengths,
             batch_size=batch_size,
             num_generated=len(request.output_ids),
             context=request.context,

@@ -35,6 +35,8 @@ class RequestView:
 
     request_id: str
     step_index: int
+    # The request's own list, not a copy (a copy per row per step grows with the request):
+    # read it during the call, never mutate or keep it.
     accept_lengths: list[int]
     batch_size: int
     num_generated: int

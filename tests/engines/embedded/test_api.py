@@ -28,9 +28,11 @@ async def collect(
 
 async def test_stream_reports_every_step(engine) -> None:
     views: list[RequestView] = []
+    histories: list[list[int]] = []
 
     def controller(view: RequestView) -> int:
         views.append(view)
+        histories.append(list(view.accept_lengths))  # the view's list is live: copy to keep
         return 5
 
     events = await collect(
@@ -46,7 +48,7 @@ async def test_stream_reports_every_step(engine) -> None:
     )
     assert all(r.accept_length == sum(r.accepted) + 1 and r.step_time_s > 0 for r in reports)
     assert views[0].context == {"task": "math"} and views[0].step_index == 0
-    assert views[-1].accept_lengths == [r.accept_length for r in reports[:-1]]
+    assert histories[-1] == [r.accept_length for r in reports[:-1]]
     assert views[-1].num_generated == sum(len(e.token_ids) for e in events[:-1])
     assert engine.block_size == BLOCK_SIZE and engine.device == "cpu"
     assert engine.tokenizer.apply_chat_template(
