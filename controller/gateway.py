@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope
 
 from controller.config import ServerConfig
-from controller.fleet import Fleet, routing_view
+from controller.fleet import Fleet
 from controller.metrics import Metrics
 from controller.openai_errors import (
     ApiError,
@@ -68,6 +68,7 @@ class Gateway:
         self.allow_hint = allow_hint
         self.num_inflight = 0
         self._request_ids = itertools.count(1)
+        self._raw_headers: dict[tuple[str, int, str, str], list[tuple[bytes, bytes]]] = {}
         self._timeout_event = error_event(
             f"request ran longer than server.request_timeout_s = {config.request_timeout_s} s "
             "and was stopped",
@@ -122,11 +123,6 @@ class Gateway:
         """Count the request, then relay the stream or send the whole body; record at the end."""
         self.metrics.count_request(plan.task.value, backend.name, k)
         self.stats.record_decision(plan.task, plan.confidence, backend.name, k)
-        headers = {
-            TASK_HEADER: plan.task.value,
-            "x-draftctl-spec-tokens": str(k),
-            "x-draftctl-backend": backend.name,
-        }
         self.num_inflight += 1
         deadline_s = started_s + self.config.request_timeout_s
 
@@ -142,11 +138,31 @@ class Gateway:
             self._record(response, plan, backend, k, end_s - started_s, decode_s)
 
         if parsed.is_stream and response.status == 200:
-            headers["cache-control"] = "no-cache"
-            return RelayResponse(
-                response.body, headers, response.media_type, deadline_s, self._timeout_event, done
-            )
+            raw = self._stream_headers(plan.task.value, k, backend.name, response.media_type)
+            return RelayResponse(response.body, raw, deadline_s, self._timeout_event, done)
+        headers = {
+            TASK_HEADER: plan.task.value,
+            "x-draftctl-spec-tokens": str(k),
+            "x-draftctl-backend": backend.name,
+        }
         return await self._whole(response, headers, deadline_s, done)
+
+    def _stream_headers(
+        self, task: str, k: int, backend: str, media_type: str
+    ) -> list[tuple[bytes, bytes]]:
+        """Encoded headers of a relayed stream, built once per (task, k, backend, type)."""
+        key = (task, k, backend, media_type)
+        raw = self._raw_headers.get(key)
+        if raw is None:
+            headers = {
+                TASK_HEADER: task,
+                "x-draftctl-spec-tokens": str(k),
+                "x-draftctl-backend": backend,
+                "cache-control": "no-cache",
+            }
+            raw = Response(None, 200, headers, media_type).raw_headers
+            raw = self._raw_headers[key] = [h for h in raw if h[0] != b"content-length"]
+        return raw
 
     async def _whole(
         self,
@@ -193,9 +209,8 @@ class Gateway:
         self, parsed: ParsedRequest, plan: Plan
     ) -> tuple[Backend, int, BackendResponse]:
         request_id = f"{next(self._request_ids):x}"
-        adjustable = [b.name for b in plan.pools if b.spec_tokens is None]
-        for backend in plan.pools:
-            k = served_spec_tokens(routing_view(backend), plan.decision, adjustable)
+        for backend, view in zip(plan.pools, plan.views, strict=True):
+            k = served_spec_tokens(view, plan.decision, plan.adjustable)
             backend_request = BackendRequest(
                 parsed.endpoint,
                 parsed.body,

@@ -22,12 +22,12 @@ from controller.request_parse import ParsedRequest
 from controller.stats import LiveStats
 from engines.base import Backend
 from policies.routing import rank_pools
-from policies.types import Decision, Task
+from policies.types import Decision, PoolView, Task
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: one is built per request, and frozen fields cost a setattr call each
 class Plan:
     task: Task
     confidence: float
@@ -36,6 +36,8 @@ class Plan:
     pools: list[Backend]  # healthy, best first; the tail is the retry plan
     running: RunningPolicy  # the policy that decided (learns from the outcome)
     concurrency: int  # the load the decision saw
+    views: list[PoolView]  # routing views of ``pools``, same order
+    adjustable: list[str]  # names of the pools that set k per request
 
 
 class Planner:
@@ -95,4 +97,6 @@ class Planner:
         adjustable = [b.name for b in fleet if b.spec_tokens is None]
         ranked = rank_pools(views, decision, adjustable)
         pools = [by_name[v.name] for v in ranked]
-        return Plan(task, confidence, source, decision, pools, running, concurrency)
+        return Plan(
+            task, confidence, source, decision, pools, running, concurrency, ranked, adjustable
+        )

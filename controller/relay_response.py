@@ -2,9 +2,12 @@
 
 Under uvicorn (ASGI spec 2.3) StreamingResponse runs the body and a disconnect listener in
 an anyio task group per response, which is a measurable share of the gateway's CPU per
-request. Here one plain asyncio task waits for ``http.disconnect`` and the send loop checks
-it between chunks; when the client has gone, the body iterator is closed so the upstream
-request is dropped (and the backend stops generating) instead of running to the end.
+request. Here the send loop checks between chunks whether the client has gone; if so, the
+body iterator is closed so the upstream request is dropped (and the backend stops
+generating) instead of running to the end. uvicorn's send() silently drops data for a gone
+client, so the check needs its own signal: uvicorn's per-request cycle (the object ``send``
+is bound to) keeps a ``disconnected`` flag, read directly when it is there; any other
+server gets a plain asyncio task waiting for ``http.disconnect``.
 
 The gateway's per-request bookkeeping rides on ``on_done`` rather than on another async
 generator around the body: every layer costs CPU on every relayed chunk.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -28,23 +31,22 @@ class RelayResponse(Response):
     def __init__(
         self,
         body: AsyncIterator[bytes],
-        headers: Mapping[str, str],
-        media_type: str,
+        raw_headers: list[tuple[bytes, bytes]],
         deadline_s: float,
         timeout_event: bytes,
         on_done: OnDone,
     ) -> None:
+        """``raw_headers``: complete and encoded (content-type included), sent as they are."""
         self.body_iterator = body
         self.status_code = 200
-        self.media_type = media_type
         self.background = None
-        self.init_headers(headers)
+        self.raw_headers = raw_headers
         self.deadline_s = deadline_s
         self.timeout_event = timeout_event
         self.on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        gone = _disconnect_signal(receive, send)
         first_s: float | None = None
         is_timed_out = False
         try:
@@ -62,13 +64,31 @@ class RelayResponse(Response):
                     break
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone
+            if isinstance(gone, asyncio.Future):
+                gone.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await gone
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
             self.on_done(first_s, is_timed_out)
+
+
+class _CycleFlag:
+    """``done()`` once uvicorn's request cycle has seen the client disconnect."""
+
+    def __init__(self, cycle: object) -> None:
+        self._cycle = cycle
+
+    def done(self) -> bool:
+        return bool(getattr(self._cycle, "disconnected", False))
+
+
+def _disconnect_signal(receive: Receive, send: Send) -> _CycleFlag | asyncio.Future[None]:
+    cycle = getattr(send, "__self__", None)
+    if cycle is not None and isinstance(getattr(cycle, "disconnected", None), bool):
+        return _CycleFlag(cycle)
+    return asyncio.ensure_future(_wait_disconnect(receive))
 
 
 async def _wait_disconnect(receive: Receive) -> None:

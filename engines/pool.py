@@ -26,7 +26,7 @@ from engines.base import (
 )
 from engines.http_upstream import HttpUpstream, UpstreamError, UpstreamResponse
 from engines.outcome_readers import reader_for, request_extras
-from engines.sse import SseAnnotator, merge_outcome
+from engines.sse import SseAnnotator, compact_json, merge_outcome
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,9 @@ class PoolBackend:
             await self.check_health()
 
     def _pick(self, tried: set[str]) -> ServerSlot | None:
+        if len(self.slots) == 1:  # a pool of one server: no list, rotation or min()
+            slot = self.slots[0]
+            return slot if slot.is_healthy and slot.url not in tried else None
         candidates = [s for s in self.slots if s.is_healthy and s.url not in tried]
         if not candidates:
             return None
@@ -125,7 +128,7 @@ class PoolBackend:
             wants_usage = bool(options.get("include_usage"))
             # Per-request spec-decode metrics ride on the usage chunk; ask for it always.
             body["stream_options"] = {**options, "include_usage": True}
-        payload = json.dumps(body).encode()
+        payload = compact_json(body).encode()
         tried: set[str] = set()
         while (slot := self._pick(tried)) is not None:
             tried.add(slot.url)

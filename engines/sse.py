@@ -22,9 +22,38 @@ from engines.base import Annotator, Outcome
 OutcomeReader = Callable[[dict[str, Any]], Outcome | None]
 
 _DONE = b"data: [DONE]"
-# json.dumps() with any non-default argument builds a new encoder on every call.
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
 _SEP = b"\n\n"
+
+
+def _build_compact_encoder() -> Callable[[Any], str]:
+    """``json.dumps(obj, separators=(",", ":"))`` without its per-call set-up.
+
+    JSONEncoder.encode builds a new C encoder on every call; this builds one, once. The C
+    encoder is private to CPython's json package, hence the fallback.
+    """
+    fallback = json.JSONEncoder(separators=(",", ":")).encode
+    try:
+        from _json import make_encoder
+        from json.encoder import encode_basestring_ascii
+
+        def default(obj: Any) -> Any:
+            raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+        encoder = make_encoder(
+            None, default, encode_basestring_ascii, None, ":", ",", False, False, True
+        )
+        if "".join(encoder({"a": [1.5, None]}, 0)) != fallback({"a": [1.5, None]}):
+            return fallback
+    except (ImportError, TypeError):
+        return fallback
+
+    def encode(obj: Any) -> str:
+        return "".join(encoder(obj, 0))
+
+    return encode
+
+
+compact_json = _build_compact_encoder()
 
 
 def merge_outcome(into: Outcome, found: Outcome | None, body: dict[str, Any]) -> None:
@@ -198,7 +227,7 @@ def _with_draftctl(obj: dict[str, Any], event: bytes, annotation: dict[str, Any]
     """
     data = event.rstrip()
     if obj and "draftctl" not in obj and data.endswith(b"}"):
-        extra = _COMPACT.encode(annotation).encode()
+        extra = compact_json(annotation).encode()
         return data[:-1] + b',"draftctl":' + extra + b"}" + _SEP
     obj = {**obj, "draftctl": annotation}
     return b"data: " + json.dumps(obj).encode() + _SEP
