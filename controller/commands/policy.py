@@ -169,6 +169,8 @@ def _cost(args: argparse.Namespace, goodput: Any, base_dir: Path) -> tuple[Any, 
         block_size=args.block_size,
         verify_width_multiple=goodput.verify_width_multiple,
         draft_cost_fraction=goodput.draft_cost_fraction,
+        prior_overhead_s=goodput.step_overhead_s,
+        prior_overhead_per_request_s=goodput.request_overhead_s,
     )
     if args.models is not None:
         saved = json.loads(args.models.read_text())

@@ -105,6 +105,24 @@ def test_export_schedule_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["policy", "export-schedule"]) == 2
 
 
+def test_export_schedule_counts_the_policy_files_host_overhead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step's fixed host time weighs on plain and drafting steps alike, so it makes drafting
+    pay at larger batches: chat stops drafting at batch 40 without it and never with 50 ms."""
+    (tmp_path / "cost.json").write_text(json.dumps(TABLE))
+    schedules = []
+    for extra in ("", "  step_overhead_s: 0.05\n"):
+        policy = "kind: goodput\ngoodput:\n  cost_table: cost.json\n" + extra
+        (tmp_path / "policy.yaml").write_text(policy)
+        argv = ["policy", "export-schedule", "--policy", str(tmp_path / "policy.yaml")]
+        assert main([*argv, "--pool", "fast=15", "--max-batch-size", "64", "--mix", "chat=1"]) == 0
+        pool = json.loads(capsys.readouterr().out)["pools"]["fast"]
+        schedules.append(pool["num_speculative_tokens_per_batch_size"])
+    assert schedules[0][-1] == [40, 64, 0]
+    assert all(k > 0 for _, _, k in schedules[1])
+
+
 def test_policy_file_host_overhead_reaches_the_cost_model(tmp_path: Path) -> None:
     from policies.model import parse_policy
     from policies.validation import InvalidDocument
