@@ -1,4 +1,4 @@
-"""The labelled corpus, deduplicated, with its deterministic held-out mask."""
+"""The labelled corpus, deduplicated, with its deterministic held-out and validation masks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.classifier.corpus import Example, all_examples
-from controller.classifier.split import DEFAULT_HELD_OUT_PERCENT, is_held_out
+from controller.classifier.split import DEFAULT_HELD_OUT_PERCENT, is_held_out, is_validation
 from controller.classifier.text import DEFAULT_MAX_CHARS, request_text
 
 
@@ -24,6 +24,18 @@ class Dataset:
 
     def subset(self, is_test: bool) -> list[int]:
         return [i for i, flag in enumerate(self.is_test) if flag == is_test]
+
+    def train_rows(self, validation_percent: int = 0) -> list[int]:
+        """Training examples, less the validation groups when ``validation_percent`` > 0."""
+        rows = self.subset(is_test=False)
+        if not validation_percent:
+            return rows
+        return [i for i in rows if not is_validation(self.examples[i].group, validation_percent)]
+
+    def validation_rows(self, validation_percent: int) -> list[int]:
+        """The training examples whose group is in the validation split (never held out)."""
+        rows = self.subset(is_test=False)
+        return [i for i in rows if is_validation(self.examples[i].group, validation_percent)]
 
 
 def build_dataset(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ import numpy as np
 
 from controller.classifier.base import Classifier
 from controller.classifier.corpus import Example
+from controller.classifier.text import request_segments
 from policies.types import TASKS, Task
 
 
@@ -108,3 +110,35 @@ def format_report(report: EvalReport, has_latency: bool = True) -> str:
     if has_latency:
         lines += ["", format_latency("latency per held-out request", report.latencies_s)]
     return "\n".join(lines)
+
+
+def format_errors(classifier: Classifier, examples: Sequence[Example], num_errors: int) -> str:
+    """``num_errors`` misclassified real-source examples, drawn at random with seed 0: the
+    label, the guess, the last user turn and the start and end of the context."""
+    misses = [
+        (example, guess)
+        for example in examples
+        if not example.source.startswith("synth")
+        for guess in [classifier.classify(example.body)]
+        if guess.task != example.task
+    ]
+    random.Random(0).shuffle(misses)
+    lines = [f"\n{len(misses)} real-source errors; {min(num_errors, len(misses))} of them:"]
+    for number, (example, guess) in enumerate(misses[:num_errors]):
+        focus, context = request_segments(example.body)
+        lines.append(
+            f"#{number} {example.source} label={example.task} guess={guess.task} "
+            f"confidence={guess.confidence:.2f}"
+        )
+        lines.append(f"  request: {_snippet(focus, 400)}")
+        if context:
+            lines.append(f"  context: {_snippet(context, 200)}")
+        if example.answer:
+            lines.append(f"  answer:  {_snippet(example.answer, 200)}")
+    return "\n".join(lines)
+
+
+def _snippet(text: str, num_chars: int) -> str:
+    if len(text) <= num_chars:
+        return repr(text)
+    return f"{text[: num_chars * 3 // 4]!r} ... {text[-(num_chars // 4) :]!r}"

@@ -7,13 +7,18 @@ ShareGPT is mostly chat but mixes in coding and maths requests. Each human turn 
 from what the drafter would have had to produce, i.e. the assistant answer that follows it,
 by these rules (first match wins; see docs/classifier.md):
 
-1. code: fenced code blocks make up at least ``MIN_CODE_FRACTION`` of the answer;
-2. chat: the answer has no backtick at all (no fence, no inline code), and neither turn
-   shows code syntax nor the human turn a maths cue;
-3. anything else is ambiguous and left out (counted in the training manifest). This includes
-   every maths-looking turn: a sample of them showed more word problems about business,
-   dosing or logistics answered in prose than worked derivations, so ShareGPT contributes
-   no maths labels (GSM8K, MATH-500, CHAMP and MT-Bench do).
+0. dropped: an empty human turn, or an answer without a letter or digit (ShareGPT has many
+   answers that are a lone zero-width space);
+1. code: code makes up at least ``MIN_CODE_FRACTION`` of the answer's characters, counting
+   fenced blocks and, outside fences, lines that look like code (``CODE_LINE``: a
+   continuation answer often carries its code without the fence it was cut from);
+2. math: at least ``MIN_EQUATION_LINES`` lines, and ``MIN_EQUATION_FRACTION`` of the
+   answer's non-empty lines, are worked equations (``EQUATION_LINE``: a numeric relation
+   such as ``20672 = 2 x 8512 + 3096``, a product of numbers, or LaTeX), not code;
+3. chat: the answer has no backtick at all, neither turn shows code syntax, the answer has
+   fewer than two code-like lines and no equation line;
+4. anything else is ambiguous and left out (counted in the training manifest), e.g. prose
+   with one formula, or an explanation quoting a little inline code.
 """
 
 from __future__ import annotations
@@ -35,12 +40,24 @@ CODE_SYNTAX = re.compile(
     r"|</?(?:div|span|html|script|body)\b|;\s*$|\{\s*$|^\s*\}|\$\w+\s*=|\w+\(\)\s*[;{]",
     re.M,
 )
-MATH_CUE = re.compile(
-    r"\\frac|\\int|\\sum|\\sqrt|\bsolve\b|\bequations?\b|\bintegral\b|\bderivative\b"
-    r"|\bprobability\b|\bcalculate\b|\bhow many\b|\d\s*[-+*/^×÷]\s*\d|\d\s*=\s*\d"
-    r"|\bx\s*[=+\-]\s*\d",
-    re.I,
+# A line of code outside a fence: a statement keyword, a brace, a trailing ';' or '{', or an
+# assignment from a call, index or string.
+CODE_LINE = re.compile(
+    r"^\s*(?:def |class \w|import \w|from [\w.]+ import|return\b|elif\b|else\s*:|if\b.*:\s*$"
+    r"|for\b.*:\s*$|while\b.*:\s*$|with\b.*:\s*$|try\s*:|except\b|print\(|const |let |var "
+    r"|function\b|public |private |#include|using \w|package \w|\}|\{)"
+    r"|[;{]\s*$|^\s*[\w.\[\]'\"]+\s*[-+*/]?=\s*[^=\n]*[(\[\"'][^\n]*$",
 )
+# A worked-equation line: '= 3', '3 =', '4 * 3', '2^5', or a LaTeX maths command...
+EQUATION_LINE = re.compile(
+    r"[=≈]\s*[-−$(]?\s*\d|\d\s*[=≈]|\\(?:frac|sqrt|cdot|times|sum|int|pi|theta)\b"
+    r"|\d\s*[×*÷^]\s*\(?\d"
+)
+# ...but not a list of settings such as 'icmp_seq=1 ttl=64' (terminal output, config).
+KEY_VALUES = re.compile(r"\w=\w[^\n]*\w=\w")
+MIN_EQUATION_LINES = 3
+MIN_EQUATION_FRACTION = 0.3
+HAS_WORD = re.compile(r"\w")
 
 
 @dataclass(frozen=True)
@@ -91,14 +108,45 @@ def fenced_fraction(answer: str) -> float:
     return sum(len(block) for block in FENCE.findall(answer)) / len(answer)
 
 
+def nonempty_lines(text: str) -> list[str]:
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def code_lines_outside_fences(answer: str) -> list[str]:
+    return [line for line in nonempty_lines(FENCE.sub("\n", answer)) if CODE_LINE.search(line)]
+
+
+def code_fraction(answer: str) -> float:
+    """Fenced blocks plus code-like lines outside fences, as a fraction of the answer."""
+    if not answer:
+        return 0.0
+    unfenced = sum(len(line) for line in code_lines_outside_fences(answer))
+    return fenced_fraction(answer) + unfenced / len(answer)
+
+
+def equation_lines(answer: str) -> tuple[int, int]:
+    """``(equation lines, non-empty lines)`` of the answer, fences opened."""
+    lines = nonempty_lines(answer.replace("```", "\n"))
+    equations = [
+        line
+        for line in lines
+        if EQUATION_LINE.search(line) and not CODE_LINE.search(line)
+        and not KEY_VALUES.search(line)
+    ]  # fmt: skip
+    return len(equations), len(lines)
+
+
 def label_turn(prompt: str, answer: str) -> Task | None:
     """The task of a human turn by the module's rules, or None when it is ambiguous."""
-    if not prompt.strip() or not answer.strip():
+    if not prompt.strip() or not HAS_WORD.search(answer):
         return None
-    if fenced_fraction(answer) >= MIN_CODE_FRACTION:
+    if code_fraction(answer) >= MIN_CODE_FRACTION:
         return Task.CODE
+    num_equations, num_lines = equation_lines(answer)
+    if num_equations >= MIN_EQUATION_LINES and num_equations >= MIN_EQUATION_FRACTION * num_lines:
+        return Task.MATH
     if "`" in answer or CODE_SYNTAX.search(prompt) or CODE_SYNTAX.search(answer):
         return None
-    if MATH_CUE.search(prompt):
+    if num_equations or len(code_lines_outside_fences(answer)) >= 2:
         return None
     return Task.CHAT

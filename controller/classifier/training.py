@@ -32,7 +32,7 @@ from controller.classifier.features import FeatureSpec, request_buckets
 from controller.classifier.model import LinearClassifier
 from controller.classifier.stacking import fit_combiner, out_of_fold_features
 from controller.classifier.text import DEFAULT_MAX_CHARS
-from policies.types import TASKS
+from policies.types import TASKS, Task
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,16 @@ class TrainSettings:
     # Averaged SGD: the final iterate moved held-out accuracy by up to 0.8 points between
     # seeds (94.8-95.6%); the average by 0.2 (95.4-95.6%).
     is_averaged: bool = True
-    # None: "balanced" (1/frequency) scored 94.0% vs 94.6% and sent more chat to code.
+    # None, "balanced" (1/frequency; scored 94.0% vs 94.6% and sent more chat to code), or
+    # per-task weights such as "code=2" (tasks not named weigh 1; see class_weights).
     class_weight: str | None = None
     # Hidden units of the combiner MLP (0: none, segment scores are added); needs segments.
     num_hidden: int = 8
     # Folds of the out-of-fold linear scores the combiner is fitted on.
     num_folds: int = 5
+    # Percent of the training groups left out for choosing models (0: train on all of them;
+    # the committed artifact). ``classifier eval --split validation`` scores the rest.
+    validation_percent: int = 0
 
 
 def segment_matrices(
@@ -96,7 +100,7 @@ def labels(dataset: Dataset, rows: list[int]) -> npt.NDArray[np.int64]:
 
 
 def fit(dataset: Dataset, settings: TrainSettings, is_progress: bool = False) -> LinearClassifier:
-    rows = dataset.subset(is_test=False)
+    rows = dataset.train_rows(settings.validation_percent)
     bodies = (dataset.examples[i].body for i in rows)
     segments, sizes = segment_matrices(bodies, settings.spec, dataset.max_chars, is_progress)
     matrix = sum(segments[1:], segments[0]).tocsr()
@@ -125,14 +129,32 @@ def fit_linear(
         max_iter=settings.num_epochs,
         tol=None,
         random_state=settings.seed,
-        class_weight=settings.class_weight,
+        class_weight=class_weights(settings.class_weight),
         average=settings.is_averaged,
     )
     return model.fit(matrix, targets)
 
 
+def class_weights(setting: str | None) -> str | dict[int, float] | None:
+    """scikit-learn's ``class_weight`` for a setting: None, "balanced", or "code=2,math=1.5"
+    (weights by task name; a task not named weighs 1)."""
+    if setting is None or setting == "balanced":
+        return setting
+    weights = {index: 1.0 for index in range(len(TASKS))}
+    for item in setting.split(","):
+        name, _, value = item.partition("=")
+        try:
+            weights[TASKS.index(Task(name.strip()))] = float(value)
+        except ValueError as error:
+            raise ValueError(
+                f"class weight {item!r}: expected TASK=WEIGHT with TASK one of "
+                f"{', '.join(TASKS)}, e.g. code=2"
+            ) from error
+    return weights
+
+
 def manifest(dataset: Dataset, settings: TrainSettings, shared_data: Path) -> dict[str, Any]:
-    train_rows = dataset.subset(is_test=False)
+    train_rows = dataset.train_rows(settings.validation_percent)
     per_source = Counter(
         f"{dataset.examples[i].source}/{dataset.examples[i].task}" for i in train_rows
     )
@@ -145,9 +167,10 @@ def manifest(dataset: Dataset, settings: TrainSettings, shared_data: Path) -> di
         "num_hidden": settings.num_hidden if settings.spec.is_segmented else 0,
         "num_folds": settings.num_folds,
         "class_weight": settings.class_weight,
+        "validation_percent": settings.validation_percent,
         "data_versions": data_versions(shared_data),
         "num_train": len(train_rows),
-        "num_held_out": len(dataset.is_test) - len(train_rows),
+        "num_held_out": sum(dataset.is_test),
         "num_duplicates_dropped": dataset.num_duplicates,
         "train_counts": dict(sorted(per_source.items())),
         "sharegpt_turn_labels": dict(sorted(dataset.sharegpt_counts.items())),

@@ -32,9 +32,9 @@ def register(subparsers: Any) -> None:
     )
     train.add_argument(
         "--class-weight",
-        choices=("balanced", "none"),
         default=None,
-        help="class weighting (default: TrainSettings.class_weight)",
+        help="class weighting: none, balanced, or TASK=WEIGHT[,TASK=WEIGHT] such as code=2 "
+        "(default: TrainSettings.class_weight)",
     )
     train.add_argument(
         "--num-bits", type=int, default=None, help="log2 of the number of hash buckets"
@@ -62,6 +62,14 @@ def register(subparsers: Any) -> None:
     evaluate.add_argument(
         "--artifact", type=Path, default=None, help="artifact folder (default: built-in)"
     )
+    evaluate.add_argument(
+        "--list-errors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print N misclassified real-source requests, drawn at random (seed 0)",
+    )
+    evaluate.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
     evaluate.set_defaults(func=run_eval)
 
 
@@ -78,6 +86,14 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_HELD_OUT_PERCENT,
         help="percent of groups held out by hash (default: 20; must match training)",
     )
+    parser.add_argument(
+        "--validation-percent",
+        type=int,
+        default=0,
+        help="train: leave this percent of the training groups out; eval: score those "
+        "validation groups instead of the held-out split (default: 0 = off; use the same "
+        "value for both; choose models this way, never on the held-out split)",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -87,25 +103,31 @@ def run_train(args: argparse.Namespace) -> int:
 
     out = args.out or builtin_artifact_dir()
     try:
+        settings = settings_from(args)
+    except ValueError as error:
+        logger.error("--class-weight %s: %s", args.class_weight, error)
+        return 2
+    try:
         dataset = load_dataset(args.shared_data, args.held_out_percent)
     except MissingDataError as error:
         logger.error("%s", error)
         return 2
     num_test = sum(dataset.is_test)
     logger.info("examples: %d train, %d held out", len(dataset.texts) - num_test, num_test)
-    train(dataset, settings_from(args), args.shared_data, out, is_progress=True)
+    train(dataset, settings, args.shared_data, out, is_progress=True)
     logger.info("wrote %s", out)
     return 0
 
 
 def settings_from(args: argparse.Namespace) -> Any:
-    from controller.classifier.training import TrainSettings
+    from controller.classifier.training import TrainSettings, class_weights
 
-    settings = TrainSettings(seed=args.seed)
+    settings = TrainSettings(seed=args.seed, validation_percent=args.validation_percent)
     if args.alpha is not None:
         settings = replace(settings, alpha=args.alpha)
     if args.class_weight is not None:
         weighting = None if args.class_weight == "none" else args.class_weight
+        class_weights(weighting)  # a bad value fails here, before the data is read
         settings = replace(settings, class_weight=weighting)
     spec = settings.spec
     if args.ngram_sizes:
@@ -122,7 +144,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 def run_eval(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import ArtifactError, load_classifier
     from controller.classifier.dataset import load_dataset
-    from controller.classifier.evaluation import evaluate, format_report
+    from controller.classifier.evaluation import evaluate, format_errors, format_report
 
     try:
         classifier = load_classifier(args.artifact)
@@ -130,9 +152,16 @@ def run_eval(args: argparse.Namespace) -> int:
     except (ArtifactError, MissingDataError) as error:
         logger.error("%s", error)
         return 2
-    examples = [dataset.examples[i] for i in dataset.subset(is_test=True)]
+    if args.validation_percent:
+        rows = dataset.validation_rows(args.validation_percent)
+        print(f"validation split: {args.validation_percent}% of the training groups")
+    else:
+        rows = dataset.subset(is_test=True)
+    examples = [dataset.examples[i] for i in rows]
     print(format_report(evaluate(classifier, examples), has_latency=False))
-    return measure_latency(examples, args.artifact)
+    if args.list_errors:
+        print(format_errors(classifier, examples, args.list_errors))
+    return 0 if args.no_latency else measure_latency(examples, args.artifact)
 
 
 def measure_latency(examples: list[Any], artifact: Path | None) -> int:

@@ -11,6 +11,14 @@ from policies.types import Task
 CODE_ANSWER = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n"
 
 
+EUCLID = "20672 = 2 x 8512 + 3648\n8512 = 2 x 3648 + 1216\n3648 = 3 x 1216 + 0\nSo the gcd is 1216."
+CONTINUED_CODE = (
+    '))\nbudget = int(input("Enter your budget: "))\nif option == "3":\n'
+    "    with open('profiles.json') as f:\n        data = json.load(f)\n"
+)
+PING = "64 bytes from host: icmp_seq=1 ttl=64 time=0.4 ms\n" * 3
+
+
 @pytest.mark.parametrize(
     ("prompt", "answer", "expected"),
     [
@@ -18,10 +26,20 @@ CODE_ANSWER = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n"
         ("Write a haiku about autumn", "Leaves fall, quiet light.", Task.CHAT),
         # Code syntax in the prompt but a prose answer: ambiguous, dropped.
         ("what does `def f(): pass` mean", "It defines a function.", None),
-        # A maths cue but a prose answer: ShareGPT gives no maths labels.
-        ("How many days are in 3 weeks?", "There are 21 days.", None),
+        # The answer decides, not a maths cue in the prompt: a prose answer is chat...
+        ("How many days are in 3 weeks?", "There are 21 days.", Task.CHAT),
+        # ...worked equations are maths...
+        ("Find gcd(8512, 20672) with Euclid's algorithm", EUCLID, Task.MATH),
+        # ...and prose with a single formula is neither: dropped.
+        ("How does break-even work?", "Costs = 5 + 3\nIt is where revenue meets cost.", None),
+        # Settings such as 'ttl=64' are not equations.
+        ("ping host", PING, Task.CHAT),
+        # Code continued without its fence (cut off in the previous answer) is code.
+        ("continue", CONTINUED_CODE, Task.CODE),
         ("Explain", "See ```x``` and a long prose answer " + "word " * 200, None),
         ("", CODE_ANSWER, None),
+        # ShareGPT's empty answers (a lone zero-width space) say nothing: dropped.
+        ("Write a story", "\u200b", None),
     ],
 )
 def test_label_rules(prompt: str, answer: str, expected: Task | None) -> None:

@@ -101,3 +101,12 @@ def test_combiner_is_fitted_saved_and_loaded_with_the_same_scores(tmp_path: Path
     )
     with pytest.raises(ArtifactError, match="segmented"):
         load_classifier(tmp_path)
+
+
+def test_class_weights_by_task_name() -> None:
+    from controller.classifier.training import class_weights
+
+    assert class_weights("code=2") == {0: 1.0, 1: 2.0, 2: 1.0}  # TASKS: math, code, chat
+    assert class_weights("balanced") == "balanced" and class_weights(None) is None
+    with pytest.raises(ValueError, match=r"'prose=2'.*math, code, chat"):
+        class_weights("prose=2")
