@@ -170,6 +170,10 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
         return data
 
+    def is_open(self) -> bool:
+        """Not closed, and not closing either (the server's FIN may be in already)."""
+        return not self.is_closed and self.transport is not None and not self.transport.is_closing()
+
     def can_reuse(self) -> bool:
         """The response was read to its end and the server keeps the connection open."""
         return self.is_complete and self._can_keep_alive and not self.is_closed and not self._body

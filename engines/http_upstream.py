@@ -141,7 +141,7 @@ class HttpUpstream:
         idle = self._idle
         while idle:
             connection = idle.pop()  # the most recently used is the likeliest still open
-            if not connection.is_closed:
+            if connection.is_open():
                 return connection
         return await self._connect()
 
