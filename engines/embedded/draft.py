@@ -25,6 +25,7 @@ from engines.embedded.layers import (
     load_strict,
     write_cache,
 )
+from engines.embedded.packing import Packing, pack, unpack
 from engines.embedded.target import TargetModel
 
 
@@ -54,14 +55,20 @@ class DraftModel(nn.Module):
             layer.fuse()
 
     def insert_context(
-        self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache, first_slot: int = 0
+        self,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        first_slot: int = 0,
+        packing: Packing | None = None,
     ) -> None:
-        """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W]."""
+        """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W] (packed
+        ``[1, N, ...]`` with ``packing``)."""
         context = self.hidden_norm(self.fc(features))
         rope = self.rotary.tables(positions, context.dtype)
         for index, layer in enumerate(decoder_layers(self.layers)):
-            k, v = layer.key_value(context)
-            k_cache, v_cache = cache.rows(index, first_slot, features.shape[0])
+            k, v = (unpack(t, packing) for t in layer.key_value(context))
+            k_cache, v_cache = cache.rows(index, first_slot, positions.shape[0])
             write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
 
@@ -73,10 +80,14 @@ class DraftModel(nn.Module):
         target: TargetModel,
         first_slot: int = 0,
         num_keys: int | None = None,
+        rows: Packing | None = None,
+        outputs: Packing | None = None,
     ) -> torch.Tensor:
         """block_ids: [B, block] = last token then mask tokens, at positions [B, block].
 
-        Returns draft logits [B, block - 1, vocab] for positions ``s + 1 .. s + block - 1``."""
+        Returns draft logits [B, block - 1, vocab] for positions ``s + 1 .. s + block - 1``.
+        ``rows`` (over [B, block]) computes only the rows that draft; ``outputs`` (over
+        [B, block - 1]) only the logits that are used; the rest are zeros."""
         num_keys = num_keys or cache.max_len
         batch = block_ids.shape[0]
         key_positions = torch.arange(num_keys, device=block_ids.device)
@@ -84,17 +95,20 @@ class DraftModel(nn.Module):
         visible = (key_positions[None, :] < end)[:, None, :].expand(-1, block_ids.shape[1], -1)
         shape = self.spec.shape
         mask = attention_mask(visible, shape.num_heads, shape.num_kv_heads)
-        h = target.embed_tokens(block_ids) * self.spec.input_embedding_scale
+        h = target.embed_tokens(pack(block_ids, rows)) * self.spec.input_embedding_scale
         rope = self.rotary.tables(positions, h.dtype)
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = layer.qkv(layer.input_layernorm(h))
+            q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h)))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
             write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
             attn = cached_attention(
                 Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
             )
-            h = layer.feed_forward(h + layer.attention_out(attn))
-        logits = target.logits(self.norm(h[:, 1:])) * self.spec.output_multiplier
+            h = layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
+        after_first = pack(unpack(h, rows)[:, 1:], outputs)
+        logits = (
+            unpack(target.logits(self.norm(after_first)), outputs) * self.spec.output_multiplier
+        )
         cap = self.spec.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -17,6 +17,7 @@ import torch
 from engines.embedded.cuda_graphs import GraphedCall, padded_size
 from engines.embedded.draft import DraftModel
 from engines.embedded.kv_cache import KVCache
+from engines.embedded.packing import Packing, unpack
 from engines.embedded.request import Request
 from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
@@ -56,6 +57,9 @@ class ModelRunner:
                 "each change recompiles"
             )
         self.compile_forwards = compile_forwards
+        # Eager steps compute only the tokens each row uses (engines/embedded/packing.py);
+        # CUDA graphs replay fixed padded shapes.
+        self.pack_ragged = not use_cuda_graphs
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         if compile_forwards:
@@ -85,17 +89,34 @@ class ModelRunner:
     # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
 
     def _verify_forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, num_keys: int | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        num_keys: int | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        hidden, features = self.target(ids, positions, self.target_cache, num_keys=num_keys)
-        self.draft.insert_context(features, positions, self.draft_cache)
-        return self.target.logits(hidden)
+        hidden, features = self.target(
+            ids, positions, self.target_cache, num_keys=num_keys, packing=packing
+        )
+        self.draft.insert_context(features, positions, self.draft_cache, packing=packing)
+        return unpack(self.target.logits(hidden), packing)
 
     def _draft_forward(
-        self, block_ids: torch.Tensor, positions: torch.Tensor, num_keys: int | None = None
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        num_keys: int | None = None,
+        rows: Packing | None = None,
+        outputs: Packing | None = None,
     ) -> torch.Tensor:
         return self.draft.propose(
-            block_ids, positions, self.draft_cache, self.target, num_keys=num_keys
+            block_ids,
+            positions,
+            self.draft_cache,
+            self.target,
+            num_keys=num_keys,
+            rows=rows,
+            outputs=outputs,
         )
 
     def _capture(self) -> None:
@@ -111,12 +132,16 @@ class ModelRunner:
                 self._draft, (ids, pos), pool
             )
 
-    def _run(self, name: str, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _run(
+        self, name: str, ids: torch.Tensor, positions: torch.Tensor, *packings: Packing | None
+    ) -> torch.Tensor:
+        """One forward: a CUDA-graph replay at padded shapes, or (eager) the packed forward
+        that computes only the tokens the rows use (``packings``: see the forwards)."""
         rows, width = ids.shape
         forward = self._verify if name == "verify" else self._draft
         if not self.use_cuda_graphs:
             num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
-            return forward(ids, positions, min(num_keys, self.target_cache.max_len))
+            return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
         graph = self._graphs[name, padded_size(rows, self.batch_sizes), width]
         return graph(ids, positions)[:rows]
 
@@ -177,7 +202,9 @@ class ModelRunner:
                 device=self.device,
             )
             block[:, 0] = last
-            draft_logits = self._run("draft", block, start[:, None] + offsets)[:, :widest]
+            draft_logits = self._run(
+                "draft", block, start[:, None] + offsets, *self._draft_packings(spec_tokens)
+            )[:, :widest]
             if params is None:
                 drafts = draft_logits.argmax(dim=-1)
             else:
@@ -186,7 +213,9 @@ class ModelRunner:
         ids = torch.cat([last[:, None], drafts], dim=1)
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
-        logits = self._run("verify", ids, start[:, None] + offsets[:width])[:, : widest + 1]
+        logits = self._run(
+            "verify", ids, start[:, None] + offsets[:width], self._verify_packing(spec_tokens)
+        )[:, : widest + 1]
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
         else:
@@ -203,6 +232,23 @@ class ModelRunner:
             )
         packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1).cpu()  # the sync
         return self._unpack(packed, spec_tokens, widest, self._clock() - started)
+
+    def _verify_packing(self, spec_tokens: list[int]) -> Packing | None:
+        """Eager steps whose rows verify different widths compute k + 1 tokens per row."""
+        if not self.pack_ragged or min(spec_tokens) == max(spec_tokens):
+            return None
+        lengths = torch.tensor([k + 1 for k in spec_tokens], device=self.device)
+        return Packing.from_lengths(lengths, max(spec_tokens) + 1)
+
+    def _draft_packings(self, spec_tokens: list[int]) -> tuple[Packing | None, Packing | None]:
+        """Eager steps draft only the rows with k > 0 and only the k logits each one uses."""
+        if not self.pack_ragged:
+            return None, None
+        k = torch.tensor(spec_tokens, device=self.device)
+        rows = (
+            Packing((k > 0)[:, None].expand(-1, self.block_size)) if min(spec_tokens) == 0 else None
+        )
+        return rows, Packing.from_lengths(k, self.block_size - 1)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

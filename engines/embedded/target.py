@@ -18,6 +18,7 @@ from engines.embedded.layers import (
     load_strict,
     write_cache,
 )
+from engines.embedded.packing import Packing, pack, unpack
 
 
 class TargetModel(nn.Module):
@@ -52,28 +53,31 @@ class TargetModel(nn.Module):
         cache: KVCache,
         first_slot: int = 0,
         num_keys: int | None = None,
+        packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: [B, W] for slots ``first_slot..+B``. Writes K/V at ``positions``
         and attends causally to cached keys ``< num_keys`` (default: the whole cache).
 
-        Returns (final-normed hidden [B, W, hidden], aux features [B, W, len(aux) * hidden])."""
+        Returns (final-normed hidden [B, W, hidden], aux features [B, W, len(aux) * hidden]);
+        with ``packing`` only its valid tokens are computed and both come back packed
+        ``[1, N, ...]``."""
         num_keys = num_keys or cache.max_len
         batch = input_ids.shape[0]
         key_positions = torch.arange(num_keys, device=input_ids.device)
         visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
         mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
-        h = self.embed_tokens(input_ids)
+        h = self.embed_tokens(pack(input_ids, packing))
         rope = self.rotary.tables(positions, h.dtype)
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = layer.qkv(layer.input_layernorm(h))
+            q, k, v = (unpack(t, packing) for t in layer.qkv(layer.input_layernorm(h)))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
             write_cache(k_cache, positions, Rotary.rotate(k, rope))
             write_cache(v_cache, positions, v)
             attn = cached_attention(
                 Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
             )
-            h = layer.feed_forward(h + layer.attention_out(attn))
+            h = layer.feed_forward(h + layer.attention_out(pack(attn, packing)))
             if index in self.aux_layer_ids:
                 saved[index] = h
         # Residual stream after layer i, i.e. HF ``hidden_states[i + 1]`` (dflash's offset 1).

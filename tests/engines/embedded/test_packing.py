@@ -1,0 +1,85 @@
+"""Packed (ragged) forwards compute exactly what the padded forwards compute for the tokens a
+row uses, write the same caches, and make a step's rows with small k cheaper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engines.embedded.loader import load_runner
+from engines.embedded.packing import Packing
+from tests.engines.embedded.conftest import BLOCK_SIZE, make_engine, random_prompt
+
+
+def test_pack_then_unpack_keeps_valid_tokens_and_zeroes_the_rest() -> None:
+    packing = Packing.from_lengths(torch.tensor([1, 3, 2]), 3)
+    x = torch.arange(9.0).view(3, 3)
+    assert packing.num_tokens == 6
+    assert packing.pack(x).tolist() == [[0.0, 3.0, 4.0, 5.0, 6.0, 7.0]]
+    assert packing.unpack(packing.pack(x)).tolist() == [[0, 0, 0], [3, 4, 5], [6, 7, 0]]
+
+
+@torch.inference_mode()
+def test_packed_verify_and_draft_match_the_padded_forwards(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    padded = load_runner(*agreeing_pair, torch.device("cpu"), 3, 64)
+    packed = load_runner(*agreeing_pair, torch.device("cpu"), 3, 64)
+    spec_tokens = [0, 5, 2]
+    width = max(spec_tokens) + 1
+    ids = torch.randint(0, 256, (3, width), generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[10], [20], [7]]) + torch.arange(width)
+    for runner in (padded, packed):  # the same earlier context in both caches
+        runner._verify_forward(ids, positions - width)
+
+    verify_packing = packed._verify_packing(spec_tokens)
+    assert verify_packing is not None and verify_packing.num_tokens == 10  # 1 + 6 + 3, not 3 x 6
+    want = padded._verify_forward(ids, positions)
+    got = packed._verify_forward(ids, positions, None, verify_packing)
+    for row, k in enumerate(spec_tokens):
+        torch.testing.assert_close(got[row, : k + 1], want[row, : k + 1])
+        for cache in ("target_cache", "draft_cache"):
+            written = positions[row, : k + 1]
+            mine, theirs = getattr(packed, cache), getattr(padded, cache)
+            torch.testing.assert_close(mine.k[:, row, :, written], theirs.k[:, row, :, written])
+            torch.testing.assert_close(mine.v[:, row, :, written], theirs.v[:, row, :, written])
+
+    block = torch.full((3, BLOCK_SIZE), packed.mask_token_id)
+    block[:, 0] = ids[:, 0]
+    block_positions = positions[:, :1] + torch.arange(BLOCK_SIZE)
+    rows, outputs = packed._draft_packings(spec_tokens)
+    assert rows is not None and rows.num_tokens == 2 * BLOCK_SIZE  # the k = 0 row does not draft
+    want = padded._draft_forward(block, block_positions)
+    got = packed._draft_forward(block, block_positions, None, rows, outputs)
+    for row, k in enumerate(spec_tokens):
+        torch.testing.assert_close(got[row, :k], want[row, :k])
+        assert not got[row, k:].any()  # logits nobody uses are not computed
+
+
+def test_mixed_k_steps_emit_the_same_tokens_packed_or_padded(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    from engines.embedded.events import SamplingParams
+    from engines.embedded.request import Request
+
+    outputs = []
+    for pack in (True, False):
+        engine = make_engine(agreeing_pair, max_batch_size=4)
+        engine.runner.pack_ragged = pack
+        requests = [
+            Request(
+                f"r{i}",
+                random_prompt(i),
+                SamplingParams(max_new_tokens=24),
+                lambda view, i=i: (0, 7, 3, 1)[(i + view.step_index) % 4],
+                {},
+            )
+            for i in range(4)
+        ]
+        for request in requests:
+            engine.add(request)
+        while engine.has_work:
+            engine.step()
+        outputs.append([(r.output_ids, r.accept_lengths) for r in requests])
+    assert outputs[0] == outputs[1]
