@@ -106,11 +106,16 @@ class HttpUpstream:
             return await self._send(message)
 
     def give_back(self, connection: Connection) -> None:
-        if connection.can_reuse() and len(self._idle) < _MAX_IDLE:
-            connection.is_reused = True
-            self._idle.append(connection)
-        else:
+        if not connection.can_reuse():
             connection.close()
+            return
+        if len(self._idle) >= _MAX_IDLE:  # drop the ones the server closed meanwhile first
+            self._idle = [c for c in self._idle if c.is_open()]
+        if len(self._idle) >= _MAX_IDLE:
+            connection.close()
+            return
+        connection.is_reused = True
+        self._idle.append(connection)
 
     def close(self) -> None:
         """Close every idle connection (responses in flight close with their readers)."""

@@ -308,3 +308,41 @@ def test_large_body_read_slowly_arrives_intact(loop_factory: Any) -> None:
             client.close()
 
     run(loop_factory, main())
+
+
+@LOOPS
+def test_idle_connections_are_capped_and_closed_ones_pruned(
+    loop_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engines.http_upstream._MAX_IDLE", 2)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        writers.append(writer)
+        while True:
+            await read_request(reader)
+            writer.write(response(b"ok"))
+            await writer.drain()
+
+    async def main() -> None:
+        server = RawServer(handler)
+        async with server as url:
+            client = HttpUpstream(url, 2, 5)
+            responses = [await client.request("POST", "/x", b"1") for _ in range(3)]
+            for resp in responses:
+                assert await resp.read_all() == b"ok"
+            responses[0].release()
+            responses[1].release()
+            for writer in writers[:2]:
+                writer.close()  # the server drops both idle connections
+            await asyncio.sleep(0.1)
+            responses[2].release()  # at the cap: the closed ones go, this one stays
+            assert [c.is_open() for c in client._idle] == [True]
+            more = [await client.request("POST", "/x", b"2") for _ in range(3)]
+            for resp in more:
+                assert await resp.read_all() == b"ok"
+                resp.release()
+            assert len(client._idle) == 2 and server.num_connections == 5
+            client.close()
+
+    run(loop_factory, main())
