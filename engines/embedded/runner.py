@@ -248,7 +248,12 @@ class ModelRunner:
         rows = (
             Packing((k > 0)[:, None].expand(-1, self.block_size)) if min(spec_tokens) == 0 else None
         )
-        return rows, Packing.from_lengths(k, self.block_size - 1)
+        outputs = (
+            None
+            if min(spec_tokens) == self.block_size - 1
+            else Packing.from_lengths(k, self.block_size - 1)
+        )
+        return rows, outputs
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
