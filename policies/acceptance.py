@@ -33,6 +33,16 @@ def expected_accept_length(rates: Sequence[float], spec_tokens: int) -> float:
     return total
 
 
+def expected_by_k(rates: Sequence[float]) -> list[float]:
+    """E(k) for k = 0..len(rates) in one pass (``expected_accept_length`` for every k)."""
+    out, total, survive = [1.0], 1.0, 1.0
+    for rate in rates:
+        survive *= rate
+        total += survive
+        out.append(total)
+    return out
+
+
 def trials_from_step(spec_tokens: int, accept_length: int) -> tuple[int, bool]:
     """(positions accepted, whether position n+1 was rejected) for one verify step."""
     accepted = max(0, min(accept_length - 1, spec_tokens))

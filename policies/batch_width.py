@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.acceptance import trials_from_step
+from policies.acceptance import expected_by_k, trials_from_step
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
 from policies.types import StepCost, Task
@@ -249,13 +249,3 @@ class BatchWidth:
             if not unseen or min(unseen) < spec.probe_min_trials:
                 return target
         return None
-
-
-def expected_by_k(rates: Sequence[float]) -> list[float]:
-    """E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j for k = 0..len(rates), in one pass."""
-    out, total, survive = [1.0], 1.0, 1.0
-    for rate in rates:
-        survive *= rate
-        total += survive
-        out.append(total)
-    return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.acceptance import blend_request_history, expected_accept_length
+from policies.acceptance import blend_request_history, expected_accept_length, expected_by_k
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
 from policies.types import Decision, Observation, PoolView, StepCost
@@ -89,7 +89,7 @@ class GoodputPolicy:
         self, observation: Observation, rates: Sequence[float], cost: StepCost, batch: int
     ) -> tuple[Choice, Choice, Choice | None, Choice]:
         """(best, plain step, previous k if hysteresis or warm-up keeps it, best k > 0)."""
-        expected = _expected_by_k(rates)
+        expected = expected_by_k(rates)
         plain = _choice(expected, cost, batch, 0)
         draft_k, draft_score = 0, 0.0
         for k in range(observation.min_spec_tokens, observation.max_spec_tokens + 1):
@@ -171,16 +171,6 @@ def _valid(k: int, observation: Observation) -> bool:
     return k == 0 or observation.min_spec_tokens <= k <= observation.max_spec_tokens
 
 
-def _expected_by_k(rates: Sequence[float]) -> list[float]:
-    """E(k) for k = 0..len(rates) in one pass."""
-    out, total, survive = [1.0], 1.0, 1.0
-    for rate in rates:
-        survive *= rate
-        total += survive
-        out.append(total)
-    return out
-
-
 def _choice(expected: Sequence[float], cost: StepCost, batch: int, spec_tokens: int) -> Choice:
     k = min(spec_tokens, len(expected) - 1)
     step_s = cost.step_time_s(batch, spec_tokens)
@@ -188,7 +178,7 @@ def _choice(expected: Sequence[float], cost: StepCost, batch: int, spec_tokens: 
 
 
 def _score(rates: Sequence[float], cost: StepCost, batch: int, spec_tokens: int) -> Choice:
-    return _choice(_expected_by_k(rates), cost, batch, spec_tokens)
+    return _choice(expected_by_k(rates), cost, batch, spec_tokens)
 
 
 def _pool_rate(pool: PoolView, rates: Sequence[float], cost: StepCost) -> float:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from policies.acceptance import blend_request_history
-from policies.batch_width import BatchWidth, RowWindow, expected_by_k
+from policies.acceptance import blend_request_history, expected_by_k
+from policies.batch_width import BatchWidth, RowWindow
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.types import Task
