@@ -22,6 +22,8 @@ from controller.classifier.split import fold_of
 
 logger = logging.getLogger(__name__)
 
+MAX_COMBINER_ITERATIONS = 1000
+
 FitLinear = Callable[[sp.csr_matrix, npt.NDArray[np.int64]], SGDClassifier]
 
 
@@ -64,8 +66,15 @@ def out_of_fold_features(
 def fit_combiner(
     features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
 ) -> Combiner:
+    """The MLP fitted full-batch with L-BFGS: on the validation split (docs/classifier.md)
+    Adam's stochastic fit moved accuracy by up to 0.3 points between seeds with 8 hidden
+    units; L-BFGS with 16 units moved it by 0.05 and was 0.4 points better on average."""
     mlp = MLPClassifier(
-        hidden_layer_sizes=(num_hidden,), alpha=1e-4, max_iter=300, random_state=seed
+        hidden_layer_sizes=(num_hidden,),
+        alpha=1e-4,
+        solver="lbfgs",
+        max_iter=MAX_COMBINER_ITERATIONS,
+        random_state=seed,
     )
     mlp.fit(features, labels)
     w1, w2 = (np.asarray(c, dtype=np.float64).T for c in mlp.coefs_)
