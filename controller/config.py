@@ -119,6 +119,15 @@ class EmbeddedBackend(Section):
     def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
         return _resolve(path, info)
 
+    @model_validator(mode="after")
+    def _compile_needs_cuda(self) -> EmbeddedBackend:
+        if self.torch_compile and self.device == "cpu":
+            raise ValueError(
+                "torch_compile needs CUDA graphs, so device cuda (or auto on a CUDA machine); "
+                "set torch_compile: false for cpu"
+            )
+        return self
+
 
 BackendConfig = Annotated[RemotePool | EmbeddedBackend, Field(discriminator="kind")]
 

@@ -48,6 +48,16 @@ def test_embedded_paths_resolve_against_config_folder() -> None:
     assert backend.target == Path("/etc/draftctl/m/t") and backend.draft == Path("/abs/d")
 
 
+def test_torch_compile_on_cpu_is_a_config_problem() -> None:
+    text = (
+        "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"
+        "     device: cpu, torch_compile: true}\n"
+    )
+    (problem,) = _problems(text)
+    assert problem.startswith("backends.0.embedded: Value error, torch_compile needs CUDA graphs")
+    assert parse_config(text.replace("cpu", "cuda"), Path("/cfg")).backends[0].torch_compile
+
+
 def test_problems_name_dotted_key_and_line() -> None:
     text = (
         POOL.replace("spec_tokens: 7", "spec_tokens: 7\n    colour: red") + "server:\n  port: x\n"
