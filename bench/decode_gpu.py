@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_gpu import hbm_bandwidth_bytes_per_s, run_engine, sync
+from engine_gpu import hbm_bandwidth_bytes_per_s, identical_prefix, run_engine, sync
 
 from engines.embedded.cuda_graphs import GraphedCall
 from engines.embedded.engine import Engine
@@ -126,15 +126,6 @@ def compare_logits(eager: ModelRunner, compiled: ModelRunner, width: int) -> dic
         "logit_abs_max": float(reference.abs().max()),
         "argmax_agreement": float((reference.argmax(-1) == ours.argmax(-1)).float().mean()),
     }
-
-
-def identical_prefix(a: list[int], b: list[int]) -> int:
-    same = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        same += 1
-    return same
 
 
 def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str, Any]:

@@ -153,6 +153,16 @@ def run_engine(engine: Engine, prompt: list[int], new_tokens: int, k: int) -> di
     }
 
 
+def identical_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share."""
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    return same
+
+
 def run_reference(
     target: Any, draft: Any, prompt: list[int], new_tokens: int, block: int
 ) -> dict[str, Any]:
@@ -238,11 +248,7 @@ def section_reference(
     for label, block, k in (("block16", spec.block_size, spec.block_size - 1), ("block1", 1, 0)):
         ref = run_reference(target, draft, prompt, new_tokens, block)
         ours = run_engine(engine, prompt, new_tokens, k)
-        same = 0
-        for a, b in zip(ref["output_ids"], ours["output_ids"], strict=False):
-            if a != b:
-                break
-            same += 1
+        same = identical_prefix(ref["output_ids"], ours["output_ids"])
         result[label] = {
             "reference": {k_: v for k_, v in ref.items() if k_ != "output_ids"},
             "engine": {k_: v for k_, v in ours.items() if k_ != "output_ids"},
