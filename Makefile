@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # torch is pinned to the CPU wheel shipped on this machine image; install it first so
 # nothing else pulls a CUDA build.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml controller/classifier/_ngram.c | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[engine,plots]'
 	$(BIN)/pip install -q --no-deps dflash==0.1.0

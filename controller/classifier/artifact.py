@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from policies.types import Task
 WEIGHTS_FILE = "weights.npz"
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 class ArtifactError(ValueError):
@@ -100,6 +103,8 @@ def load_classifier(
                 f"{folder / WEIGHTS_FILE}: {error}; retrain the artifact"
             ) from error
     try:
-        return LinearClassifier(spec, tasks, weights, bias, max_chars, combiner)
+        classifier = LinearClassifier(spec, tasks, weights, bias, max_chars, combiner)
     except ValueError as error:
         raise ArtifactError(f"{folder / WEIGHTS_FILE}: {error}; retrain the artifact") from error
+    logger.info("classifier %s: %s scorer", folder, classifier.scorer)
+    return classifier

@@ -25,6 +25,7 @@ class EvalReport:
     confusion: Counter[tuple[Task, Task]] = field(default_factory=Counter)
     per_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [correct, total]
     latencies_s: list[float] = field(default_factory=list)
+    scorer: str = "n/a"  # LinearClassifier.scorer: "native" or "numpy" (model.py)
 
     @property
     def accuracy(self) -> float:
@@ -44,7 +45,7 @@ class EvalReport:
 
 def evaluate(classifier: Classifier, examples: Sequence[Example]) -> EvalReport:
     """Classify every example once; latency is the wall time around ``classify``."""
-    report = EvalReport()
+    report = EvalReport(scorer=getattr(classifier, "scorer", "n/a"))
     for example in examples:
         start_s = time.perf_counter()
         guess = classifier.classify(example.body)
@@ -95,6 +96,7 @@ def format_report(report: EvalReport, has_latency: bool = True) -> str:
     lines = [
         f"held-out examples: {report.num_examples}  accuracy: {report.accuracy:.2%}",
         f"real sources (no synthetic_*): {num_real}  accuracy: {real_accuracy:.2%}",
+        f"scorer: {report.scorer} (DRAFTCTL_CLASSIFIER_NATIVE=0 forces numpy)",
         "",
     ]
     lines.append(f"{'source (label)':34} {'n':>6} {'accuracy':>9}")

@@ -8,19 +8,27 @@ normalised to sum to one (as scikit-learn's ``predict_proba`` does for one-vs-re
 ``np.take(weights, buckets, axis=1)`` on the [num_tasks, num_buckets] matrix is the fastest
 gather measured here (34 us at 4,000 characters; a take per class row 51 us, a fancy index of
 the transposed matrix 300 us).
+
+Two scorers compute the same scores. ``native`` (``_ngram.c``: one C call hashes and sums a
+segment, one runs the combiner) is used when the extension was built and
+``DRAFTCTL_CLASSIFIER_NATIVE`` is not ``0``; ``numpy`` otherwise. The native one exists for
+the cold cost: after the process has slept, each of the numpy path's ~25 numpy calls pays a
+large cache-miss penalty (docs/classifier.md, "Native scorer").
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.classifier.base import TaskGuess, uniform_scores
-from controller.classifier.combiner import Combiner, combiner_inputs
+from controller.classifier.combiner import Combiner, combiner_input_list, combiner_inputs
 from controller.classifier.features import (
     FeatureSpec,
     byte_buckets,
@@ -31,13 +39,29 @@ from controller.classifier.features import (
 from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import Task
 
+try:
+    from controller.classifier._ngram import mlp_softmax, segment_sums
+
+    HAS_NATIVE = True
+except ImportError:  # installed without a C compiler: the numpy scorer only
+    HAS_NATIVE = False
+
+NATIVE_ENV = "DRAFTCTL_CLASSIFIER_NATIVE"
+Scorer = Literal["native", "numpy"]
+
+
+def default_scorer() -> Scorer:
+    """``native`` when the extension is built and ``DRAFTCTL_CLASSIFIER_NATIVE`` is not 0."""
+    return "native" if HAS_NATIVE and os.environ.get(NATIVE_ENV, "1") != "0" else "numpy"
+
 
 class LinearClassifier:
     """Implements :class:`controller.classifier.base.Classifier`.
 
     ``weights`` has shape [num_tasks, num_buckets] and ``bias`` [num_tasks], rows in the
     order of ``tasks``. With a ``combiner`` (segmented specs only), the per-segment scores
-    go through it instead of being added (``combiner.py``).
+    go through it instead of being added (``combiner.py``). ``scorer`` picks the scoring
+    code (module docstring); None means :func:`default_scorer`.
     """
 
     def __init__(
@@ -48,7 +72,13 @@ class LinearClassifier:
         bias: npt.NDArray[np.float32],
         max_chars: int = DEFAULT_MAX_CHARS,
         combiner: Combiner | None = None,
+        scorer: Scorer | None = None,
     ) -> None:
+        if scorer == "native" and not HAS_NATIVE:
+            raise ValueError(
+                "scorer 'native' needs controller.classifier._ngram, which was not built; "
+                "reinstall with a C compiler (`pip install -e .`) or use scorer 'numpy'"
+            )
         if combiner is not None and not spec.is_segmented:
             raise ValueError("a combiner needs a segmented feature spec")
         expected = (len(tasks), spec.num_buckets)
@@ -67,6 +97,12 @@ class LinearClassifier:
             self.weights[:, unigram_buckets(spec, segment)] if 1 in spec.ngram_sizes else None
             for segment in range(2 if spec.is_segmented else 1)
         ]
+        self.scorer: Scorer = scorer or default_scorer()
+        # The native combiner reads C-contiguous float64 arrays (a fitted one may be a view).
+        self._mlp = tuple(
+            np.ascontiguousarray(array, dtype=np.float64)
+            for array in (combiner.w1, combiner.b1, combiner.w2, combiner.b2)
+        ) if combiner is not None else ()  # fmt: skip
 
     def classify(self, body: Mapping[str, Any]) -> TaskGuess:
         start_s = time.perf_counter()
@@ -80,17 +116,45 @@ class LinearClassifier:
     def classify_segments(self, texts: list[str]) -> TaskGuess:
         """Classify the text of each segment; no n-gram at all is chat with confidence 0."""
         start_s = time.perf_counter()
-        scored = [self.segment_scores(text, segment) for segment, text in enumerate(texts)]
-        if not any(num_ngrams for _, num_ngrams in scored):
+        if self.scorer == "native":
+            probabilities = self.native_probabilities(texts)
+        else:
+            scored = [self.segment_scores(text, segment) for segment, text in enumerate(texts)]
+            has_ngrams = any(num_ngrams for _, num_ngrams in scored)
+            probabilities = self.probabilities(scored).tolist() if has_ngrams else None
+        if probabilities is None:
             return TaskGuess(Task.CHAT, 0.0, uniform_scores(), time.perf_counter() - start_s)
-        probabilities = self.probabilities(scored)
-        best = int(np.argmax(probabilities))
-        scores = {task: float(p) for task, p in zip(self.tasks, probabilities, strict=True)}
+        best = max(range(len(probabilities)), key=probabilities.__getitem__)
+        scores = dict(zip(self.tasks, probabilities, strict=True))
         latency_s = time.perf_counter() - start_s
-        return TaskGuess(self.tasks[best], float(probabilities[best]), scores, latency_s)
+        return TaskGuess(self.tasks[best], probabilities[best], scores, latency_s)
+
+    def native_probabilities(self, texts: list[str]) -> list[float] | None:
+        """The native scorer's probabilities; None when no segment has an n-gram."""
+        scored = [self.native_segment_scores(text, segment) for segment, text in enumerate(texts)]
+        if not any(num_ngrams for _, num_ngrams in scored):
+            return None
+        if self.combiner is None:
+            arrays = [(np.array(scores), num_ngrams) for scores, num_ngrams in scored]
+            result: list[float] = self.probabilities(arrays).tolist()
+            return result
+        (focus, num_focus), (context, num_context) = scored
+        inputs = combiner_input_list(focus, context, num_focus, num_context)
+        return mlp_softmax(inputs, *self._mlp)
+
+    def native_segment_scores(self, text: str, segment: int) -> tuple[list[float], int]:
+        """:meth:`segment_scores` computed by ``_ngram.segment_sums``, as Python floats."""
+        if self.spec.is_lowercase:
+            text = text.lower()
+        data = text.encode("utf-8", "replace")  # as features.text_bytes encodes
+        sums, num_ngrams = segment_sums(
+            data, self.weights, self.spec.num_bits, self.spec.ngram_sizes, segment
+        )
+        scale = 1.0 / math.sqrt(num_ngrams) if num_ngrams else 0.0
+        return [total * scale for total in sums], num_ngrams
 
     def probabilities(
-        self, scored: list[tuple[npt.NDArray[np.float64], int]]
+        self, scored: Sequence[tuple[npt.NDArray[np.float64], int]]
     ) -> npt.NDArray[np.float64]:
         if self.combiner is not None:
             (focus, num_focus), (context, num_context) = scored

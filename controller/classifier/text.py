@@ -21,12 +21,16 @@ Older assistant turns are not read. Content may be a string or a list of content
 only ``{"type": "text"}`` parts count. A completions ``prompt`` that is a list of strings is
 read in order until the budget is full; token-id prompts carry no text and give "".
 Work is bounded by the budget: huge strings are sliced, never scanned whole.
+
+JSON bodies are plain dicts, lists and strs, so ``type(x) is dict`` / ``is list`` is tested
+before the ``Mapping`` / ``Sequence`` ABC checks: after the process has slept, an ABC
+``isinstance`` costs microseconds of cache misses (docs/classifier.md, "Native scorer").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 DEFAULT_MAX_CHARS = 4000
 # How many leading messages may be system prompts; beyond this we stop looking for them.
@@ -51,14 +55,14 @@ def content_text(content: Any, max_chars: int) -> str:
     """The text of one message's ``content``: a string or a list of content parts."""
     if isinstance(content, str):
         return clip(content, max_chars)
-    if not isinstance(content, Sequence):
+    if type(content) is not list and not isinstance(content, Sequence):
         return ""
     return _join_bounded(_part_texts(content), max_chars)
 
 
 def _part_texts(parts: Sequence[Any]) -> Iterable[str]:
     for part in parts:
-        if isinstance(part, Mapping) and part.get("type") == "text":
+        if (type(part) is dict or isinstance(part, Mapping)) and part.get("type") == "text":
             text = part.get("text")
             if isinstance(text, str):
                 yield text
@@ -138,6 +142,8 @@ def _content(message: Any, max_chars: int) -> str:
 
 
 def _get(message: Any, key: str) -> Any:
+    if type(message) is dict:  # JSON bodies: skips the ABC check, which is slow when cold
+        return message.get(key)
     return message.get(key) if isinstance(message, Mapping) else None
 
 
@@ -145,16 +151,24 @@ def prompt_text(prompt: Any, max_chars: int = DEFAULT_MAX_CHARS) -> str:
     """The classifier text of a completions ``prompt``: str, list of str, or token ids."""
     if isinstance(prompt, str):
         return clip(prompt, max_chars)
-    if isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], str):
+    is_sequence = type(prompt) is list or isinstance(prompt, Sequence)
+    if is_sequence and prompt and isinstance(prompt[0], str):
         head = prompt[:MAX_SCANNED_ITEMS]
         return _join_bounded((p for p in head if isinstance(p, str)), max_chars)
     return ""
 
 
+def _is_message_list(messages: Any) -> TypeGuard[Sequence[Any]]:
+    """A list (or other non-str sequence); ``type(...) is list`` first, as in ``_get``."""
+    return type(messages) is list or (
+        isinstance(messages, Sequence) and not isinstance(messages, str)
+    )
+
+
 def request_text(body: Mapping[str, Any], max_chars: int = DEFAULT_MAX_CHARS) -> str:
     """The text the classifier reads from an OpenAI request body ("" when it has none)."""
     messages = body.get("messages")
-    if isinstance(messages, Sequence) and not isinstance(messages, str):
+    if _is_message_list(messages):
         return chat_text(messages, max_chars)
     return prompt_text(body.get("prompt"), max_chars)
 
@@ -168,7 +182,7 @@ def request_segments(
     a completions prompt and a request without user turn have no context.
     """
     messages = body.get("messages")
-    if isinstance(messages, Sequence) and not isinstance(messages, str):
+    if _is_message_list(messages):
         pieces = chat_pieces(messages, max_chars)
         return pieces[0], "\n".join(piece for piece in pieces[1:] if piece)
     return prompt_text(body.get("prompt"), max_chars), ""

@@ -1,0 +1,447 @@
+/* Native scoring path of the built-in classifier (controller/classifier/model.py).
+ *
+ * The numpy path makes ~25 numpy calls per request; after the process has slept, each one
+ * pays a cold code-footprint penalty (docs/classifier.md, "Native scorer"). These two
+ * functions do the same arithmetic in one call each:
+ *
+ *   segment_sums(data, weights, num_bits, sizes, segment) -> (sums, num_ngrams)
+ *       sums[t] = sum over every byte n-gram of data, for every n in sizes, of
+ *       weights[t, bucket(n-gram)], accumulated in double; num_ngrams counts them.
+ *       The bucket is features.byte_buckets' hash, bit for bit:
+ *           h_1 = byte[i];  h_n = h_{n-1} * PRIME + byte[i + n - 1]            (uint32)
+ *           bucket = ((h_n + n * SALT + segment * SEGMENT_SALT) * MULTIPLIER) >> (32 - num_bits)
+ *       An n larger than the data gives no n-gram; a size listed twice counts once.
+ *
+ *   mlp_softmax(inputs, w1, b1, w2, b2) -> list[float]
+ *       softmax(w2 @ relu(w1 @ inputs + b1) + b2), the combiner (combiner.py).
+ *
+ * Plain C99 and the Python C API; no threads, the GIL is held throughout. Bad arguments
+ * raise TypeError or ValueError naming the argument.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Must equal controller/classifier/features.py (tests/classifier/test_native.py checks). */
+#define PRIME 16777619u
+#define SALT 0x9E3779B9u
+#define MULTIPLIER 0x85EBCA6Bu
+#define SEGMENT_SALT 0x7F4A7C15u
+#define MAX_NGRAM_SIZE 64 /* the n-gram sizes are a bit mask of a uint64 */
+#define NUM_STACK_TASKS 16 /* more tasks than this accumulate in a heap array */
+
+/* 1 when `format` (a buffer's struct format) is one native-order item of type `code`. */
+static int
+is_native_format(const char *format, char code)
+{
+    if (format == NULL) {
+        return code == 'B';
+    }
+    if (format[0] == '@' || format[0] == '=') {
+        format++;
+    }
+#if PY_LITTLE_ENDIAN
+    else if (format[0] == '<') {
+        format++;
+    }
+#else
+    else if (format[0] == '>' || format[0] == '!') {
+        format++;
+    }
+#endif
+    return format[0] == code && format[1] == '\0';
+}
+
+/* Get a C-contiguous buffer of `ndim` native `code` items from `obj`; on error, raise
+ * naming `name` and return -1. */
+static int
+get_array(PyObject *obj, Py_buffer *view, const char *name, char code, int ndim)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a C-contiguous %s array (e.g. a numpy array), not %.100s",
+                     name, code == 'f' ? "float32" : "float64", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const char *problem = NULL;
+    if (!is_native_format(view->format, code) ||
+        view->itemsize != (code == 'f' ? 4 : 8)) {
+        problem = code == 'f' ? "must have dtype float32" : "must have dtype float64";
+    }
+    else if (view->ndim != ndim) {
+        problem = ndim == 1 ? "must be 1-dimensional" : "must be 2-dimensional";
+    }
+    else if (!PyBuffer_IsContiguous(view, 'C')) {
+        problem = "must be C-contiguous (use numpy.ascontiguousarray)";
+    }
+    if (problem != NULL) {
+        PyErr_Format(PyExc_ValueError, "%s %s (got format %s, %d dimension(s))", name,
+                     problem, view->format ? view->format : "B", view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* The n-gram sizes as a bit mask (bit n set for size n) and the largest; -1 on error. */
+static int
+parse_sizes(PyObject *sizes, uint64_t *mask, int *max_size)
+{
+    if (!PyTuple_Check(sizes) && !PyList_Check(sizes)) {
+        PyErr_Format(PyExc_TypeError, "sizes must be a tuple of ints, not %.100s",
+                     Py_TYPE(sizes)->tp_name);
+        return -1;
+    }
+    Py_ssize_t num_sizes = PySequence_Fast_GET_SIZE(sizes);
+    PyObject **items = PySequence_Fast_ITEMS(sizes);
+    *mask = 0;
+    *max_size = 0;
+    for (Py_ssize_t i = 0; i < num_sizes; i++) {
+        if (!PyLong_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "sizes[%zd] must be an int, not %.100s", i,
+                         Py_TYPE(items[i])->tp_name);
+            return -1;
+        }
+        long size = PyLong_AsLong(items[i]);
+        if (size == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            size = MAX_NGRAM_SIZE + 1;
+        }
+        if (size < 1 || size > MAX_NGRAM_SIZE) {
+            PyErr_Format(PyExc_ValueError, "sizes[%zd] is %R; n-gram sizes must be in [1, %d]",
+                         i, items[i], MAX_NGRAM_SIZE);
+            return -1;
+        }
+        *mask |= (uint64_t)1 << size;
+        if (size > *max_size) {
+            *max_size = (int)size;
+        }
+    }
+    return 0;
+}
+
+/* An int argument in [low, high], or -1 with ValueError/TypeError naming it. */
+static int
+parse_bounded(PyObject *obj, const char *name, long long low, long long high,
+              long long *value)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || *value < low || *value > high) {
+        PyErr_Format(PyExc_ValueError, "%s is %R; it must be in [%lld, %lld]", name, obj, low,
+                     high);
+        return -1;
+    }
+    return 0;
+}
+
+/* sums[t] += weights[t, bucket] over the n-grams of data; returns the number of n-grams. */
+static Py_ssize_t
+accumulate(const uint8_t *data, Py_ssize_t num_bytes, const float *weights,
+           Py_ssize_t num_tasks, Py_ssize_t num_buckets, int shift, uint64_t mask,
+           int max_size, uint32_t segment, double *sums)
+{
+    uint32_t salts[MAX_NGRAM_SIZE + 1];
+    for (int n = 1; n <= max_size; n++) {
+        salts[n] = (uint32_t)n * SALT + segment * SEGMENT_SALT;
+    }
+    Py_ssize_t num_ngrams = 0;
+    for (Py_ssize_t i = 0; i < num_bytes; i++) {
+        Py_ssize_t num_left = num_bytes - i;
+        int top = num_left < max_size ? (int)num_left : max_size;
+        uint32_t hash = 0;
+        for (int n = 1; n <= top; n++) {
+            hash = hash * PRIME + data[i + n - 1];
+            if (!((mask >> n) & 1)) {
+                continue;
+            }
+            uint32_t bucket = ((hash + salts[n]) * MULTIPLIER) >> shift;
+            const float *column = weights + bucket;
+            for (Py_ssize_t t = 0; t < num_tasks; t++) {
+                sums[t] += column[t * num_buckets];
+            }
+            num_ngrams++;
+        }
+    }
+    return num_ngrams;
+}
+
+static PyObject *
+sums_result(const double *sums, Py_ssize_t num_tasks, Py_ssize_t num_ngrams)
+{
+    PyObject *values = PyTuple_New(num_tasks);
+    if (values == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t t = 0; t < num_tasks; t++) {
+        PyObject *value = PyFloat_FromDouble(sums[t]);
+        if (value == NULL) {
+            Py_DECREF(values);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(values, t, value);
+    }
+    return Py_BuildValue("(Nn)", values, num_ngrams);
+}
+
+PyDoc_STRVAR(segment_sums_doc,
+"segment_sums(data, weights, num_bits, sizes, segment) -> (sums, num_ngrams)\n\n"
+"Per-task sums of the weight columns of every byte n-gram of `data` (bytes-like, UTF-8)\n"
+"for every n-gram size in `sizes` (tuple of ints in [1, 64]), hashed as\n"
+"features.byte_buckets hashes them for `segment` (int >= 0). `weights` is a C-contiguous\n"
+"float32 array [num_tasks, 2**num_bits]. Returns a tuple of num_tasks floats (summed in\n"
+"double) and the number of n-grams.");
+
+static PyObject *
+segment_sums(PyObject *module, PyObject *const *args, Py_ssize_t num_args)
+{
+    (void)module;
+    if (num_args != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "segment_sums(data, weights, num_bits, sizes, segment) takes 5 "
+                     "arguments (%zd given)", num_args);
+        return NULL;
+    }
+    long long num_bits, segment;
+    uint64_t mask;
+    int max_size;
+    if (parse_bounded(args[2], "num_bits", 1, 32, &num_bits) < 0 ||
+        parse_sizes(args[3], &mask, &max_size) < 0 ||
+        parse_bounded(args[4], "segment", 0, UINT32_MAX, &segment) < 0) {
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "data must be bytes (UTF-8), not %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    Py_buffer weights;
+    if (get_array(args[1], &weights, "weights", 'f', 2) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t num_tasks = weights.shape[0];
+    Py_ssize_t num_buckets = weights.shape[1];
+    double stack_sums[NUM_STACK_TASKS] = {0.0};
+    double *sums = stack_sums;
+    if ((unsigned long long)num_buckets != 1ull << num_bits) {
+        PyErr_Format(PyExc_ValueError,
+                     "weights has %zd columns but num_bits %lld needs 2**%lld = %llu",
+                     num_buckets, num_bits, num_bits, 1ull << num_bits);
+        goto done;
+    }
+    if (num_tasks > NUM_STACK_TASKS) {
+        sums = PyMem_Calloc((size_t)num_tasks, sizeof(double));
+        if (sums == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t num_ngrams = accumulate(
+        (const uint8_t *)data.buf, data.len, (const float *)weights.buf, num_tasks,
+        num_buckets, 32 - (int)num_bits, mask, max_size, (uint32_t)segment, sums);
+    result = sums_result(sums, num_tasks, num_ngrams);
+done:
+    if (sums != stack_sums) {
+        PyMem_Free(sums);
+    }
+    PyBuffer_Release(&weights);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* out[r] = bias[r] + sum_c matrix[r, c] * vector[c]  (matrix [num_rows, num_cols]). */
+static void
+affine(const double *matrix, const double *bias, const double *vector, Py_ssize_t num_rows,
+       Py_ssize_t num_cols, double *out)
+{
+    for (Py_ssize_t r = 0; r < num_rows; r++) {
+        double total = 0.0;
+        for (Py_ssize_t c = 0; c < num_cols; c++) {
+            total += matrix[r * num_cols + c] * vector[c];
+        }
+        out[r] = total + bias[r];
+    }
+}
+
+/* The softmax of logits[0..n) as a new list of floats. */
+static PyObject *
+softmax_list(double *logits, Py_ssize_t n)
+{
+    double top = logits[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        top = logits[i] > top ? logits[i] : top;
+    }
+    double total = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        logits[i] = exp(logits[i] - top);
+        total += logits[i];
+    }
+    PyObject *result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *value = PyFloat_FromDouble(logits[i] / total);
+        if (value == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, value);
+    }
+    return result;
+}
+
+/* Check the combiner's shapes: w1 [H, I], b1 [H], w2 [O, H], b2 [O], O >= 1. */
+static int
+check_mlp_shapes(const Py_buffer *w1, const Py_buffer *b1, const Py_buffer *w2,
+                 const Py_buffer *b2, Py_ssize_t num_inputs)
+{
+    Py_ssize_t num_hidden = w1->shape[0];
+    if (w1->shape[1] != num_inputs || b1->shape[0] != num_hidden ||
+        w2->shape[1] != num_hidden || b2->shape[0] != w2->shape[0] || w2->shape[0] < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "shapes do not fit: inputs [%zd], w1 [%zd, %zd], b1 [%zd], w2 [%zd, %zd], "
+                     "b2 [%zd]; need w1 [H, %zd], b1 [H], w2 [O, H], b2 [O] with O >= 1",
+                     num_inputs, w1->shape[0], w1->shape[1], b1->shape[0], w2->shape[0],
+                     w2->shape[1], b2->shape[0], num_inputs);
+        return -1;
+    }
+    return 0;
+}
+
+/* inputs (a tuple or list of floats) as a new double array; NULL with an error set. */
+static double *
+parse_inputs(PyObject *inputs, Py_ssize_t *num_inputs)
+{
+    if (!PyTuple_Check(inputs) && !PyList_Check(inputs)) {
+        PyErr_Format(PyExc_TypeError, "inputs must be a list or tuple of floats, not %.100s",
+                     Py_TYPE(inputs)->tp_name);
+        return NULL;
+    }
+    *num_inputs = PySequence_Fast_GET_SIZE(inputs);
+    PyObject **items = PySequence_Fast_ITEMS(inputs);
+    double *values = PyMem_Malloc(sizeof(double) * (size_t)(*num_inputs + 1));
+    if (values == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *num_inputs; i++) {
+        values[i] = PyFloat_AsDouble(items[i]);
+        if (values[i] == -1.0 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "inputs[%zd] must be a float, not %.100s", i,
+                         Py_TYPE(items[i])->tp_name);
+            PyMem_Free(values);
+            return NULL;
+        }
+    }
+    return values;
+}
+
+PyDoc_STRVAR(mlp_softmax_doc,
+"mlp_softmax(inputs, w1, b1, w2, b2) -> list[float]\n\n"
+"softmax(w2 @ relu(w1 @ inputs + b1) + b2): `inputs` a list or tuple of I floats, `w1`\n"
+"[H, I], `b1` [H], `w2` [O, H], `b2` [O] C-contiguous float64 arrays.");
+
+static PyObject *
+mlp_softmax(PyObject *module, PyObject *const *args, Py_ssize_t num_args)
+{
+    (void)module;
+    if (num_args != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "mlp_softmax(inputs, w1, b1, w2, b2) takes 5 arguments (%zd given)",
+                     num_args);
+        return NULL;
+    }
+    static const char *const names[4] = {"w1", "b1", "w2", "b2"};
+    static const int ndims[4] = {2, 1, 2, 1};
+    Py_buffer views[4];
+    int num_views = 0;
+    PyObject *result = NULL;
+    double *scratch = NULL;
+    Py_ssize_t num_inputs;
+    double *inputs = parse_inputs(args[0], &num_inputs);
+    if (inputs == NULL) {
+        return NULL;
+    }
+    for (; num_views < 4; num_views++) {
+        if (get_array(args[1 + num_views], &views[num_views], names[num_views], 'd',
+                      ndims[num_views]) < 0) {
+            goto done;
+        }
+    }
+    if (check_mlp_shapes(&views[0], &views[1], &views[2], &views[3], num_inputs) < 0) {
+        goto done;
+    }
+    Py_ssize_t num_hidden = views[0].shape[0];
+    Py_ssize_t num_outputs = views[2].shape[0];
+    scratch = PyMem_Malloc(sizeof(double) * (size_t)(num_hidden + num_outputs));
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *hidden = scratch;
+    double *logits = scratch + num_hidden;
+    affine(views[0].buf, views[1].buf, inputs, num_hidden, num_inputs, hidden);
+    for (Py_ssize_t h = 0; h < num_hidden; h++) {
+        hidden[h] = hidden[h] > 0.0 ? hidden[h] : 0.0;
+    }
+    affine(views[2].buf, views[3].buf, hidden, num_outputs, num_hidden, logits);
+    result = softmax_list(logits, num_outputs);
+done:
+    for (int i = 0; i < num_views; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    PyMem_Free(scratch);
+    PyMem_Free(inputs);
+    return result;
+}
+
+static PyMethodDef ngram_methods[] = {
+    {"segment_sums", (PyCFunction)(void (*)(void))segment_sums, METH_FASTCALL,
+     segment_sums_doc},
+    {"mlp_softmax", (PyCFunction)(void (*)(void))mlp_softmax, METH_FASTCALL, mlp_softmax_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef ngram_module = {
+    PyModuleDef_HEAD_INIT,
+    "controller.classifier._ngram",
+    "Native n-gram scoring and combiner of the built-in classifier (see _ngram.c).",
+    -1,
+    ngram_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__ngram(void)
+{
+    PyObject *module = PyModule_Create(&ngram_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    static const char *const names[5] = {"MAX_NGRAM_SIZE", "PRIME", "SALT", "MULTIPLIER",
+                                         "SEGMENT_SALT"};
+    static const unsigned long values[5] = {MAX_NGRAM_SIZE, PRIME, SALT, MULTIPLIER,
+                                            SEGMENT_SALT};
+    for (int i = 0; i < 5; i++) {
+        PyObject *value = PyLong_FromUnsignedLong(values[i]);
+        int status = value == NULL ? -1 : PyModule_AddObjectRef(module, names[i], value);
+        Py_XDECREF(value);
+        if (status < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    return module;
+}

@@ -1,0 +1,26 @@
+# Types of the native scorer (controller/classifier/_ngram.c; docs/classifier.md).
+import numpy as np
+import numpy.typing as npt
+
+MAX_NGRAM_SIZE: int
+PRIME: int
+SALT: int
+MULTIPLIER: int
+SEGMENT_SALT: int
+
+def segment_sums(
+    data: bytes,
+    weights: npt.NDArray[np.float32],
+    num_bits: int,
+    sizes: tuple[int, ...] | list[int],
+    segment: int,
+    /,
+) -> tuple[tuple[float, ...], int]: ...
+def mlp_softmax(
+    inputs: list[float] | tuple[float, ...],
+    w1: npt.NDArray[np.float64],
+    b1: npt.NDArray[np.float64],
+    w2: npt.NDArray[np.float64],
+    b2: npt.NDArray[np.float64],
+    /,
+) -> list[float]: ...
