@@ -218,6 +218,7 @@ class Gateway:
                 plan.task,
                 request_id,
                 plan.confidence,
+                parsed.raw,
             )
             annotate = self._annotator(plan, backend, k)
             try:

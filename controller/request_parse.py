@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from controller.openai_errors import bad_request, body_too_large
 from engines.base import Endpoint
 from policies.types import TASKS, Task
@@ -24,6 +26,7 @@ _DRAFTCTL_KEYS = frozenset({"task"})
 class ParsedRequest:
     endpoint: Endpoint
     body: dict[str, Any]  # the body to forward: the ``draftctl`` field removed
+    raw: bytes | None  # the client's bytes when they equal ``body`` (no ``draftctl`` field)
     model: str
     is_stream: bool
     wants_usage: bool  # the client itself asked for the streamed usage chunk
@@ -38,11 +41,21 @@ def _task(value: object, where: str) -> Task:
 
 def _load_object(raw: bytes) -> dict[str, Any]:
     try:
+        body = orjson.loads(raw)  # ~2x faster than the stdlib on large bodies
+    except orjson.JSONDecodeError:
+        body = _load_lenient(raw)
+    if not isinstance(body, dict):
+        raise bad_request(f"Request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _load_lenient(raw: bytes) -> Any:
+    """What the stdlib also accepts (a BOM, UTF-16/32, NaN, lone surrogates) still parses;
+    its error message names the first problem otherwise."""
+    try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"Request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request(f"Request body must be a JSON object, got {type(body).__name__}")
     return body
 
 
@@ -93,6 +106,7 @@ def parse_request(
     body = _load_object(raw)
     _check_types(body)
     _check_prompt(endpoint, body)
+    has_extension = "draftctl" in body
     hint = _body_hint(body)
     if header_task is not None:
         hint = _task(header_task.strip().lower(), f"header {TASK_HEADER}")
@@ -101,6 +115,7 @@ def parse_request(
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
+        raw=None if has_extension else raw,
         model=body["model"],
         is_stream=is_stream,
         wants_usage=is_stream and bool(options.get("include_usage")),

@@ -34,6 +34,9 @@ class BackendRequest:
     request_id: str
     # The task guess's confidence (the embedded engine's per-step policy sees it).
     confidence: float = 1.0
+    # The client's body bytes when ``body`` is exactly what they encode (pools forward them
+    # with their own fields spliced in instead of encoding ``body`` again); None otherwise.
+    raw: bytes | None = None
 
 
 @dataclass

@@ -11,11 +11,11 @@ Requests and health checks go through engines/http_upstream.py (keep-alive, http
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+
+import orjson
 
 from controller.config import RemotePool
 from engines.base import (
@@ -26,7 +26,8 @@ from engines.base import (
 )
 from engines.http_upstream import HttpUpstream, UpstreamError, UpstreamResponse
 from engines.outcome_readers import reader_for, request_extras
-from engines.sse import SseAnnotator, compact_json, merge_outcome
+from engines.request_body import upstream_body
+from engines.sse import SseAnnotator, merge_outcome, with_draftctl_object
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +122,10 @@ class PoolBackend:
     async def submit(
         self, request: BackendRequest, spec_tokens: int, annotate: Annotator
     ) -> BackendResponse:
-        body = {**request.body, **request_extras(self.kind, spec_tokens)}
-        wants_usage = False
-        if request.stream:
-            options = dict(body.get("stream_options") or {})
-            wants_usage = bool(options.get("include_usage"))
-            # Per-request spec-decode metrics ride on the usage chunk; ask for it always.
-            body["stream_options"] = {**options, "include_usage": True}
-        payload = compact_json(body).encode()
+        # Per-request spec-decode metrics ride on the usage chunk: streams always ask for it.
+        payload, wants_usage = upstream_body(
+            request.body, request.raw, request_extras(self.kind, spec_tokens), request.stream
+        )
         tried: set[str] = set()
         while (slot := self._pick(tried)) is not None:
             tried.add(slot.url)
@@ -180,12 +177,15 @@ class PoolBackend:
         if resp.status != 200:
             return response
         try:
-            obj: dict[str, Any] = json.loads(raw)
-        except json.JSONDecodeError:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return response
+        if not isinstance(obj, dict):
             return response
         merge_outcome(response.outcome, self._read_outcome(obj), obj)
-        obj["draftctl"] = annotate(response.outcome)
-        response.body = _once(json.dumps(obj).encode())
+        annotation = annotate(response.outcome)
+        body = with_draftctl_object(obj, raw, annotation)
+        response.body = _once(body or orjson.dumps({**obj, "draftctl": annotation}))
         return response
 
     async def _stream(

@@ -16,6 +16,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from engines.base import Annotator, Outcome
 
 # Reads a backend's per-request speculation metrics from a usage chunk or a full body.
@@ -23,37 +25,6 @@ OutcomeReader = Callable[[dict[str, Any]], Outcome | None]
 
 _DONE = b"data: [DONE]"
 _SEP = b"\n\n"
-
-
-def _build_compact_encoder() -> Callable[[Any], str]:
-    """``json.dumps(obj, separators=(",", ":"))`` without its per-call set-up.
-
-    JSONEncoder.encode builds a new C encoder on every call; this builds one, once. The C
-    encoder is private to CPython's json package, hence the fallback.
-    """
-    fallback = json.JSONEncoder(separators=(",", ":")).encode
-    try:
-        from _json import make_encoder
-        from json.encoder import encode_basestring_ascii
-
-        def default(obj: Any) -> Any:
-            raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-        encoder = make_encoder(
-            None, default, encode_basestring_ascii, None, ":", ",", False, False, True
-        )
-        if "".join(encoder({"a": [1.5, None]}, 0)) != fallback({"a": [1.5, None]}):
-            return fallback
-    except (ImportError, TypeError):
-        return fallback
-
-    def encode(obj: Any) -> str:
-        return "".join(encoder(obj, 0))
-
-    return encode
-
-
-compact_json = _build_compact_encoder()
 
 
 def merge_outcome(into: Outcome, found: Outcome | None, body: dict[str, Any]) -> None:
@@ -213,21 +184,31 @@ def _json_data(event: bytes) -> dict[str, Any] | None:
     if not event.startswith(b"data:"):
         return None
     try:
-        obj = json.loads(event[5:])
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        obj = orjson.loads(event[5:])
+    except orjson.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def _with_draftctl(obj: dict[str, Any], event: bytes, annotation: dict[str, Any]) -> bytes:
-    """``event`` (whose JSON is ``obj``) with a top-level ``draftctl`` object added.
+    """``event`` (whose JSON is ``obj``) with a top-level ``draftctl`` object added."""
+    spliced = with_draftctl_object(obj, event, annotation)
+    if spliced is not None:
+        return spliced + _SEP
+    return b"data: " + orjson.dumps({**obj, "draftctl": annotation}) + _SEP
+
+
+def with_draftctl_object(
+    obj: dict[str, Any], data: bytes, annotation: dict[str, Any]
+) -> bytes | None:
+    """``data`` (bytes ending in the JSON of ``obj``) with ``"draftctl": annotation`` added
+    as the object's last member; None when that cannot be done by splicing (``obj`` empty,
+    already has the key, or ``data`` does not end with its closing brace).
 
     The upstream bytes are kept and only the annotation is encoded: re-encoding the whole
-    chunk cost more than everything else the final chunk needs.
+    body cost more than everything else the final chunk needs.
     """
-    data = event.rstrip()
-    if obj and "draftctl" not in obj and data.endswith(b"}"):
-        extra = compact_json(annotation).encode()
-        return data[:-1] + b',"draftctl":' + extra + b"}" + _SEP
-    obj = {**obj, "draftctl": annotation}
-    return b"data: " + json.dumps(obj).encode() + _SEP
+    data = data.rstrip()
+    if not obj or "draftctl" in obj or not data.endswith(b"}"):
+        return None
+    return data[:-1] + b',"draftctl":' + orjson.dumps(annotation) + b"}"
