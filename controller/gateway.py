@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope
 
 from controller.config import ServerConfig
+from controller.deferred import after_first_byte
 from controller.fleet import Fleet
 from controller.metrics import Metrics
 from controller.openai_errors import (
@@ -121,8 +122,7 @@ class Gateway:
         started_s: float,
     ) -> Response:
         """Count the request, then relay the stream or send the whole body; record at the end."""
-        self.metrics.count_request(plan.task.value, backend.name, k)
-        self.stats.record_decision(plan.task, plan.confidence, backend.name, k)
+        after_first_byte(self._count, plan, backend.name, k)
         self.num_inflight += 1
         deadline_s = started_s + self.config.request_timeout_s
 
@@ -146,6 +146,10 @@ class Gateway:
             "x-draftctl-backend": backend.name,
         }
         return await self._whole(response, headers, deadline_s, done)
+
+    def _count(self, plan: Plan, backend: str, k: int) -> None:
+        self.metrics.count_request(plan.task.value, backend, k)
+        self.stats.record_decision(plan.task, plan.confidence, backend, k)
 
     def _stream_headers(
         self, task: str, k: int, backend: str, media_type: str

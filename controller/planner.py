@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from controller.classifier.base import Classifier, apply_threshold
 from controller.config import ClassifierConfig
+from controller.deferred import after_first_byte
 from controller.fleet import routing_view
 from controller.metrics import Metrics
 from controller.observe import build_observation
@@ -67,10 +68,13 @@ class Planner:
             log.exception("classifier failed; using the fallback task")
             self.metrics.degraded.labels("classifier").inc()
             return self.config.fallback_task, 0.0, "fallback"
-        self.metrics.classify_seconds.observe(guess.latency_s)
-        self.stats.record_classify(self.clock(), guess.latency_s)
+        after_first_byte(self._record_classify, guess.latency_s)
         final = apply_threshold(guess, self.config.min_confidence, self.config.fallback_task)
         return final.task, final.confidence, "fallback" if final.is_fallback else "classifier"
+
+    def _record_classify(self, latency_s: float) -> None:
+        self.metrics.classify_seconds.observe(latency_s)
+        self.stats.record_classify(self.clock(), latency_s)
 
     def decide(
         self, task: Task, confidence: float, fleet: Sequence[Backend], running: RunningPolicy
