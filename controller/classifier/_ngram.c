@@ -143,33 +143,93 @@ parse_bounded(PyObject *obj, const char *name, long long low, long long high,
     return 0;
 }
 
-/* sums[t] += weights[t, bucket] over the n-grams of data; returns the number of n-grams. */
+#define BLOCK 256 /* n-grams hashed per batch (a 1 KiB array on the stack) */
+
+/* buckets[j] = the bucket of the n-gram of `n` bytes at data[j], j < count <= BLOCK
+ * (features.byte_buckets' hash). Loop order as numpy's: each step runs over all positions,
+ * so the multiplies of different positions do not wait on each other (and vectorise). */
+static void
+hash_block(const uint8_t *data, Py_ssize_t count, int n, uint32_t salt, int shift,
+           uint32_t *buckets)
+{
+    for (Py_ssize_t j = 0; j < count; j++) {
+        buckets[j] = data[j];
+    }
+    for (int k = 1; k < n; k++) {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            buckets[j] = buckets[j] * PRIME + data[j + k];
+        }
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        buckets[j] = ((buckets[j] + salt) * MULTIPLIER) >> shift;
+    }
+}
+
+#define NUM_LANES 4 /* independent accumulators: the adds do not wait on each other */
+
+/* Add the weight columns of `count` buckets to sums[0..3), summed in NUM_LANES lanes kept in
+ * registers (3 tasks: math, code, chat). */
+static void
+gather3(const float *weights, Py_ssize_t num_buckets, const uint32_t *buckets,
+        Py_ssize_t count, double *sums)
+{
+    const float *rows[3] = {weights, weights + num_buckets, weights + 2 * num_buckets};
+    double lanes[NUM_LANES][3] = {{0.0}};
+    Py_ssize_t j = 0;
+    for (; j + NUM_LANES <= count; j += NUM_LANES) {
+        for (int lane = 0; lane < NUM_LANES; lane++) {
+            for (int t = 0; t < 3; t++) {
+                lanes[lane][t] += rows[t][buckets[j + lane]];
+            }
+        }
+    }
+    for (; j < count; j++) {
+        for (int t = 0; t < 3; t++) {
+            lanes[0][t] += rows[t][buckets[j]];
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        sums[t] += (lanes[0][t] + lanes[1][t]) + (lanes[2][t] + lanes[3][t]);
+    }
+}
+
+/* The same for any number of tasks (sums in memory: each add waits on the previous). */
+static void
+gather(const float *weights, Py_ssize_t num_tasks, Py_ssize_t num_buckets,
+       const uint32_t *buckets, Py_ssize_t count, double *sums)
+{
+    if (num_tasks == 3) {
+        gather3(weights, num_buckets, buckets, count, sums);
+        return;
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        for (Py_ssize_t t = 0; t < num_tasks; t++) {
+            sums[t] += weights[t * num_buckets + buckets[j]];
+        }
+    }
+}
+
+/* sums[t] += weights[t, bucket] over the n-grams of data, one pass per n-gram size, BLOCK
+ * n-grams at a time; returns the number of n-grams. */
 static Py_ssize_t
 accumulate(const uint8_t *data, Py_ssize_t num_bytes, const float *weights,
            Py_ssize_t num_tasks, Py_ssize_t num_buckets, int shift, uint64_t mask,
            int max_size, uint32_t segment, double *sums)
 {
-    uint32_t salts[MAX_NGRAM_SIZE + 1];
-    for (int n = 1; n <= max_size; n++) {
-        salts[n] = (uint32_t)n * SALT + segment * SEGMENT_SALT;
-    }
+    uint32_t buckets[BLOCK];
     Py_ssize_t num_ngrams = 0;
-    for (Py_ssize_t i = 0; i < num_bytes; i++) {
-        Py_ssize_t num_left = num_bytes - i;
-        int top = num_left < max_size ? (int)num_left : max_size;
-        uint32_t hash = 0;
-        for (int n = 1; n <= top; n++) {
-            hash = hash * PRIME + data[i + n - 1];
-            if (!((mask >> n) & 1)) {
-                continue;
-            }
-            uint32_t bucket = ((hash + salts[n]) * MULTIPLIER) >> shift;
-            const float *column = weights + bucket;
-            for (Py_ssize_t t = 0; t < num_tasks; t++) {
-                sums[t] += column[t * num_buckets];
-            }
-            num_ngrams++;
+    for (int n = 1; n <= max_size && n <= num_bytes; n++) {
+        if (!((mask >> n) & 1)) {
+            continue;
         }
+        uint32_t salt = (uint32_t)n * SALT + segment * SEGMENT_SALT;
+        Py_ssize_t count = num_bytes - n + 1;
+        for (Py_ssize_t start = 0; start < count; start += BLOCK) {
+            Py_ssize_t num_block = count - start < BLOCK ? count - start : BLOCK;
+            hash_block(data + start, num_block, n, salt, shift, buckets);
+            gather(weights, num_tasks, num_buckets, buckets, num_block, sums);
+        }
+        num_ngrams += count;
     }
     return num_ngrams;
 }

@@ -10,7 +10,7 @@ SEGMENT_SALT: int
 
 def segment_sums(
     data: bytes,
-    weights: npt.NDArray[np.float32],
+    weights: memoryview | npt.NDArray[np.float32],
     num_bits: int,
     sizes: tuple[int, ...] | list[int],
     segment: int,
@@ -18,9 +18,9 @@ def segment_sums(
 ) -> tuple[tuple[float, ...], int]: ...
 def mlp_softmax(
     inputs: list[float] | tuple[float, ...],
-    w1: npt.NDArray[np.float64],
-    b1: npt.NDArray[np.float64],
-    w2: npt.NDArray[np.float64],
-    b2: npt.NDArray[np.float64],
+    w1: memoryview | npt.NDArray[np.float64],
+    b1: memoryview | npt.NDArray[np.float64],
+    w2: memoryview | npt.NDArray[np.float64],
+    b2: memoryview | npt.NDArray[np.float64],
     /,
 ) -> list[float]: ...

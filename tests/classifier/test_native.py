@@ -99,6 +99,24 @@ def test_segment_sums_equal_the_numpy_hash_and_gather(
 
 
 @needs_native
+@pytest.mark.parametrize("num_tasks", [1, 2, 5, 17])
+def test_segment_sums_of_other_task_counts_equal_the_numpy_hash_and_gather(num_tasks: int) -> None:
+    """3 tasks take a register-lane path; other counts the generic one (over 16: heap sums)."""
+    from controller.classifier._ngram import segment_sums
+
+    spec = FeatureSpec(ngram_sizes=(1, 2, 6), num_bits=12)
+    weights = np.random.default_rng(num_tasks).normal(size=(num_tasks, 1 << 12))
+    weights = weights.astype(np.float32)
+    for text in TEXTS[::5]:
+        data = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+        buckets = byte_buckets(data, spec, 1, spec.ngram_sizes)
+        sums, num_ngrams = segment_sums(data.tobytes(), weights, 12, (6, 2, 1, 2), 1)
+        assert num_ngrams == buckets.size
+        expected = weights[:, buckets].astype(np.float64).sum(axis=1)
+        np.testing.assert_allclose(sums, expected, rtol=1e-9, atol=1e-9)
+
+
+@needs_native
 @pytest.mark.parametrize("segment", [0, 1])
 def test_native_segment_scores_equal_the_numpy_scorer(
     builtin: LinearClassifier, segment: int
