@@ -109,8 +109,7 @@ class LinearClassifier:
 
     def classify(self, body: Mapping[str, Any]) -> TaskGuess:
         start_s = time.perf_counter()
-        guess = self.classify_segments(request_texts(body, self.spec, self.max_chars))
-        return TaskGuess(guess.task, guess.confidence, guess.scores, time.perf_counter() - start_s)
+        return self._guess(request_texts(body, self.spec, self.max_chars), start_s)
 
     def classify_text(self, text: str) -> TaskGuess:
         """Classify already-extracted text as a last user turn with no context."""
@@ -118,7 +117,10 @@ class LinearClassifier:
 
     def classify_segments(self, texts: list[str]) -> TaskGuess:
         """Classify the text of each segment; no n-gram at all is chat with confidence 0."""
-        start_s = time.perf_counter()
+        return self._guess(texts, time.perf_counter())
+
+    def _guess(self, texts: list[str], start_s: float) -> TaskGuess:
+        """:meth:`classify_segments`, its latency counted from ``start_s``."""
         if self.scorer == "native":
             probabilities = self.native_probabilities(texts)
         else:
@@ -127,10 +129,10 @@ class LinearClassifier:
             probabilities = self.probabilities(scored).tolist() if has_ngrams else None
         if probabilities is None:
             return TaskGuess(Task.CHAT, 0.0, uniform_scores(), time.perf_counter() - start_s)
-        best = max(range(len(probabilities)), key=probabilities.__getitem__)
+        confidence = max(probabilities)
+        task = self.tasks[probabilities.index(confidence)]  # the first best, as np.argmax
         scores = dict(zip(self.tasks, probabilities, strict=True))
-        latency_s = time.perf_counter() - start_s
-        return TaskGuess(self.tasks[best], probabilities[best], scores, latency_s)
+        return TaskGuess(task, confidence, scores, time.perf_counter() - start_s)
 
     def native_probabilities(self, texts: list[str]) -> list[float] | None:
         """The native scorer's probabilities; None when no segment has an n-gram."""

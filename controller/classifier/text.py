@@ -89,6 +89,11 @@ def chat_text(messages: Sequence[Any], max_chars: int = DEFAULT_MAX_CHARS) -> st
 
 def chat_pieces(messages: Sequence[Any], max_chars: int = DEFAULT_MAX_CHARS) -> list[str]:
     """The pieces of :func:`chat_text` in order; the first is the last user turn."""
+    if len(messages) == 1:  # one user turn, the commonest request: same result, fewer calls
+        only = messages[0]
+        content = only.get("content") if type(only) is dict else None
+        if type(content) is str and only.get("role") == "user":
+            return [clip(content, max_chars)]
     user_indexes = _user_indexes_newest_first(messages)
     if not user_indexes:
         return [_join_bounded((_content(m, max_chars) for m in messages[-3:]), max_chars)]
@@ -184,5 +189,7 @@ def request_segments(
     messages = body.get("messages")
     if _is_message_list(messages):
         pieces = chat_pieces(messages, max_chars)
+        if len(pieces) == 1:
+            return pieces[0], ""
         return pieces[0], "\n".join(piece for piece in pieces[1:] if piece)
     return prompt_text(body.get("prompt"), max_chars), ""

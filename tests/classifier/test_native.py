@@ -5,6 +5,7 @@ import random
 import re
 from itertools import islice
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from controller.classifier.corpus import gsm8k, math500, mbpp, mt_bench
 from controller.classifier.evaluation import evaluate, format_report
 from controller.classifier.features import FeatureSpec, byte_buckets
 from controller.classifier.model import HAS_NATIVE, NATIVE_ENV, LinearClassifier
+from controller.classifier.text import chat_pieces, request_segments
 from policies.types import TASKS
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -281,3 +283,32 @@ def test_asking_for_native_without_the_extension_names_the_fix(
             builtin.bias.astype(np.float32),
             scorer="native",
         )
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": text}
+        for text in ("", "Write a short poem about the sea.", PROSE * 100, CJK)
+    ]
+    + [{"role": "user"}, {"role": "user", "content": None}, {"role": "system", "content": "x"}]
+    + [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"content": "no role"}],
+)
+def test_one_turn_fast_path_gives_what_the_general_path_gives(message: dict[str, Any]) -> None:
+    """text.py skips its general path for a plain dict (a MappingProxyType takes it)."""
+    for max_chars in (4000, 10, 1):
+        general = chat_pieces([MappingProxyType(message)], max_chars)
+        assert chat_pieces([message], max_chars) == general
+        body = {"messages": [message]}
+        proxied = {"messages": [MappingProxyType(message)]}
+        assert request_segments(body, max_chars) == request_segments(proxied, max_chars)
+
+
+def test_type_fast_paths_give_what_the_abc_checks_give() -> None:
+    """Plain dicts and lists take the ``type(x) is`` fast paths, proxies and tuples do not."""
+    for body in corpus_bodies():
+        messages = body.get("messages")
+        if messages is None:
+            continue
+        slow = tuple(MappingProxyType(message) for message in messages)
+        assert request_segments(body) == request_segments({"messages": slow})
