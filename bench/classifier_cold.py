@@ -10,10 +10,10 @@ interleaved (native, numpy, numpy, native, ...), ``classify(body)`` for the benc
 
 Then it runs the lean child that ``draftctl classifier eval`` runs
 (``python -m controller.classifier.latency FILE``) once per scorer on the held-out requests
-of /work/shared/data, and, with ``--instructions`` and valgrind installed, counts the
-instructions of one ``classify`` call (callgrind; machine-independent). Every section records
-the 1-minute load average before and after it; it waits (up to 2 min) for a load below
-``--max-load`` before each section.
+(``load_dataset`` of ../shared/data and the data packages, as ``eval``), and, with
+``--instructions`` and valgrind installed, counts the instructions of one ``classify`` call
+(callgrind; machine-independent). Every section records the 1-minute load average before
+and after it, and first waits (up to 2 min) for a load below ``--max-load``.
 
     .venv/bin/python bench/classifier_cold.py [--cold-samples 30] [--instructions] [--out F]
 """
@@ -145,20 +145,19 @@ def latency_section(
     return result
 
 
-def held_out_file(folder: Path) -> Path | None:
-    """The held-out requests of the shared data sets as JSONL (as `classifier eval` writes)."""
+def held_out_file(folder: Path) -> tuple[Path, int] | None:
+    """The held-out requests as JSONL, as `classifier eval` writes them (all sources)."""
     if not SHARED_DATA.is_dir():
         return None
-    from controller.classifier.corpus import gsm8k, math500, mbpp, mt_bench
-    from controller.classifier.dataset import build_dataset
+    from controller.classifier.dataset import load_dataset
 
+    dataset = load_dataset(SHARED_DATA)
     path = folder / "held_out.jsonl"
+    rows = dataset.subset(is_test=True)
     with path.open("w", encoding="utf-8") as out:
-        for loader in (gsm8k, mbpp, math500, mt_bench):
-            dataset = build_dataset(loader(SHARED_DATA))
-            for row in dataset.subset(is_test=True):
-                out.write(json.dumps(dataset.examples[row].body) + "\n")
-    return path
+        for row in rows:
+            out.write(json.dumps(dataset.examples[row].body) + "\n")
+    return path, len(rows)
 
 
 def child_latency(requests: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -232,9 +231,10 @@ def main() -> int:
     report["bench_prompt"] = latency_section(models, [BENCH_BODY], args)
     report["4000_chars"] = latency_section(models, long_bodies(4000), args)
     with tempfile.TemporaryDirectory() as folder:
-        requests = held_out_file(Path(folder))
-        if requests is not None:
-            report["eval_child"] = child_latency(requests, args)
+        held_out = held_out_file(Path(folder))
+        if held_out is not None:
+            report["eval_child"] = {"num_requests": held_out[1]}
+            report["eval_child"].update(child_latency(held_out[0], args))
     if args.instructions:
         report["instructions_per_classify"] = instruction_section()
     text = json.dumps(report, indent=2)
