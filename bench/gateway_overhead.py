@@ -153,6 +153,22 @@ async def _closed_loop(
     return results
 
 
+_QUESTION = {"role": "user", "content": "Write a short poem about the sea."}
+
+
+def history(num_chars: int) -> list[dict[str, str]]:
+    """A multi-turn chat of about ``num_chars`` characters before the bench's question:
+    alternating ~1,000-character user turns (code to review, some non-ASCII) and answers."""
+    user = "Please review this function:\n" + "def f(x):\n    return x * 2  # doublé\n" * 25
+    answer = "Sure. The function doubles its input; naming it double() would say so. " * 13
+    turns: list[dict[str, str]] = []
+    size = 0
+    while size < num_chars:
+        turns += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        size += len(user) + len(answer)
+    return turns
+
+
 async def load(
     url: str,
     concurrency: int,
@@ -160,14 +176,12 @@ async def load(
     num_warmup: int,
     hint: str | None,
     spread_s: float = 0.0,
+    history_chars: int = 0,
 ) -> dict[str, Any]:
+    messages = [*history(history_chars), _QUESTION]
     payload = json.dumps(
-        {
-            "model": MODEL,
-            "stream": True,
-            "max_tokens": 64,
-            "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
-        }
+        {"model": MODEL, "stream": True, "max_tokens": 64, "messages": messages},
+        ensure_ascii=False,
     ).encode()
     headers = {"content-type": "application/json"}
     if hint:
@@ -333,7 +347,9 @@ def _measured_load(
     """Run the load against ``url``; also CPU/wait deltas of ``pids`` over the measured part."""
     before = {pid: _schedstat(pid) for pid in pids}
     own0, wall0 = _own_cpu_s(), time.perf_counter()
-    result = uvloop.run(load(url, concurrency, sizes[0], sizes[1], args.hint, sizes[2]))
+    result = uvloop.run(
+        load(url, concurrency, sizes[0], sizes[1], args.hint, sizes[2], args.history_chars)
+    )
     wall_s = time.perf_counter() - wall0
     num = result["num"] + sizes[1]  # warm-up requests used CPU too
     usage: dict[str, float] = {"loadgen_cpu_ms_per_request": (_own_cpu_s() - own0) / num * 1e3}
@@ -480,6 +496,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=["math", "code", "chat"],
         help="send x-draftctl-task so the gateway skips the classifier",
     )
+    parser.add_argument(
+        "--history-chars",
+        type=int,
+        default=0,
+        help="send this many characters of earlier chat turns before the question (a large "
+        "request body, as multi-turn chat traffic has; default: the question alone)",
+    )
     parser.add_argument("--gateway-core", default="0")
     parser.add_argument("--other-core", default="1")
     parser.add_argument(
@@ -526,6 +549,7 @@ def main() -> int:
         "classifier": _classifier_state(args.hint),
         "nice": args.nice,
         "chunks_per_response": args.chunks,
+        "history_chars": args.history_chars,
         "paced_interval_ms": args.interval_ms,
         "saturated_requests_per_run": args.requests,
         "rounds": args.rounds,
