@@ -13,11 +13,13 @@ upstream and the load generator to the other (``taskset``). Two modes:
   so 64 or 256 streams stay open without saturating either core. This is the latency a
   client sees through the gateway under that many concurrent streams.
 
-Per point: added TTFB/total p50/p99 (proxied minus direct), the proxy's CPU per request and
-CPU-bound req/s (``/proc/PID/stat``), its run-queue wait share (``/proc/PID/schedstat``:
-time runnable but waiting for a CPU, i.e. other jobs on a shared machine), and the CPU per
-request of the other core's processes (upstream + load generator), which says which stage
-limits a closed loop. Prints one JSON line per point and a JSON report at the end.
+Per point: added TTFB/total p50/p99 (proxied minus direct; ``direct_again_`` columns: the
+direct path measured once more after the proxies, i.e. the noise floor of the round), the
+proxy's CPU per request and CPU-bound req/s (``/proc/PID/stat``), its run-queue wait share
+(``/proc/PID/schedstat``: time runnable but waiting for a CPU, i.e. other jobs on a shared
+machine), and the CPU per request of the other core's processes (upstream + load
+generator), which says which stage limits a closed loop. Prints one JSON line per point
+and a JSON report at the end.
 
     .venv/bin/python bench/gateway_overhead.py [--mode both] [--requests 2000] [--rounds 3]
 """
@@ -398,6 +400,10 @@ def _round(
         row[f"{prefix}other_core_cpu_ms_per_request"] = (
             use[f"{up_pid}_cpu_ms_per_request"] + use["loadgen_cpu_ms_per_request"]
         )
+    # A/A: the direct path once more, after the proxies. Its "added" latency is the noise
+    # floor of this round: what a zero-cost proxy would measure here.
+    again, _ = _measured_load(args, targets["direct"][0], concurrency, sizes, [up_pid])
+    row.update(_pcts(direct, again, "direct_again_"))
     return row
 
 
