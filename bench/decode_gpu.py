@@ -18,7 +18,11 @@ for the engine's k = 0 step, which also updates the draft's context.
 Correctness on the device: compiled vs eager logits on the same inputs (max abs difference,
 argmax agreement) and the greedy tokens the two engines generate.
 
-    python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--smoke]
+    python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b]
+
+Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
+process would: otherwise the second shape's compiles count against the first's recompile
+limit (8 by default), and dynamo silently runs a frame eagerly once the limit is hit.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -129,6 +135,8 @@ def compare_logits(eager: ModelRunner, compiled: ModelRunner, width: int) -> dic
 
 
 def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str, Any]:
+    torch._dynamo.reset()
+    counters.clear()
     shape = TARGET_SHAPES[name]
     spec = dflash_draft_for(shape)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -162,6 +170,10 @@ def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str
         result["compiled_vs_eager"][f"{key}_identical_prefix_tokens"] = identical_prefix(
             eager_ids, compiled_ids
         )
+    result["dynamo"] = {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
     del runners, target, draft
     torch.cuda.empty_cache()
     return result
@@ -177,6 +189,7 @@ def main() -> int:
         parser.error("needs a CUDA device (CUDA graphs)")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
+    torch._dynamo.config.recompile_limit = 64  # widths 16, 8, 1 + the target-only forward
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv),
         "torch": torch.__version__,
