@@ -49,8 +49,11 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
+# DRAFTCTL_REQUIRE_NATIVE=1: the classifier's C scorer must have been built by the install
+# (without a compiler draftctl falls back to numpy; CI must not hide that).
 test: install-test vllm-venv browser-deps lint typecheck
-	DRAFTCTL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/pytest -q -ra
+	DRAFTCTL_REQUIRE_NATIVE=1 DRAFTCTL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+		$(BIN)/pytest -q -ra
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
