@@ -16,6 +16,7 @@ Then it runs the lean child that ``draftctl classifier eval`` runs
 and after it, and first waits (up to 2 min) for a load below ``--max-load``.
 
     .venv/bin/python bench/classifier_cold.py [--cold-samples 30] [--instructions] [--out F]
+    .venv/bin/python bench/classifier_cold.py --only-instructions [--out F]
 """
 
 from __future__ import annotations
@@ -177,19 +178,23 @@ def child_latency(requests: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 INSTRUCTION_CHILD = """
-import sys
+import gc, sys
 from controller.classifier import load_classifier
 classifier = load_classifier(None)
+gc.collect()
+gc.freeze()
 body = {"messages": [{"role": "user", "content": sys.argv[2]}]}
 for _ in range(int(sys.argv[1])):
     classifier.classify(body)
 """
 
 
-def instructions_per_call(text: str, scorer: str, num_calls: int = 200) -> int:
-    """callgrind totals of a child making 50 vs 50 + ``num_calls`` calls, per call."""
+def instructions_per_call(text: str, scorer: str, num_calls: int = 1000) -> int:
+    """callgrind totals of a child making 50 vs 50 + ``num_calls`` calls, per call (a fixed
+    hash seed: string hashing otherwise moves the count between runs)."""
     totals = []
-    env = {**os.environ, NATIVE_ENV: "1" if scorer == "native" else "0"}
+    env = {**os.environ, NATIVE_ENV: "1" if scorer == "native" else "0", "PYTHONHASHSEED": "0"}
+    env["OPENBLAS_NUM_THREADS"] = "1"  # idle BLAS threads spin: instructions not ours
     with tempfile.TemporaryDirectory() as folder:
         for count in (50, 50 + num_calls):
             out = Path(folder) / f"cg.{count}"
@@ -209,11 +214,27 @@ def instruction_section() -> dict[str, Any]:
     }
 
 
+def timings(args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    models = classifiers()
+    gc.collect()
+    gc.freeze()  # as the daemon does after start-up (controller/server.py)
+    report["bench_prompt"] = latency_section(models, [BENCH_BODY], args)
+    report["4000_chars"] = latency_section(models, long_bodies(4000), args)
+    with tempfile.TemporaryDirectory() as folder:
+        held_out = held_out_file(Path(folder))
+        if held_out is not None:
+            report["eval_child"] = {"num_requests": held_out[1]}
+            report["eval_child"].update(child_latency(held_out[0], args))
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--cold-samples", type=int, default=30, help="calls per 1.26 s mode")
     parser.add_argument("--max-load", type=float, default=1.0)
     parser.add_argument("--instructions", action="store_true", help="callgrind (valgrind)")
+    parser.add_argument("--only-instructions", action="store_true", help="skip the timings")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     commit = subprocess.run(
@@ -225,17 +246,9 @@ def main() -> int:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": f"{os.cpu_count()} CPUs, {os.uname().release}",
     }
-    models = classifiers()
-    gc.collect()
-    gc.freeze()  # as the daemon does after start-up (controller/server.py)
-    report["bench_prompt"] = latency_section(models, [BENCH_BODY], args)
-    report["4000_chars"] = latency_section(models, long_bodies(4000), args)
-    with tempfile.TemporaryDirectory() as folder:
-        held_out = held_out_file(Path(folder))
-        if held_out is not None:
-            report["eval_child"] = {"num_requests": held_out[1]}
-            report["eval_child"].update(child_latency(held_out[0], args))
-    if args.instructions:
+    if not args.only_instructions:
+        report.update(timings(args))
+    if args.instructions or args.only_instructions:
         report["instructions_per_classify"] = instruction_section()
     text = json.dumps(report, indent=2)
     print(text)
