@@ -24,3 +24,16 @@ def mlp_softmax(
     b2: memoryview | npt.NDArray[np.float64],
     /,
 ) -> list[float]: ...
+def request_probabilities(
+    focus: str,
+    context: str,
+    weights: memoryview | npt.NDArray[np.float32],
+    num_bits: int,
+    sizes: tuple[int, ...] | list[int],
+    length_scale: float,
+    w1: memoryview | npt.NDArray[np.float64],
+    b1: memoryview | npt.NDArray[np.float64],
+    w2: memoryview | npt.NDArray[np.float64],
+    b2: memoryview | npt.NDArray[np.float64],
+    /,
+) -> list[float] | None: ...

@@ -9,14 +9,14 @@ context"). The combiner reads both score vectors and the two segment sizes and d
     probabilities = softmax(w2 @ relu(w1 @ z + b1) + b2)
 
 It is fitted on out-of-fold linear scores (``stacking.py``), so it learns how far to trust
-scores the linear stage gives to text it has not seen. Plain numpy; a few microseconds (the
-native scorer runs the same arithmetic in C: ``_ngram.mlp_softmax``, called by ``model.py``).
+scores the linear stage gives to text it has not seen. Plain numpy; a few microseconds. The
+native scorer computes the same inputs and MLP in C (``_ngram.c``, ``request_probabilities``;
+``tests/classifier/test_native.py`` checks that both give the same probabilities).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,20 +68,9 @@ def combiner_inputs(
     inputs = np.empty(NUM_INPUTS)
     inputs[0:3] = focus_scores
     inputs[3:6] = context_scores
-    inputs[6:8] = length_inputs(num_focus, num_context)
+    inputs[6] = math.log1p(num_focus) / LENGTH_SCALE
+    inputs[7] = math.log1p(num_context) / LENGTH_SCALE
     return inputs
-
-
-def combiner_input_list(
-    focus_scores: Sequence[float], context_scores: Sequence[float], num_focus: int, num_context: int
-) -> list[float]:
-    """:func:`combiner_inputs` as a list of floats, for the native scorer."""
-    return [*focus_scores, *context_scores, *length_inputs(num_focus, num_context)]
-
-
-def length_inputs(num_focus: int, num_context: int) -> tuple[float, float]:
-    """The combiner's two size inputs: log1p of each segment's n-gram count, scaled."""
-    return math.log1p(num_focus) / LENGTH_SCALE, math.log1p(num_context) / LENGTH_SCALE
 
 
 def combiner_from_arrays(arrays: dict[str, Array]) -> Combiner | None:

@@ -9,8 +9,8 @@ normalised to sum to one (as scikit-learn's ``predict_proba`` does for one-vs-re
 gather measured here (34 us at 4,000 characters; a take per class row 51 us, a fancy index of
 the transposed matrix 300 us).
 
-Two scorers compute the same scores. ``native`` (``_ngram.c``: one C call hashes and sums a
-segment, one runs the combiner) is used when the extension was built and
+Two scorers compute the same scores. ``native`` (``_ngram.c``: one C call hashes and sums
+both segments and runs the combiner) is used when the extension was built and
 ``DRAFTCTL_CLASSIFIER_NATIVE`` is not ``0``; ``numpy`` otherwise. The native one exists for
 the cold cost: after the process has slept, each of the numpy path's ~25 numpy calls pays a
 large cache-miss penalty (docs/classifier.md, "Native scorer").
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.classifier.base import TaskGuess, uniform_scores
-from controller.classifier.combiner import Combiner, combiner_input_list, combiner_inputs
+from controller.classifier.combiner import LENGTH_SCALE, Combiner, combiner_inputs
 from controller.classifier.features import (
     FeatureSpec,
     byte_buckets,
@@ -40,7 +40,7 @@ from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import Task
 
 try:
-    from controller.classifier._ngram import mlp_softmax, segment_sums
+    from controller.classifier._ngram import request_probabilities, segment_sums
 
     HAS_NATIVE = True
 except ImportError:  # installed without a C compiler: the numpy scorer only
@@ -136,16 +136,19 @@ class LinearClassifier:
 
     def native_probabilities(self, texts: list[str]) -> list[float] | None:
         """The native scorer's probabilities; None when no segment has an n-gram."""
+        spec = self.spec
+        if self.combiner is not None:  # the built-in model: one C call for the whole request
+            focus, context = [text.lower() for text in texts] if spec.is_lowercase else texts
+            return request_probabilities(
+                focus, context, self._weights_view, spec.num_bits, spec.ngram_sizes,
+                LENGTH_SCALE, *self._mlp_views,
+            )  # fmt: skip
         scored = [self.native_segment_scores(text, segment) for segment, text in enumerate(texts)]
         if not any(num_ngrams for _, num_ngrams in scored):
             return None
-        if self.combiner is None:
-            arrays = [(np.array(scores), num_ngrams) for scores, num_ngrams in scored]
-            result: list[float] = self.probabilities(arrays).tolist()
-            return result
-        (focus, num_focus), (context, num_context) = scored
-        inputs = combiner_input_list(focus, context, num_focus, num_context)
-        return mlp_softmax(inputs, *self._mlp_views)
+        arrays = [(np.array(scores), num_ngrams) for scores, num_ngrams in scored]
+        result: list[float] = self.probabilities(arrays).tolist()
+        return result
 
     def native_segment_scores(self, text: str, segment: int) -> tuple[list[float], int]:
         """:meth:`segment_scores` computed by ``_ngram.segment_sums``, as Python floats."""

@@ -190,6 +190,30 @@ def test_unsegmented_lowercase_model_without_combiner_scores_the_same() -> None:
 
 
 @needs_native
+def test_lowercase_segmented_model_with_a_combiner_scores_the_same() -> None:
+    """request_probabilities on random weights: lowercasing, both segments, empty ones."""
+    spec = FeatureSpec(ngram_sizes=(1, 3, 5), num_bits=12, is_lowercase=True)
+    rng = np.random.default_rng(2)
+    weights = rng.normal(size=(3, spec.num_buckets)).astype(np.float32)
+    bias = np.zeros(3, dtype=np.float32)
+    combiner = Combiner(
+        rng.normal(size=(16, 8)), rng.normal(size=16), rng.normal(size=(3, 16)), rng.normal(size=3)
+    )
+    native, slow = (
+        LinearClassifier(spec, TASKS, weights, bias, combiner=combiner, scorer=scorer)
+        for scorer in ("native", "numpy")
+    )
+    for focus, context in zip(TEXTS, [*TEXTS[7:], *TEXTS[:7]], strict=True):
+        fast_guess, slow_guess = (
+            native.classify_segments([focus, context]),
+            slow.classify_segments([focus, context]),
+        )
+        assert fast_guess.task == slow_guess.task, (focus, context)
+        for task in TASKS:
+            assert fast_guess.scores[task] == pytest.approx(slow_guess.scores[task], abs=1e-5)
+
+
+@needs_native
 def test_mlp_softmax_equals_the_numpy_combiner() -> None:
     from controller.classifier._ngram import mlp_softmax
 
@@ -258,6 +282,43 @@ def test_mlp_softmax_rejects_bad_arguments(
 
     with pytest.raises(error, match=message):
         mlp_softmax(*args)
+
+
+MLP = (np.zeros((4, 8)), np.zeros(4), np.zeros((3, 4)), np.zeros(3))
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3]), TypeError, r"takes 10 arguments \(9"),
+        ((b"a", "b", WEIGHTS, 8, (1,), 8.0, *MLP), TypeError, "focus must be a str, not bytes"),
+        (("a", None, WEIGHTS, 8, (1,), 8.0, *MLP), TypeError, "context must be a str"),
+        (("a", "b", WEIGHTS, 9, (1,), 8.0, *MLP), ValueError, "256 columns but num_bits 9"),
+        (("a", "b", WEIGHTS, 8, (1,), 0.0, *MLP), ValueError, "length_scale is 0.0"),
+        (("a", "b", WEIGHTS, 8, (1,), "8", *MLP), TypeError, "length_scale must be a float"),
+        (("a", "b", WEIGHTS, 8, (0,), 8.0, *MLP), ValueError, r"sizes\[0\] is 0"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, W1[:, :7].copy(), *MLP[1:]), ValueError, "shapes"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3], None), TypeError, "b2 must be a C-contig"),
+    ],
+)
+def test_request_probabilities_rejects_bad_arguments(
+    args: tuple[Any, ...], error: type[Exception], message: str
+) -> None:
+    from controller.classifier._ngram import request_probabilities
+
+    with pytest.raises(error, match=message):
+        request_probabilities(*args)
+
+
+@needs_native
+def test_request_probabilities_of_text_without_ngrams_is_none() -> None:
+    from controller.classifier._ngram import request_probabilities
+
+    assert request_probabilities("", "", WEIGHTS, 8, (1, 3), 8.0, *MLP) is None
+    assert request_probabilities("ab", "", WEIGHTS, 8, (3,), 8.0, *MLP) is None
+    probabilities = request_probabilities("abc", "", WEIGHTS, 8, (3,), 8.0, *MLP)
+    assert probabilities == pytest.approx([1 / 3] * 3)
 
 
 def test_env_var_forces_the_numpy_scorer(monkeypatch: pytest.MonkeyPatch) -> None:
