@@ -238,6 +238,14 @@ def _schedstat(pid: int) -> tuple[float, float]:
     return cpu_ns / 1e9, wait_ns / 1e9
 
 
+def _steal_ticks() -> tuple[int, int]:
+    """(steal, all) clock ticks of the whole machine from ``/proc/stat``: steal is time the
+    hypervisor ran something else while a vCPU wanted to run, which no process's schedstat
+    shows."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
+
+
 def _own_cpu_s() -> float:
     return _schedstat(os.getpid())[0]
 
@@ -348,6 +356,7 @@ def _measured_load(
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Run the load against ``url``; also CPU/wait deltas of ``pids`` over the measured part."""
     before = {pid: _schedstat(pid) for pid in pids}
+    steal0 = _steal_ticks()
     own0, wall0 = _own_cpu_s(), time.perf_counter()
     result = uvloop.run(
         load(url, concurrency, sizes[0], sizes[1], args.hint, sizes[2], args.history_chars)
@@ -355,6 +364,8 @@ def _measured_load(
     wall_s = time.perf_counter() - wall0
     num = result["num"] + sizes[1]  # warm-up requests used CPU too
     usage: dict[str, float] = {"loadgen_cpu_ms_per_request": (_own_cpu_s() - own0) / num * 1e3}
+    steal1 = _steal_ticks()
+    usage["steal_share"] = (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
     for pid in pids:
         cpu1, wait1 = _schedstat(pid)
         usage[f"{pid}_cpu_s"] = cpu1 - before[pid][0]
@@ -383,6 +394,7 @@ def _round(
         "direct_other_core_cpu_ms_per_request": use[f"{up_pid}_cpu_ms_per_request"]
         + use["loadgen_cpu_ms_per_request"],
         "direct_upstream_runqueue_wait_share": use[f"{up_pid}_wait_share"],
+        "direct_steal_share": use["steal_share"],
     }
     for name in [n for n in _PREFIXES if n in targets]:
         url, pid = targets[name]
@@ -397,6 +409,8 @@ def _round(
         # but waiting for a CPU (other jobs on a shared machine).
         row[f"{prefix}busy_share"] = use[f"{pid}_busy_share"]
         row[f"{prefix}runqueue_wait_share"] = use[f"{pid}_wait_share"]
+        # Share of both vCPUs' time the hypervisor took away during this proxy's run.
+        row[f"{prefix}steal_share"] = use["steal_share"]
         row[f"{prefix}other_core_cpu_ms_per_request"] = (
             use[f"{up_pid}_cpu_ms_per_request"] + use["loadgen_cpu_ms_per_request"]
         )
