@@ -104,25 +104,32 @@ def test_completions_endpoint_works(gateway: Gateway) -> None:
 
 @pytest.fixture
 def busy_stream(gateway: Gateway) -> Iterator[None]:
-    """A long code request streaming on the k7 pool while the test body runs."""
+    """Long code requests streaming on the k7 pool while the test body runs.
+
+    Two consumers, each starting a new stream as soon as its last one ends: one stream of
+    440 tokens (the server's max-model-len is 512) can finish before the test body has
+    planned its request on a fast machine, two back-to-back loops cannot both be between
+    streams at that moment. At teardown the consumers stop reading (the gateway aborts).
+    """
     started, stop = threading.Event(), threading.Event()
 
     def consume() -> None:
-        # Long enough (the server's max-model-len is 512) to outlast the test body on a fast,
-        # idle machine; the consumer stops reading (and the gateway aborts it) at teardown.
         args = chat_args("code", max_tokens=440, temperature=1.0)
-        with client(gateway).chat.completions.create(stream=True, **args) as stream:
-            for _ in stream:
-                started.set()
-                if stop.is_set():
-                    break
+        while not stop.is_set():
+            with client(gateway).chat.completions.create(stream=True, **args) as stream:
+                for _ in stream:
+                    started.set()
+                    if stop.is_set():
+                        break
 
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
     assert started.wait(60), "the background stream did not start in 60 s"
     yield
     stop.set()
-    thread.join(120)
+    for thread in threads:
+        thread.join(120)
     wait_idle(gateway)  # later tests need quiet pools
 
 
