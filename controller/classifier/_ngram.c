@@ -12,14 +12,12 @@
  *           bucket = ((h_n + n * SALT + segment * SEGMENT_SALT) * MULTIPLIER) >> (32 - num_bits)
  *       An n larger than the data gives no n-gram; a size listed twice counts once.
  *
- *   mlp_softmax(inputs, w1, b1, w2, b2) -> list[float]
- *       softmax(w2 @ relu(w1 @ inputs + b1) + b2), the combiner (combiner.py).
- *
  *   request_probabilities(focus, context, weights, num_bits, sizes, length_scale,
  *                         w1, b1, w2, b2) -> list[float] | None
  *       the whole segmented model, what model.py calls per request: both segments' sums
  *       (from str, encoded as str.encode("utf-8", "replace")), combiner.combiner_inputs,
- *       the combiner; None when neither segment has an n-gram. One call instead of ~10
+ *       the combiner softmax(w2 @ relu(w1 @ inputs + b1) + b2) (combiner.py); None when
+ *       neither segment has an n-gram. One call instead of ~10
  *       Python-level steps saved ~40 us per request after a sleep.
  *
  * Plain C99 and the Python C API; no threads, the GIL is held throughout. Bad arguments
@@ -384,34 +382,6 @@ check_mlp_shapes(const Py_buffer *w1, const Py_buffer *b1, const Py_buffer *w2,
     return 0;
 }
 
-/* inputs (a tuple or list of floats) as a new double array; NULL with an error set. */
-static double *
-parse_inputs(PyObject *inputs, Py_ssize_t *num_inputs)
-{
-    if (!PyTuple_Check(inputs) && !PyList_Check(inputs)) {
-        PyErr_Format(PyExc_TypeError, "inputs must be a list or tuple of floats, not %.100s",
-                     Py_TYPE(inputs)->tp_name);
-        return NULL;
-    }
-    *num_inputs = PySequence_Fast_GET_SIZE(inputs);
-    PyObject **items = PySequence_Fast_ITEMS(inputs);
-    double *values = PyMem_Malloc(sizeof(double) * (size_t)(*num_inputs + 1));
-    if (values == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < *num_inputs; i++) {
-        values[i] = PyFloat_AsDouble(items[i]);
-        if (values[i] == -1.0 && PyErr_Occurred()) {
-            PyErr_Format(PyExc_TypeError, "inputs[%zd] must be a float, not %.100s", i,
-                         Py_TYPE(items[i])->tp_name);
-            PyMem_Free(values);
-            return NULL;
-        }
-    }
-    return values;
-}
-
 /* The combiner's four C-contiguous float64 arrays, w1 [H, I], b1 [H], w2 [O, H], b2 [O]. */
 typedef struct {
     Py_buffer views[4];
@@ -467,36 +437,6 @@ run_mlp(const Mlp *mlp, const double *inputs, Py_ssize_t num_inputs)
     affine(w2->buf, b2->buf, hidden, num_outputs, num_hidden, logits);
     PyObject *result = softmax_list(logits, num_outputs);
     PyMem_Free(scratch);
-    return result;
-}
-
-PyDoc_STRVAR(mlp_softmax_doc,
-"mlp_softmax(inputs, w1, b1, w2, b2) -> list[float]\n\n"
-"softmax(w2 @ relu(w1 @ inputs + b1) + b2): `inputs` a list or tuple of I floats, `w1`\n"
-"[H, I], `b1` [H], `w2` [O, H], `b2` [O] C-contiguous float64 arrays.");
-
-static PyObject *
-mlp_softmax(PyObject *module, PyObject *const *args, Py_ssize_t num_args)
-{
-    (void)module;
-    if (num_args != 5) {
-        PyErr_Format(PyExc_TypeError,
-                     "mlp_softmax(inputs, w1, b1, w2, b2) takes 5 arguments (%zd given)",
-                     num_args);
-        return NULL;
-    }
-    Py_ssize_t num_inputs;
-    double *inputs = parse_inputs(args[0], &num_inputs);
-    if (inputs == NULL) {
-        return NULL;
-    }
-    Mlp mlp;
-    PyObject *result = NULL;
-    if (get_mlp(args + 1, &mlp) == 0) {
-        result = run_mlp(&mlp, inputs, num_inputs);
-        release_mlp(&mlp);
-    }
-    PyMem_Free(inputs);
     return result;
 }
 
@@ -596,8 +536,8 @@ PyDoc_STRVAR(request_probabilities_doc,
 "The whole segmented model in one call: segment_sums of `focus` (segment 0) and `context`\n"
 "(segment 1), both str, encoded as str.encode('utf-8', 'replace'); the combiner inputs\n"
 "[focus sums / sqrt(N0), context sums / sqrt(N1), log1p(N0) / length_scale,\n"
-"log1p(N1) / length_scale] (0 for a segment without n-grams); then mlp_softmax. None when\n"
-"neither segment has an n-gram.");
+"log1p(N1) / length_scale] (0 for a segment without n-grams); then the combiner,\n"
+"softmax(w2 @ relu(w1 @ inputs + b1) + b2). None when neither segment has an n-gram.");
 
 static PyObject *
 request_probabilities(PyObject *module, PyObject *const *args, Py_ssize_t num_args)
@@ -643,7 +583,6 @@ request_probabilities(PyObject *module, PyObject *const *args, Py_ssize_t num_ar
 static PyMethodDef ngram_methods[] = {
     {"segment_sums", (PyCFunction)(void (*)(void))segment_sums, METH_FASTCALL,
      segment_sums_doc},
-    {"mlp_softmax", (PyCFunction)(void (*)(void))mlp_softmax, METH_FASTCALL, mlp_softmax_doc},
     {"request_probabilities", (PyCFunction)(void (*)(void))request_probabilities, METH_FASTCALL,
      request_probabilities_doc},
     {NULL, NULL, 0, NULL},

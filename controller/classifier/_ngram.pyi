@@ -16,14 +16,6 @@ def segment_sums(
     segment: int,
     /,
 ) -> tuple[tuple[float, ...], int]: ...
-def mlp_softmax(
-    inputs: list[float] | tuple[float, ...],
-    w1: memoryview | npt.NDArray[np.float64],
-    b1: memoryview | npt.NDArray[np.float64],
-    w2: memoryview | npt.NDArray[np.float64],
-    b2: memoryview | npt.NDArray[np.float64],
-    /,
-) -> list[float]: ...
 def request_probabilities(
     focus: str,
     context: str,

@@ -213,23 +213,7 @@ def test_lowercase_segmented_model_with_a_combiner_scores_the_same() -> None:
             assert fast_guess.scores[task] == pytest.approx(slow_guess.scores[task], abs=1e-5)
 
 
-@needs_native
-def test_mlp_softmax_equals_the_numpy_combiner() -> None:
-    from controller.classifier._ngram import mlp_softmax
-
-    rng = np.random.default_rng(1)
-    combiner = Combiner(
-        rng.normal(size=(16, 8)), rng.normal(size=16), rng.normal(size=(3, 16)), rng.normal(size=3)
-    )
-    for _ in range(100):
-        inputs = rng.normal(scale=3.0, size=8)
-        expected = combiner.probabilities(inputs)
-        result = mlp_softmax(inputs.tolist(), combiner.w1, combiner.b1, combiner.w2, combiner.b2)
-        np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-15)
-
-
 WEIGHTS = np.zeros((3, 1 << 8), dtype=np.float32)
-W1, B1, W2, B2 = np.zeros((4, 8)), np.zeros(4), np.zeros((3, 4)), np.zeros(3)
 
 
 @needs_native
@@ -262,28 +246,6 @@ def test_segment_sums_rejects_bad_arguments(
         segment_sums(*args)
 
 
-@needs_native
-@pytest.mark.parametrize(
-    ("args", "error", "message"),
-    [
-        (((0.0,) * 8, W1, B1, W2), TypeError, r"takes 5 arguments \(4 given\)"),
-        ((np.zeros(8), W1, B1, W2, B2), TypeError, "inputs must be a list or tuple"),
-        ((["x"] * 8, W1, B1, W2, B2), TypeError, r"inputs\[0\] must be a float"),
-        (([0.0] * 7, W1, B1, W2, B2), ValueError, "shapes do not fit"),
-        (([0.0] * 8, W1, B1, W2.T, B2), ValueError, "w2 must be C-contiguous"),
-        (([0.0] * 8, W1, B1.astype(np.float32), W2, B2), ValueError, "b1 must have dtype float64"),
-        (([0.0] * 8, W1, B1, W2, None), TypeError, "b2 must be a C-contiguous float64 array"),
-    ],
-)
-def test_mlp_softmax_rejects_bad_arguments(
-    args: tuple[Any, ...], error: type[Exception], message: str
-) -> None:
-    from controller.classifier._ngram import mlp_softmax
-
-    with pytest.raises(error, match=message):
-        mlp_softmax(*args)
-
-
 MLP = (np.zeros((4, 8)), np.zeros(4), np.zeros((3, 4)), np.zeros(3))
 
 
@@ -298,7 +260,17 @@ MLP = (np.zeros((4, 8)), np.zeros(4), np.zeros((3, 4)), np.zeros(3))
         (("a", "b", WEIGHTS, 8, (1,), 0.0, *MLP), ValueError, "length_scale is 0.0"),
         (("a", "b", WEIGHTS, 8, (1,), "8", *MLP), TypeError, "length_scale must be a float"),
         (("a", "b", WEIGHTS, 8, (0,), 8.0, *MLP), ValueError, r"sizes\[0\] is 0"),
-        (("a", "b", WEIGHTS, 8, (1,), 8.0, W1[:, :7].copy(), *MLP[1:]), ValueError, "shapes"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, MLP[0][:, :7].copy(), *MLP[1:]), ValueError, "shapes"),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:2], MLP[2].T, MLP[3]),
+            ValueError,
+            "w2 must be C-",
+        ),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, MLP[0], MLP[1].astype(np.float32), *MLP[2:]),
+            ValueError,
+            "b1 must have dtype float64",
+        ),
         (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3], None), TypeError, "b2 must be a C-contig"),
     ],
 )
