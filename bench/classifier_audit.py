@@ -33,6 +33,7 @@ import numpy as np
 from controller.classifier.artifact import load_classifier
 from controller.classifier.corpus import DEFAULT_SHARED_DATA
 from controller.classifier.dataset import Dataset, load_dataset
+from controller.classifier.evaluation import real_errors, snippet
 from controller.classifier.text import request_segments
 
 VERDICTS = ("readable", "undetermined", "label")
@@ -42,26 +43,17 @@ def group_sha(group: str) -> str:
     return hashlib.sha256(group.encode("utf-8")).hexdigest()[:16]
 
 
-def split_rows(dataset: Dataset, validation_percent: int) -> list[int]:
-    if validation_percent:
-        return dataset.validation_rows(validation_percent)
-    return dataset.subset(is_test=True)
-
-
 def sample(args: argparse.Namespace, dataset: Dataset) -> int:
-    classifier = load_classifier(args.artifact)
-    rows = [
-        i for i in split_rows(dataset, args.validation_percent)
-        if not dataset.examples[i].source.startswith("synth")
-    ]  # fmt: skip
-    errors = []
-    for index in rows:
-        example = dataset.examples[index]
-        guess = classifier.classify(example.body).task
-        if guess != example.task:
-            errors.append((index, guess))
+    rows = dataset.eval_rows(args.validation_percent)
+    examples = [dataset.examples[i] for i in rows]
+    errors = [
+        (rows[position], guess.task)
+        for position, guess in real_errors(load_classifier(args.artifact), examples)
+    ]
+    num_real = sum(not example.source.startswith("synth") for example in examples)
     print(
-        f"{len(errors)} errors of {len(rows)} real-source requests ({len(errors) / len(rows):.2%})"
+        f"{len(errors)} errors of {num_real} real-source requests "
+        f"({len(errors) / max(num_real, 1):.2%})"
     )
     order = np.random.default_rng(args.seed).permutation(len(errors))[: args.sample]
     with args.out.open("w", encoding="utf-8") as out:
@@ -105,14 +97,6 @@ def read_verdicts(path: Path, dataset: Dataset) -> list[dict[str, Any]]:
     return lines
 
 
-def clipped(text: str, num_chars: int) -> str:
-    text = text.replace("\n", " | ")
-    if len(text) <= num_chars:
-        return text
-    head = num_chars * 3 // 4
-    return text[:head] + " [...] " + text[len(text) - (num_chars - head) :]
-
-
 def ceilings(error_rate: float, num_readable: int, num_read: int) -> tuple[float, float, float]:
     """The accuracy of a classifier that made none of the readable errors, and its 95%
     interval (Wald, from the readable share of ``num_read`` errors read)."""
@@ -135,11 +119,11 @@ def tally(args: argparse.Namespace, dataset: Dataset) -> int:
                 f"#{number} {line['verdict']}: {example.source} "
                 f"label={line['label']} guess={line['guess']}"
             )
-            print(f"  request: {clipped(focus, 360)}")
+            print(f"  request: {snippet(focus, 360)}")
             if context:
-                print(f"  context: {clipped(context, 200)}")
+                print(f"  context: {snippet(context, 200)}")
             if example.answer:
-                print(f"  answer:  {clipped(example.answer, 220)}")
+                print(f"  answer:  {snippet(example.answer, 220)}")
     counts = Counter(line["verdict"] for line in lines)
     total = len(lines)
     for verdict in VERDICTS:

@@ -32,6 +32,13 @@ class Dataset:
             return rows
         return [i for i in rows if not is_validation(self.examples[i].group, validation_percent)]
 
+    def eval_rows(self, validation_percent: int = 0) -> list[int]:
+        """What ``classifier eval`` scores: the validation split when ``validation_percent`` >
+        0, else the held-out split."""
+        if validation_percent:
+            return self.validation_rows(validation_percent)
+        return self.subset(is_test=True)
+
     def validation_rows(self, validation_percent: int) -> list[int]:
         """The training examples whose group is in the validation split (never held out)."""
         rows = self.subset(is_test=False)

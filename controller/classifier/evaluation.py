@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.classifier.base import Classifier
+from controller.classifier.base import Classifier, TaskGuess
 from controller.classifier.corpus import Example
 from controller.classifier.text import request_segments
 from policies.types import TASKS, Task
@@ -114,16 +114,22 @@ def format_report(report: EvalReport, has_latency: bool = True) -> str:
     return "\n".join(lines)
 
 
-def format_errors(classifier: Classifier, examples: Sequence[Example], num_errors: int) -> str:
-    """``num_errors`` misclassified real-source examples, drawn at random with seed 0: the
-    label, the guess, the last user turn and the start and end of the context."""
-    misses = [
-        (example, guess)
-        for example in examples
+def real_errors(classifier: Classifier, examples: Sequence[Example]) -> list[tuple[int, TaskGuess]]:
+    """``(position in examples, guess)`` of every misclassified real-source (not synthetic)
+    example, in order."""
+    return [
+        (position, guess)
+        for position, example in enumerate(examples)
         if not example.source.startswith("synth")
         for guess in [classifier.classify(example.body)]
         if guess.task != example.task
     ]
+
+
+def format_errors(classifier: Classifier, examples: Sequence[Example], num_errors: int) -> str:
+    """``num_errors`` misclassified real-source examples, drawn at random with seed 0: the
+    label, the guess, the last user turn and the start and end of the context."""
+    misses = [(examples[i], guess) for i, guess in real_errors(classifier, examples)]
     random.Random(0).shuffle(misses)
     lines = [f"\n{len(misses)} real-source errors; {min(num_errors, len(misses))} of them:"]
     for number, (example, guess) in enumerate(misses[:num_errors]):
@@ -132,15 +138,16 @@ def format_errors(classifier: Classifier, examples: Sequence[Example], num_error
             f"#{number} {example.source} label={example.task} guess={guess.task} "
             f"confidence={guess.confidence:.2f}"
         )
-        lines.append(f"  request: {_snippet(focus, 400)}")
+        lines.append(f"  request: {snippet(focus, 400)}")
         if context:
-            lines.append(f"  context: {_snippet(context, 200)}")
+            lines.append(f"  context: {snippet(context, 200)}")
         if example.answer:
-            lines.append(f"  answer:  {_snippet(example.answer, 200)}")
+            lines.append(f"  answer:  {snippet(example.answer, 200)}")
     return "\n".join(lines)
 
 
-def _snippet(text: str, num_chars: int) -> str:
+def snippet(text: str, num_chars: int) -> str:
+    """``repr`` of the text, or of its first 3/4 and last 1/4 of ``num_chars`` when longer."""
     if len(text) <= num_chars:
         return repr(text)
     return f"{text[: num_chars * 3 // 4]!r} ... {text[-(num_chars // 4) :]!r}"

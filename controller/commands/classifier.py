@@ -153,11 +153,8 @@ def run_eval(args: argparse.Namespace) -> int:
         logger.error("%s", error)
         return 2
     if args.validation_percent:
-        rows = dataset.validation_rows(args.validation_percent)
         print(f"validation split: {args.validation_percent}% of the training groups")
-    else:
-        rows = dataset.subset(is_test=True)
-    examples = [dataset.examples[i] for i in rows]
+    examples = [dataset.examples[i] for i in dataset.eval_rows(args.validation_percent)]
     print(format_report(evaluate(classifier, examples), has_latency=False))
     if args.list_errors:
         print(format_errors(classifier, examples, args.list_errors))
