@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from controller.classifier.artifact import load_classifier
-from controller.classifier.corpus import DEFAULT_SHARED_DATA
-from controller.classifier.dataset import Dataset, load_dataset
-from controller.classifier.evaluation import real_errors, snippet
 from controller.classifier.text import request_segments
+from training.classifier.corpus import DEFAULT_SHARED_DATA
+from training.classifier.dataset import Dataset, load_dataset
+from training.classifier.evaluation import real_errors, snippet
 
 VERDICTS = ("readable", "undetermined", "label")
 

@@ -9,7 +9,7 @@ interleaved (native, numpy, numpy, native, ...), ``classify(body)`` for the benc
 - cold: each call after ``time.sleep`` of 1.26 s, and of 20 ms.
 
 Then it runs the lean child that ``draftctl classifier eval`` runs
-(``python -m controller.classifier.latency FILE``) once per scorer on the held-out requests
+(``python -m training.classifier.latency FILE``) once per scorer on the held-out requests
 (``load_dataset`` of ../shared/data and the data packages, as ``eval``), and, with
 ``--instructions`` and valgrind installed, counts the instructions of one ``classify`` call
 (callgrind; machine-independent). Every section records the 1-minute load average before
@@ -150,7 +150,7 @@ def held_out_file(folder: Path) -> tuple[Path, int] | None:
     """The held-out requests as JSONL, as `classifier eval` writes them (all sources)."""
     if not SHARED_DATA.is_dir():
         return None
-    from controller.classifier.dataset import load_dataset
+    from training.classifier.dataset import load_dataset
 
     dataset = load_dataset(SHARED_DATA)
     path = folder / "held_out.jsonl"
@@ -162,9 +162,9 @@ def held_out_file(folder: Path) -> tuple[Path, int] | None:
 
 
 def child_latency(requests: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """`python -m controller.classifier.latency FILE` with each scorer (NATIVE_ENV=1 / 0)."""
+    """`python -m training.classifier.latency FILE` with each scorer (NATIVE_ENV=1 / 0)."""
     result: dict[str, Any] = {}
-    command = [sys.executable, "-m", "controller.classifier.latency", str(requests)]
+    command = [sys.executable, "-m", "training.classifier.latency", str(requests)]
     for scorer in SCORERS:
         env = {**os.environ, NATIVE_ENV: "1" if scorer == "native" else "0"}
         load_before = wait_for_quiet(args.max_load)

@@ -44,11 +44,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engines.cost_tables import goodput_cost_table
+from engines.step_controller import FixedPolicySource, StepController
 from policies.costmodel import padded_width
 from policies.goodput import GoodputPolicy
-from policies.model import GoodputSpec
+from policies.model import GoodputSpec, PolicySpec
 from policies.online import OnlineModels
-from policies.step_controller import StepController
 from policies.types import Task
 from policies.validation import InvalidDocument, validate_yaml
 
@@ -211,9 +212,9 @@ class Probe:
             "controller_us_per_step": c.host_s / max(1, self.feed.steps) * 1e6,
         }
 
-    def spec(self) -> Any:
+    def spec(self, task: Task) -> Any:
         if self.controller is not None:
-            return self.controller
+            return self.controller.start(task, 1.0, 0)
         return lambda _view, k=self.fixed_k: k
 
     def record(self, task: Task, report: Any) -> None:
@@ -255,7 +256,9 @@ async def run_policy(
             params = SamplingParams(max_new_tokens=rng.randint(*args.output_tokens))
             sent = time.perf_counter()
             context: dict[str, Any] = {"task": task}
-            stream = engine.generate(encode(engine.tokenizer, text), params, probe.spec(), context)
+            stream = engine.generate(
+                encode(engine.tokenizer, text), params, probe.spec(task), context
+            )
             async with contextlib.aclosing(stream):
                 async for event in stream:
                     now = phase_at(time.perf_counter() - t0)
@@ -296,10 +299,12 @@ def load_goodput_spec(args: argparse.Namespace) -> GoodputSpec:
 def make_probe(how: int | str, spec: GoodputSpec, block_size: int, seed: int) -> Probe:
     if how not in ("goodput", "goodput-per-request"):
         return Probe(int(how))
-    models = OnlineModels.from_spec(spec, block_size)
-    policy = GoodputPolicy(spec)
+    models = OnlineModels(spec, block_size, goodput_cost_table(spec))
+    source = FixedPolicySource(
+        PolicySpec(kind="goodput", goodput=spec), GoodputPolicy(spec), models
+    )
     controller = StepController(
-        lambda: policy, models, block_size, rng=random.Random(seed), shared=how == "goodput"
+        source, block_size, rng=random.Random(seed), shared_width=how == "goodput"
     )
     return Probe(None, controller, StepTimeFeed(models, spec.verify_width_multiple))
 

@@ -24,11 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies.costmodel import load_cost_table
+from policies.step_controller import StepController
+
+from engines.cost_tables import load_cost_table
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
-from policies.step_controller import StepController
 from policies.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]

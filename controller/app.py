@@ -16,7 +16,7 @@ from controller.fleet import Fleet
 from controller.gateway import Gateway
 from controller.metrics import Metrics
 from controller.openai_errors import ApiError
-from controller.policy_state import RunningPolicy
+from controller.policy.running import RunningPolicy
 from controller.stats import LiveStats
 from engines.base import Endpoint
 

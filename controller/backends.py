@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import importlib
 
-from controller.config import BackendConfig, EmbeddedBackend, RemotePool
-from controller.step_control import StepControllerFactory
+from controller.config import BackendConfig
 from engines.base import Backend
+from engines.config import EmbeddedConfig, PoolConfig
+from engines.step_controller import StepPolicySource
 
 
-def build_backend(config: BackendConfig, step_controllers: StepControllerFactory) -> Backend:
-    """``step_controllers`` makes the per-step k controller of an embedded-engine request."""
-    if isinstance(config, RemotePool):
+def build_backend(config: BackendConfig, policy_source: StepPolicySource) -> Backend:
+    """``policy_source``: what the embedded engine's step controller reads to choose k."""
+    if isinstance(config, PoolConfig):
         from engines.pool import PoolBackend
 
         return PoolBackend(config)
-    assert isinstance(config, EmbeddedBackend), f"unhandled backend kind {config.kind}"
+    assert isinstance(config, EmbeddedConfig), f"unhandled backend kind {config.kind}"
     # Imported on use: the embedded engine needs torch, the rest of the daemon does not.
     module = importlib.import_module("engines.embedded_backend")
-    backend: Backend = module.EmbeddedEngineBackend(config, step_controllers)
+    backend: Backend = module.EmbeddedEngineBackend(config, policy_source)
     return backend

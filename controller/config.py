@@ -4,30 +4,20 @@ Unknown keys are errors, every problem reads ``<dotted.key>: <message> (line N)`
 policies.validation), defaults live here and nowhere else, and nothing mutates a loaded
 config. Relative paths are resolved against the folder of the config file.
 
-Units: a pool's ``spec_tokens`` is k, the number of drafted tokens verified per step. vLLM's
-``num_speculative_tokens`` = k; SGLang's ``--speculative-num-draft-tokens`` = k + 1.
+The backend sections (a vLLM/SGLang pool, the embedded engine) live with their engines in
+engines/config.py; this file composes them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from engines.config import EmbeddedConfig, PoolConfig, Section, resolve_path
 from policies.types import Task
 from policies.validation import InvalidDocument, Problem, validate_yaml
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _resolve(path: Path, info: ValidationInfo) -> Path:
-    base = (info.context or {}).get("base_dir")
-    if base is None or path.is_absolute():
-        return path
-    return Path(base) / path
 
 
 class ServerConfig(Section):
@@ -36,6 +26,14 @@ class ServerConfig(Section):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    # A new connection must start a request within header_timeout_s, a request's head must be
+    # complete within header_timeout_s of its first byte, its body within body_timeout_s of
+    # the head: else 408, and the connection is closed (controller/http_protocol.py).
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)  # idle between requests: closed
+    # Completion requests admitted at once (reading, waiting or streaming); more get a 429.
+    max_inflight: int = Field(default=1024, ge=1)
 
 
 class AdminConfig(Section):
@@ -50,7 +48,7 @@ class PolicyConfig(Section):
     @field_validator("path", "versions_dir")
     @classmethod
     def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
-        return _resolve(path, info)
+        return resolve_path(path, info)
 
 
 class ClassifierConfig(Section):
@@ -63,7 +61,7 @@ class ClassifierConfig(Section):
     @field_validator("artifact")
     @classmethod
     def _relative_to_config(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        return None if path is None else _resolve(path, info)
+        return None if path is None else resolve_path(path, info)
 
 
 class StatsConfig(Section):
@@ -71,65 +69,7 @@ class StatsConfig(Section):
     scrape_interval_s: float = Field(default=5.0, gt=0)
 
 
-class RemotePool(Section):
-    """A pool of vLLM or SGLang servers all started with the same k."""
-
-    name: str = Field(min_length=1)
-    kind: Literal["vllm", "sglang"]
-    urls: list[str] = Field(min_length=1)
-    model: str = Field(min_length=1, description="the served model name clients address")
-    spec_tokens: int = Field(ge=0, description="k the servers were started with; 0 = no spec")
-    block_size: int = Field(default=16, ge=2)
-    health_interval_s: float = Field(default=2.0, gt=0)
-    timeout_s: float = Field(default=600.0, gt=0)
-    connect_timeout_s: float = Field(default=2.0, gt=0)
-
-    @field_validator("urls")
-    @classmethod
-    def _http_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} must start with http:// or https://")
-        return [url.rstrip("/") for url in urls]
-
-    @model_validator(mode="after")
-    def _k_fits_block(self) -> RemotePool:
-        if self.spec_tokens > self.block_size - 1:
-            raise ValueError(
-                f"spec_tokens {self.spec_tokens} exceeds block_size - 1 = {self.block_size - 1}"
-            )
-        return self
-
-
-class EmbeddedBackend(Section):
-    """draftctl's own PyTorch engine; k is chosen per request per step."""
-
-    name: str = Field(min_length=1)
-    kind: Literal["embedded"]
-    model: str = Field(min_length=1)
-    target: Path
-    draft: Path
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_batch_size: int = Field(default=8, ge=1)
-    max_seq_len: int = Field(default=2048, ge=16)
-    torch_compile: bool = False
-
-    @field_validator("target", "draft")
-    @classmethod
-    def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
-        return _resolve(path, info)
-
-    @model_validator(mode="after")
-    def _compile_needs_cuda(self) -> EmbeddedBackend:
-        if self.torch_compile and self.device == "cpu":
-            raise ValueError(
-                "torch_compile needs CUDA graphs, so device cuda (or auto on a CUDA machine); "
-                "set torch_compile: false for cpu"
-            )
-        return self
-
-
-BackendConfig = Annotated[RemotePool | EmbeddedBackend, Field(discriminator="kind")]
+BackendConfig = Annotated[PoolConfig | EmbeddedConfig, Field(discriminator="kind")]
 
 
 class Config(Section):

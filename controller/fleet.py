@@ -3,15 +3,6 @@
 from __future__ import annotations
 
 from engines.base import Backend
-from policies.types import PoolView
-
-
-def routing_view(backend: Backend) -> PoolView:
-    """The routing view of one backend (a per-request-k engine shows its largest k)."""
-    k = backend.block_size - 1 if backend.spec_tokens is None else backend.spec_tokens
-    return PoolView(
-        backend.name, k, backend.block_size, backend.num_inflight(), backend.is_healthy()
-    )
 
 
 class Fleet:

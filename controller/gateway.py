@@ -18,22 +18,24 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope
 
+from controller.body_reader import read_body, request_headers
+from controller.client_watch import ClientWatch
 from controller.config import ServerConfig
 from controller.deferred import after_first_byte
 from controller.fleet import Fleet
+from controller.gateway_stream import GatewayStream
 from controller.metrics import Metrics
 from controller.openai_errors import (
     ApiError,
-    bad_request,
-    body_too_large,
     model_not_found,
     no_backend,
+    shutting_down,
     timeout_error,
+    too_busy,
 )
 from controller.planner import Plan, Planner
-from controller.policy_state import RunningPolicy
-from controller.relay_response import RelayResponse
-from controller.request_parse import TASK_HEADER, ParsedRequest, check_length, parse_request
+from controller.policy.running import RunningPolicy
+from controller.request_parse import OFF_LOOP_BYTES, TASK_HEADER, ParsedRequest, parse_request
 from controller.stats import LiveStats
 from engines.base import (
     Backend,
@@ -44,9 +46,11 @@ from engines.base import (
     Outcome,
 )
 from engines.sse import error_event
-from policies.routing import served_spec_tokens
+from policies.types import served_spec_tokens
 
 log = logging.getLogger(__name__)
+
+_RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 
 class Gateway:
@@ -67,13 +71,19 @@ class Gateway:
         self.metrics = metrics
         self.policy = policy
         self.allow_hint = allow_hint
-        self.num_inflight = 0
+        self.num_inflight = 0  # admitted requests not yet answered (streams: not yet ended)
+        self.is_draining = False  # set by the server's shutdown
         self._request_ids = itertools.count(1)
         self._raw_headers: dict[tuple[str, int, str, str], list[tuple[bytes, bytes]]] = {}
         self._timeout_event = error_event(
             f"request ran longer than server.request_timeout_s = {config.request_timeout_s} s "
             "and was stopped",
             code="timeout",
+        )
+        self.shutdown_event = error_event(
+            "draftctl is shutting down and stopped this stream after server.drain_timeout_s "
+            f"= {config.drain_timeout_s} s; retry on another instance",
+            code="shutting_down",
         )
 
     async def chat(self, request: Request) -> Response:
@@ -90,62 +100,158 @@ class Gateway:
         return JSONResponse({"object": "list", "data": data})
 
     async def serve(self, scope: Scope, receive: Receive, endpoint: Endpoint) -> Response:
-        """One completion request, from the ASGI scope (no Starlette Request on this path)."""
-        started_s = time.perf_counter()
-        task_header, length_header = _request_headers(scope)
+        """One completion request, from the ASGI scope (no Starlette Request on this path).
+
+        It holds one of ``server.max_inflight`` places (429 when none is free) from here
+        until its response ends, however it ends: a relayed stream gives its place back when
+        its relay finishes, every other request before this returns.
+        """
+        if self.num_inflight >= self.config.max_inflight:
+            return too_busy(self.num_inflight, _RETRY_AFTER_S).response()
+        self.num_inflight += 1
+        response: Response | None = None
         try:
-            parsed = parse_request(
-                endpoint,
-                await self._read_body(receive, length_header),
-                task_header,
-                self.allow_hint,
-            )
+            response = await self._serve(scope, receive, endpoint)
+            return response
+        finally:
+            if not isinstance(response, GatewayStream):
+                self.num_inflight -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, endpoint: Endpoint) -> Response:
+        started_s = time.perf_counter()
+        task_header, length_header = request_headers(scope)
+        try:
+            raw = await read_body(receive, length_header, self.config.max_body_bytes)
+            parsed = await self._parse(endpoint, raw, task_header)
             backends = self.fleet.backends_for(parsed.model)
             if not backends:
                 raise model_not_found(parsed.model, self.fleet.models())
             plan = self.planner.plan(parsed, backends, self.policy())
-            async with asyncio.timeout(self.config.request_timeout_s):
-                backend, k, response = await self._submit(parsed, plan)
+            if parsed.is_stream:
+                return await self._answer(parsed, plan, started_s)
+            return await self._answer_whole(parsed, plan, receive, started_s)
         except ApiError as error:
             return error.response()
         except TimeoutError:
             return timeout_error(self.config.request_timeout_s).response()
-        return await self._respond(parsed, plan, backend, k, response, started_s)
+        except ClientDisconnect:
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        except asyncio.CancelledError:
+            if not self.is_draining:
+                raise
+            # server.drain_timeout_s passed: an OpenAI error instead of uvicorn's bare 500.
+            return shutting_down().response()
 
-    async def _respond(
-        self,
-        parsed: ParsedRequest,
-        plan: Plan,
-        backend: Backend,
-        k: int,
-        response: BackendResponse,
-        started_s: float,
+    async def _parse(
+        self, endpoint: Endpoint, raw: bytes, task_header: str | None
+    ) -> ParsedRequest:
+        """A large body is parsed on a worker thread, so other requests keep being served."""
+        if len(raw) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(
+                parse_request, endpoint, raw, task_header, self.allow_hint
+            )
+        return parse_request(endpoint, raw, task_header, self.allow_hint)
+
+    async def _answer_whole(
+        self, parsed: ParsedRequest, plan: Plan, receive: Receive, started_s: float
     ) -> Response:
-        """Count the request, then relay the stream or send the whole body; record at the end."""
+        """A non-streaming answer: dropped, backend request and all, if the client leaves."""
+        watch = ClientWatch(receive)
+        try:
+            return await self._answer(parsed, plan, started_s)
+        except asyncio.CancelledError:
+            if not watch.is_gone:
+                raise
+            return Response(status_code=499)
+        finally:
+            watch.stop()
+
+    async def _answer(self, parsed: ParsedRequest, plan: Plan, started_s: float) -> Response:
+        async with asyncio.timeout(self.config.request_timeout_s):
+            backend, k, response = await self._submit(parsed, plan)
+        # From here the response holds a backend slot: _relay or _whole frees it on every path.
         after_first_byte(self._count, plan, backend.name, k)
-        self.num_inflight += 1
-        deadline_s = started_s + self.config.request_timeout_s
+        if parsed.is_stream and response.status == 200:
+            return self._relay(plan, backend, k, response, started_s)
+        return await self._whole(plan, backend, k, response, started_s)
+
+    def _relay(
+        self, plan: Plan, backend: Backend, k: int, response: BackendResponse, started_s: float
+    ) -> Response:
+        """The stream, relayed; it gives back its in-flight place and records when it ends."""
+        is_done = False
 
         def done(first_s: float | None, is_timed_out: bool) -> None:
-            self.num_inflight -= 1
-            if response.release is not None:
-                response.release()
-            if is_timed_out:
-                response.error = "server.request_timeout_s exceeded"
-            end_s = time.perf_counter()
-            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
-            decode_s = end_s - first_s if first_s is not None else None
-            self._record(response, plan, backend, k, end_s - started_s, decode_s)
+            nonlocal is_done
+            if not is_done:
+                is_done = True
+                self.num_inflight -= 1
+                self._finish(plan, backend, k, response, started_s, first_s, is_timed_out)
 
-        if parsed.is_stream and response.status == 200:
+        try:
             raw = self._stream_headers(plan.task.value, k, backend.name, response.media_type)
-            return RelayResponse(response.body, raw, deadline_s, self._timeout_event, done)
+        except BaseException:
+            _release(response)
+            raise
+        deadline_s = started_s + self.config.request_timeout_s
+        return GatewayStream(
+            response.body,
+            raw,
+            deadline_s,
+            self._timeout_event,
+            done,
+            lambda: self.is_draining,
+            self.shutdown_event,
+        )
+
+    async def _whole(
+        self, plan: Plan, backend: Backend, k: int, response: BackendResponse, started_s: float
+    ) -> Response:
+        """A whole body: read by submit() already (pools) or generated now (embedded)."""
+        deadline_s = started_s + self.config.request_timeout_s
+        is_timed_out = False
+        try:
+            async with asyncio.timeout(max(0.0, deadline_s - time.perf_counter())):
+                content = b"".join([chunk async for chunk in response.body])
+        except TimeoutError:
+            is_timed_out = True
+        finally:
+            try:
+                await _close(response.body)
+            finally:
+                self._finish(plan, backend, k, response, started_s, None, is_timed_out)
+        if is_timed_out:
+            return timeout_error(self.config.request_timeout_s).response()
         headers = {
             TASK_HEADER: plan.task.value,
             "x-draftctl-spec-tokens": str(k),
             "x-draftctl-backend": backend.name,
         }
-        return await self._whole(response, headers, deadline_s, done)
+        return Response(content, response.status, headers, response.media_type)
+
+    def _finish(
+        self,
+        plan: Plan,
+        backend: Backend,
+        k: int,
+        response: BackendResponse,
+        started_s: float,
+        first_s: float | None,
+        is_timed_out: bool,
+    ) -> None:
+        """Free what the response holds, then record it (a recording bug is logged, only)."""
+        try:
+            _release(response)
+        finally:
+            if is_timed_out:
+                response.error = "server.request_timeout_s exceeded"
+            end_s = time.perf_counter()
+            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
+            decode_s = end_s - first_s if first_s is not None else None
+            try:
+                self._record(response, plan, backend, k, end_s - started_s, decode_s)
+            except Exception:
+                log.exception("recording a finished request failed")
 
     def _count(self, plan: Plan, backend: str, k: int) -> None:
         self.metrics.count_request(plan.task.value, backend, k)
@@ -168,53 +274,12 @@ class Gateway:
             raw = self._raw_headers[key] = [h for h in raw if h[0] != b"content-length"]
         return raw
 
-    async def _whole(
-        self,
-        response: BackendResponse,
-        headers: dict[str, str],
-        deadline_s: float,
-        done: Callable[[float | None, bool], None],
-    ) -> Response:
-        """A whole body: read by submit() already (pools) or generated now (embedded)."""
-        is_timed_out = False
-        try:
-            async with asyncio.timeout(max(0.0, deadline_s - time.perf_counter())):
-                content = b"".join([chunk async for chunk in response.body])
-        except TimeoutError:
-            is_timed_out = True
-        finally:
-            await _close(response.body)
-            done(None, is_timed_out)
-        if is_timed_out:
-            return timeout_error(self.config.request_timeout_s).response()
-        return Response(content, response.status, headers, response.media_type)
-
-    async def _read_body(self, receive: Receive, length_header: str | None) -> bytes:
-        limit = self.config.max_body_bytes
-        check_length(length_header, limit)
-        chunks: list[bytes] = []
-        size = 0
-        more_body = True
-        while more_body:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnect()
-            chunk = message.get("body", b"")
-            more_body = message.get("more_body", False)
-            size += len(chunk)
-            if size > limit:
-                raise body_too_large(size, limit)
-            chunks.append(chunk)
-        if not size:
-            raise bad_request("Request body is empty; send a JSON object")
-        return b"".join(chunks)
-
     async def _submit(
         self, parsed: ParsedRequest, plan: Plan
     ) -> tuple[Backend, int, BackendResponse]:
         request_id = f"{next(self._request_ids):x}"
         for backend, view in zip(plan.pools, plan.views, strict=True):
-            k = served_spec_tokens(view, plan.decision, plan.adjustable)
+            k = served_spec_tokens(view, plan.decision.spec_tokens)
             backend_request = BackendRequest(
                 parsed.endpoint,
                 parsed.body,
@@ -280,21 +345,12 @@ class Gateway:
             self.metrics.degraded.labels("learning").inc()
 
 
-_TASK_HEADER = TASK_HEADER.encode()
-
-
-def _request_headers(scope: Scope) -> tuple[str | None, str | None]:
-    """(x-draftctl-task, content-length) from the ASGI scope's lower-cased raw headers."""
-    task = length = None
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            length = value.decode("latin-1")
-        elif name == _TASK_HEADER:
-            task = value.decode("latin-1")
-    return task, length
-
-
 async def _close(body: AsyncIterator[bytes]) -> None:
     aclose = getattr(body, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def _release(response: BackendResponse) -> None:
+    if response.release is not None:
+        response.release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.policy_state import RunningPolicy
+from controller.policy.running import RunningPolicy
 from controller.stats import LiveStats, TaskEstimates
 from engines.base import Backend
 from policies.types import Observation, PoolView, Task
@@ -23,16 +23,17 @@ def pool_load(backend: Backend, stats: LiveStats) -> int:
     return max(own, scraped.running + (scraped.waiting or 0))
 
 
-def pool_view(backend: Backend, estimates: TaskEstimates) -> PoolView:
+def pool_view(backend: Backend, estimates: TaskEstimates | None = None) -> PoolView:
+    """What policies and routing know about ``backend`` (the one place a PoolView is built)."""
     return PoolView(
         name=backend.name,
-        # A per-request-k engine can serve any k up to block_size - 1.
-        spec_tokens=backend.block_size - 1 if backend.spec_tokens is None else backend.spec_tokens,
+        spec_tokens=backend.max_spec_tokens,
         block_size=backend.block_size,
         num_inflight=backend.num_inflight(),
         is_healthy=backend.is_healthy(),
-        tpot_s=estimates.pool_tpot_s.get(backend.name),
-        accept_length=estimates.pool_accept_length.get(backend.name),
+        is_adjustable=backend.is_adjustable,
+        tpot_s=None if estimates is None else estimates.pool_tpot_s.get(backend.name),
+        accept_length=None if estimates is None else estimates.pool_accept_length.get(backend.name),
     )
 
 

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from controller.classifier.base import Classifier, apply_threshold
 from controller.config import ClassifierConfig
 from controller.deferred import after_first_byte
-from controller.fleet import routing_view
 from controller.metrics import Metrics
-from controller.observe import build_observation
-from controller.policy_state import RunningPolicy
+from controller.observe import build_observation, pool_view
+from controller.policy.running import RunningPolicy
 from controller.request_parse import ParsedRequest
 from controller.stats import LiveStats
 from engines.base import Backend
 from policies.routing import rank_pools
-from policies.types import Decision, PoolView, Task
+from policies.types import Decision, Observation, PoolView, Task
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,7 @@ class Plan:
     pools: list[Backend]  # healthy, best first; the tail is the retry plan
     running: RunningPolicy  # the policy that decided (learns from the outcome)
     concurrency: int  # the load the decision saw
-    views: list[PoolView]  # routing views of ``pools``, same order
-    adjustable: list[str]  # names of the pools that set k per request
+    views: list[PoolView]  # what the policy saw of ``pools``, same order
 
 
 class Planner:
@@ -78,29 +76,29 @@ class Planner:
 
     def decide(
         self, task: Task, confidence: float, fleet: Sequence[Backend], running: RunningPolicy
-    ) -> tuple[Decision, int]:
-        """The decision and the concurrency it saw (0 if the observation itself failed)."""
-        concurrency = 0
+    ) -> tuple[Decision, Observation | None]:
+        """The decision and the observation it saw (None if building it failed)."""
+        observation = None
         try:
             observation = build_observation(
                 task, confidence, fleet, running, self.stats, self.clock(), self._rng.random()
             )
-            concurrency = observation.concurrency
-            return running.policy.decide(observation), concurrency
+            return running.policy.decide(observation), observation
         except Exception as exc:
             log.exception("policy %s failed; drafting off for this request", running.spec.kind)
             self.metrics.degraded.labels("policy").inc()
             reason = f"policy failed ({type(exc).__name__}); safe fallback k=0"
-            return Decision(0, reason), concurrency
+            return Decision(0, reason), observation
 
     def plan(self, parsed: ParsedRequest, fleet: Sequence[Backend], running: RunningPolicy) -> Plan:
         task, confidence, source = self.classify(parsed)
-        decision, concurrency = self.decide(task, confidence, fleet, running)
+        decision, observation = self.decide(task, confidence, fleet, running)
+        if observation is None:
+            views: Sequence[PoolView] = [pool_view(b) for b in fleet]
+            concurrency = 0
+        else:
+            views, concurrency = observation.pools, observation.concurrency
         by_name = {b.name: b for b in fleet}
-        views = [routing_view(b) for b in fleet]
-        adjustable = [b.name for b in fleet if b.spec_tokens is None]
-        ranked = rank_pools(views, decision, adjustable)
+        ranked = rank_pools(views, decision)
         pools = [by_name[v.name] for v in ranked]
-        return Plan(
-            task, confidence, source, decision, pools, running, concurrency, ranked, adjustable
-        )
+        return Plan(task, confidence, source, decision, pools, running, concurrency, ranked)

@@ -1,32 +1,43 @@
 """Parse and validate an OpenAI request body before anything else looks at it.
 
-Only what draftctl relies on is checked here (JSON object, ``model``, ``stream``,
-``messages``/``prompt`` shape, ``stream_options``, the ``draftctl`` extension); the backend
-validates the rest and its 4xx answers pass through to the client unchanged.
+The JSON parser's limits (nesting depth, integer size, encodings) and every known OpenAI
+field's type and range (controller/request_model.py) are checked here; each problem is a 400
+naming the input. The backend still validates what only it can know (the vocabulary, the
+context length) and its 4xx answers pass through to the client unchanged.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from controller.openai_errors import bad_request, body_too_large
+from controller.openai_errors import bad_request
+from controller.request_model import validate
 from engines.base import Endpoint
 from policies.types import TASKS, Task
 
 TASK_HEADER = "x-draftctl-task"
 _TASK_NAMES = ", ".join(t.value for t in TASKS)
 _DRAFTCTL_KEYS = frozenset({"task"})
+# Bodies larger than this are parsed and validated on a worker thread, so that one large
+# request does not hold up the event loop (and every other request) while it is checked.
+OFF_LOOP_BYTES = 256 * 1024
+MAX_DEPTH = 1024  # orjson's nesting limit; the stdlib fallback is held to the same
+# The deepest body orjson can encode again: deeper ones are refused when they must be.
+_MAX_ENCODE_DEPTH = 254
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
     endpoint: Endpoint
     body: dict[str, Any]  # the body to forward: the ``draftctl`` field removed
-    raw: bytes | None  # the client's bytes when they equal ``body`` (no ``draftctl`` field)
+    # ``body`` as bytes: the client's own when they are plain UTF-8 JSON equal to ``body``
+    # (no ``draftctl`` field), else ``body`` encoded again here, where an error is a 400.
+    raw: bytes
     model: str
     is_stream: bool
     wants_usage: bool  # the client itself asked for the streamed usage chunk
@@ -39,52 +50,58 @@ def _task(value: object, where: str) -> Task:
     return Task(value)
 
 
-def _load_object(raw: bytes) -> dict[str, Any]:
+def _load_object(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """(the body, whether ``raw`` is plain JSON as orjson reads it: UTF-8, no BOM)."""
     try:
-        body = orjson.loads(raw)  # ~2x faster than the stdlib on large bodies
-    except orjson.JSONDecodeError:
-        body = _load_lenient(raw)
+        body, is_plain = orjson.loads(raw), True  # ~2x faster than the stdlib on large bodies
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):
+            raise _too_deep() from None
+        body, is_plain = _load_lenient(raw), False
     if not isinstance(body, dict):
         raise bad_request(f"Request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return body, is_plain
 
 
 def _load_lenient(raw: bytes) -> Any:
-    """What the stdlib also accepts (a BOM, UTF-16/32, NaN, lone surrogates) still parses;
-    its error message names the first problem otherwise."""
+    """What the stdlib also accepts (a BOM, UTF-16/32, NaN, integers beyond 64 bits) still
+    parses, within the same limits; its error message names the first problem otherwise."""
+    encoding = json.detect_encoding(raw)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode(encoding)  # strict: invalid UTF-8 and encoded surrogates fail
+    except UnicodeDecodeError as exc:
+        raise bad_request(
+            f"Request body is not valid {encoding.upper()}: {exc.reason} at byte {exc.start}"
+        ) from None
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise _too_deep() from None
+    except json.JSONDecodeError as exc:
         raise bad_request(f"Request body is not valid JSON: {exc}") from None
-    return body
+    except ValueError:  # int() refuses literals over sys.get_int_max_str_digits()
+        raise bad_request(
+            f"Request body has an integer literal over {sys.get_int_max_str_digits()} digits"
+        ) from None
+    return body  # encoded again before forwarding, which refuses what cannot be sent
 
 
-def _check_prompt(endpoint: Endpoint, body: dict[str, Any]) -> None:
-    if endpoint == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' must be a non-empty array of messages", "messages")
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise bad_request(f"'messages[{i}]' must be an object with a 'role'", "messages")
-        return
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-        raise bad_request("'prompt' must be a string or a non-empty array", "prompt")
+def _too_deep() -> Exception:
+    return bad_request(f"Request body is nested deeper than {MAX_DEPTH} levels")
 
 
-def _check_types(body: dict[str, Any]) -> None:
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise bad_request("'model' must be a non-empty string naming a served model", "model")
-    if not isinstance(body.get("stream", False), bool):
-        raise bad_request(f"'stream' must be a boolean, got {body['stream']!r}", "stream")
-    for key in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise bad_request(f"'{key}' must be an integer, got {value!r}", key)
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object", "stream_options")
+def _encode(body: dict[str, Any]) -> bytes:
+    """``body`` as the bytes to forward; what cannot be encoded is the client's error: a
+    lone surrogate escape (``"\\ud800"``), an integer beyond 64 bits, deep nesting."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        reason = str(exc)
+        if reason.startswith("Recursion limit"):
+            reason = f"nested deeper than {_MAX_ENCODE_DEPTH} levels"
+        elif "surrogates" in reason:
+            reason = "a lone UTF-16 surrogate escape (such as \\ud800) is not text"
+        raise bad_request(f"Request body cannot be forwarded: {reason}") from None
 
 
 def _body_hint(body: dict[str, Any]) -> Task | None:
@@ -102,34 +119,24 @@ def _body_hint(body: dict[str, Any]) -> Task | None:
 def parse_request(
     endpoint: Endpoint, raw: bytes, header_task: str | None, allow_hint: bool
 ) -> ParsedRequest:
-    """Validate ``raw``; raise ApiError (4xx) naming the first problem."""
-    body = _load_object(raw)
-    _check_types(body)
-    _check_prompt(endpoint, body)
+    """Validate ``raw``; raise ApiError (4xx) naming the first problem.
+
+    Pure CPU work: the gateway runs it on a worker thread for bodies over OFF_LOOP_BYTES.
+    """
+    body, is_plain = _load_object(raw)
+    validate(endpoint, body)
     has_extension = "draftctl" in body
     hint = _body_hint(body)
     if header_task is not None:
         hint = _task(header_task.strip().lower(), f"header {TASK_HEADER}")
-    is_stream = bool(body.get("stream", False))
+    is_stream = body.get("stream") is True
     options = body.get("stream_options") or {}
     return ParsedRequest(
         endpoint=endpoint,
         body=body,
-        raw=None if has_extension else raw,
+        raw=raw if is_plain and not has_extension else _encode(body),
         model=body["model"],
         is_stream=is_stream,
-        wants_usage=is_stream and bool(options.get("include_usage")),
+        wants_usage=is_stream and options.get("include_usage") is True,
         task_hint=hint if allow_hint else None,
     )
-
-
-def check_length(length_header: str | None, limit: int) -> None:
-    """Reject by Content-Length before reading the body (the read itself is capped too)."""
-    if length_header is None:
-        return
-    try:
-        size = int(length_header)
-    except ValueError:
-        raise bad_request(f"Content-Length {length_header!r} is not an integer") from None
-    if size > limit:
-        raise body_too_large(size, limit)

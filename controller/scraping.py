@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from controller.config import Config, RemotePool
+from controller.config import Config
 from controller.stats import LiveStats, ScrapedView
+from engines.config import PoolConfig
 from engines.scraper import MetricsScraper
 
 
 class Scraping:
     def __init__(self, config: Config, stats: LiveStats) -> None:
-        self.pools = [b for b in config.backends if isinstance(b, RemotePool)]
+        self.pools = [b for b in config.backends if isinstance(b, PoolConfig)]
         self.stats = stats
         urls = [url for pool in self.pools for url in pool.urls]
         self.scraper = (

@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import time
+from typing import cast
 
 import uvicorn
 from starlette.routing import BaseRoute
@@ -27,12 +28,13 @@ from controller.config import Config
 from controller.dashboard import dashboard_routes
 from controller.fleet import Fleet
 from controller.gateway import Gateway
+from controller.http_protocol import ReadTimeoutProtocol
 from controller.metrics import Metrics
 from controller.planner import Planner
-from controller.policy_loader import PolicySource
+from controller.policy.source import PolicySource
 from controller.scraping import Scraping
 from controller.stats import LiveStats
-from controller.step_control import StepDecider
+from controller.step_source import DaemonStepSource
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class Server:
         self.started = asyncio.Event()
         self.metrics = Metrics()
         self.stats = LiveStats(config.stats.window_s, time.monotonic())
-        steps = StepDecider(lambda: self.policy.current(), self.stats, self.metrics)
+        steps = DaemonStepSource(lambda: self.policy.current(), self.stats, self.metrics)
         self.fleet = Fleet([build_backend(b, steps) for b in config.backends])
         block_size = max(b.block_size for b in self.fleet.backends)
         self.policy = PolicySource(config.policy, self.metrics, block_size)
@@ -106,13 +108,17 @@ class Server:
             await self.shutdown()
             raise StartupError(f"a backend failed to start: {exc}") from exc
         app = build_app(*self._components(), self._extra_routes())
+        server = self.config.server
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http="httptools",
+            # httptools, plus header and body read timeouts (uvicorn has none).
+            http=ReadTimeoutProtocol.configured(server.header_timeout_s, server.body_timeout_s),
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=max(1, round(self.config.server.drain_timeout_s)),
+            # uvicorn types these int, but only hands them to call_later/wait_for: floats work.
+            timeout_keep_alive=cast(int, server.keep_alive_timeout_s),
+            timeout_graceful_shutdown=cast(int, server.drain_timeout_s),
         )
         config.load()
         self._uvicorn = uvicorn.Server(config)
@@ -175,6 +181,8 @@ class Server:
 
     async def shutdown(self) -> None:
         self.is_draining = True
+        if self.gateway is not None:
+            self.gateway.is_draining = True  # what uvicorn cancels after the drain says why
         inflight = self.gateway.num_inflight if self.gateway else 0
         log.info("shutting down: draining %d in-flight request(s)", inflight)
         if self._uvicorn is not None:

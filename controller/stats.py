@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.speedup import speedup_for_task, speedup_from_steps
 from controller.windows import CountWindow, Window, quantile
-from engines.base import Backend, Outcome
+from engines.base import Backend, Outcome, fixed_spec_tokens
 from policies.types import TASKS, Task
 
 _HISTORY_LEN = 600  # concurrency samples kept, one a second: ten minutes
@@ -160,10 +160,6 @@ class LiveStats:
         totals = [c for c in self._task_spec(task, now_s) if c]
         return _accept_length([sum(c[0] for c in totals), sum(c[1] for c in totals)])
 
-    def cell_accept_length(self, task: Task, backend: str, now_s: float) -> float | None:
-        cell = self._cells.get((task, backend))
-        return None if cell is None else _accept_length(cell.spec.total(now_s))
-
     def task_tpots(self, task: Task, now_s: float) -> dict[str, list[float]]:
         return {b: c.tpot.values(now_s) for (t, b), c in self._cells.items() if t == task}
 
@@ -191,7 +187,7 @@ class LiveStats:
         n = self._task_requests[task]
         tpots = self.task_tpots(task, now_s)
         merged = [v for values in tpots.values() for v in values]
-        k_by_backend = {b.name: b.spec_tokens for b in backends}
+        k_by_backend = {b.name: fixed_spec_tokens(b) for b in backends}
         return {
             "requests": n,
             "classified_confidence_mean": self._confidence_sum[task] / n if n else None,
@@ -231,7 +227,7 @@ class LiveStats:
             "inflight": backend.num_inflight(),
             "running": scraped.running,
             "waiting": scraped.waiting,
-            "spec_tokens": backend.spec_tokens,
+            "spec_tokens": fixed_spec_tokens(backend),
             "block_size": backend.block_size,
             "accept_length_mean": scraped.accept_length_mean or _accept_length(spec),
             "accept_rate_per_position": scraped.accept_rate_per_position or own_rates,

@@ -21,10 +21,6 @@ class BackendUnavailable(Exception):
     """The backend failed before sending the first byte; the gateway may retry elsewhere."""
 
 
-class BackendFailed(Exception):
-    """The backend failed after the response started (mid-stream)."""
-
-
 @dataclass(frozen=True)
 class BackendRequest:
     endpoint: Endpoint
@@ -57,6 +53,9 @@ class Outcome:
     plain_step_times_s: list[float] = field(default_factory=list)
     # The k of each step in ``accept_lengths`` (embedded engine: k may change every step).
     step_spec_tokens: list[int] = field(default_factory=list)
+    # The backend already fed these steps to the running policy's online models, step by step
+    # (the embedded engine's step controller): the daemon must not learn them again.
+    is_learned: bool = False
 
     @property
     def mean_accept_length(self) -> float | None:
@@ -95,7 +94,9 @@ class BackendResponse:
 class Backend(Protocol):
     """One pool (servers with one fixed k) or an engine that sets k per request.
 
-    ``spec_tokens`` is None when k is chosen per request (the embedded engine).
+    The k range, one representation: ``is_adjustable`` is True when k is chosen per request
+    (the embedded engine), and ``max_spec_tokens`` is then the largest k it can run
+    (block_size - 1); for a pool it is the k its servers were started with.
     ``submit`` raises BackendUnavailable before the first byte (the gateway retries on
     another pool); failures after that end the body with an error event instead.
     """
@@ -104,7 +105,8 @@ class Backend(Protocol):
     kind: str
     model: str
     block_size: int
-    spec_tokens: int | None
+    max_spec_tokens: int
+    is_adjustable: bool
 
     def is_healthy(self) -> bool: ...
 
@@ -117,3 +119,8 @@ class Backend(Protocol):
     async def submit(
         self, request: BackendRequest, spec_tokens: int, annotate: Annotator
     ) -> BackendResponse: ...
+
+
+def fixed_spec_tokens(backend: Backend) -> int | None:
+    """The k every request on ``backend`` runs with; None when k is chosen per request."""
+    return None if backend.is_adjustable else backend.max_spec_tokens

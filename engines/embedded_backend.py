@@ -1,9 +1,10 @@
 """The embedded DFlash engine behind the Backend protocol: k chosen per request per step.
 
 The engine (engines/embedded) generates token ids; this adapter tokenizes the OpenAI request
-with the target's chat template, asks the running policy for k before every step (see
-controller/step_control.py), and writes OpenAI bodies and SSE chunks itself, the final one
-carrying the ``draftctl`` object. torch loads only when the engine does (in ``start``).
+with the target's chat template, asks the running policy for k before every step through its
+``StepController`` (engines/step_controller.py), and writes OpenAI bodies and SSE chunks
+itself, the final one carrying the ``draftctl`` object. torch loads only when the engine
+does (in ``start``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,39 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from controller.config import EmbeddedBackend
-from controller.step_control import RequestSteps, StepControllerFactory
 from engines.base import Annotator, BackendRequest, BackendResponse, Outcome
-from engines.embedded.events import SamplingParams, TokenEvent
-from engines.openai_format import DONE, Detokenizer, ResponseShape, sse, usage
+from engines.config import EmbeddedConfig
+from engines.embedded.events import RequestFailed, SamplingParams, TokenEvent
+from engines.openai_format import (
+    DONE,
+    Detokenizer,
+    MessageError,
+    ResponseShape,
+    error_object,
+    sse,
+    template_messages,
+    usage,
+)
 from engines.sse import error_event
+from engines.step_controller import RequestSteps, StepController, StepPolicySource
+from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_MAX_TOKENS = 256
 
 
+# Prompts longer than this (characters) are tokenized on a worker thread, so a large body does
+# not hold up the event loop (and every other request) while it is encoded.
+_OFF_LOOP_CHARS = 32_000
+
+
 class RequestRejected(ValueError):
     """The request cannot run on this engine; the message names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _draft_block_size(draft_dir: Path) -> int:
@@ -39,25 +59,52 @@ def _draft_block_size(draft_dir: Path) -> int:
 
 
 def _error_body(message: str, param: str | None = None) -> bytes:
-    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-    return json.dumps({"error": error}).encode()
+    return json.dumps(error_object(message, param=param)).encode()
+
+
+def _failure_body(message: str) -> bytes:
+    return json.dumps(error_object(message, "server_error", code="engine_error")).encode()
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    """About how many characters tokenizing ``body`` reads (cheap; no deep walk)."""
+    text = body.get("prompt", body.get("messages"))
+    if isinstance(text, str):
+        return len(text)
+    if isinstance(text, list):
+        return sum(len(str(item)) if not isinstance(item, int) else 1 for item in text)
+    return 0
 
 
 class EmbeddedEngineBackend:
     kind = "embedded"
-    spec_tokens: int | None = None  # k is chosen per request per step
+    is_adjustable = True  # k is chosen per request per step
 
-    def __init__(self, config: EmbeddedBackend, step_controllers: StepControllerFactory) -> None:
+    def __init__(self, config: EmbeddedConfig, policy_source: StepPolicySource) -> None:
         self.config = config
         self.name = config.name
         self.model = config.model
-        self.block_size = _draft_block_size(config.draft)
-        self._step_controllers = step_controllers
+        self.steps = StepController(policy_source, _draft_block_size(config.draft))
         self._engine: Any = None
         self._num_inflight = 0
 
+    @property
+    def block_size(self) -> int:
+        return self.steps.block_size
+
+    @property
+    def max_spec_tokens(self) -> int:
+        return max_spec_tokens(self.block_size)
+
     def is_healthy(self) -> bool:
-        return self._engine is not None
+        """Loaded, its loop alive, and not stalled: work pending without a finished step for
+        ``stall_timeout_s`` turns the backend not-ready (``/readyz``, ``draftctl_backend_up``)."""
+        engine = self._engine
+        return (
+            engine is not None
+            and engine.is_alive()
+            and engine.seconds_since_progress() < self.config.stall_timeout_s
+        )
 
     def num_inflight(self) -> int:
         return self._num_inflight
@@ -77,8 +124,9 @@ class EmbeddedEngineBackend:
             c.max_batch_size,
             c.max_seq_len,
             compile_forwards=c.torch_compile,
+            planner=self.steps,
         )
-        self.block_size = self._engine.block_size
+        self.steps.block_size = self._engine.block_size
         log.info("embedded engine %s loaded on %s", c.name, self._engine.device)
 
     async def close(self) -> None:
@@ -88,8 +136,12 @@ class EmbeddedEngineBackend:
     def _prompt_ids(self, request: BackendRequest) -> list[int]:
         tokenizer = self._engine.tokenizer
         if request.endpoint == "chat":
+            try:
+                messages = template_messages(request.body["messages"])
+            except MessageError as exc:
+                raise RequestRejected(str(exc), exc.param) from None
             encoded = tokenizer.apply_chat_template(
-                request.body["messages"], add_generation_prompt=True, tokenize=True
+                messages, add_generation_prompt=True, tokenize=True
             )
             ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
             return list(ids)
@@ -99,12 +151,15 @@ class EmbeddedEngineBackend:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if not isinstance(prompt, str):
-            raise RequestRejected("'prompt' must be one string or one list of token ids")
+            raise RequestRejected(
+                "'prompt' must be one string or one list of token ids on the embedded engine",
+                "prompt",
+            )
         return list(tokenizer.encode(prompt))
 
     def _params(self, body: dict[str, Any]) -> SamplingParams:
         if body.get("n", 1) != 1:
-            raise RequestRejected("'n' must be 1 on the embedded engine")
+            raise RequestRejected("'n' must be 1 on the embedded engine", "n")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         stop_ids = self._engine.tokenizer.eos_token_id
         try:
@@ -123,24 +178,36 @@ class EmbeddedEngineBackend:
         self, request: BackendRequest, spec_tokens: int, annotate: Annotator
     ) -> BackendResponse:
         try:
-            prompt_ids = self._prompt_ids(request)
+            if _prompt_chars(request.body) > _OFF_LOOP_CHARS:
+                prompt_ids = await asyncio.to_thread(self._prompt_ids, request)
+            else:
+                prompt_ids = self._prompt_ids(request)
             params = self._params(request.body)
         except RequestRejected as exc:
-            return BackendResponse(400, "application/json", _once(_error_body(str(exc))))
-        steps = self._step_controllers(
-            request.task, request.confidence, spec_tokens, self.block_size
-        )
+            body = _error_body(str(exc), exc.param)
+            return BackendResponse(400, "application/json", _once(body))
+        steps = self.steps.start(request.task, request.confidence, spec_tokens)
         events = self._engine.generate(prompt_ids, params, steps, {"task": request.task.value})
         self._num_inflight += 1
         try:
             first = await events.__anext__()  # prefill: a prompt that does not fit fails here
-        except ValueError as exc:
+        except ValueError as exc:  # refused at submit: the message names the field
             self._num_inflight -= 1
             return BackendResponse(400, "application/json", _once(_error_body(str(exc))))
+        except RequestFailed as exc:  # failed inside the engine (prefill), this request alone
+            self._num_inflight -= 1
+            log.warning("embedded request failed at prefill: %s", exc)
+            body = _failure_body(f"backend {self.name} failed: {exc}")
+            return BackendResponse(500, "application/json", _once(body))
         except BaseException:
             self._num_inflight -= 1
             raise
-        generation = _Generation(self, request, len(prompt_ids), steps, annotate)
+        try:
+            generation = _Generation(self, request, len(prompt_ids), steps, annotate)
+        except BaseException:
+            self._num_inflight -= 1
+            await events.aclose()  # aborts the request in the engine
+            raise
         response = BackendResponse(200, "application/json", _once(b""), generation.outcome)
         if request.stream:
             response.media_type = "text/event-stream"
@@ -168,7 +235,10 @@ class _Generation:
         self.num_prompt = num_prompt
         self.steps = steps
         self.annotate = annotate
-        self.outcome = Outcome(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0)
+        # The engine's step controller feeds the policy's online models step by step.
+        self.outcome = Outcome(
+            num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, is_learned=True
+        )
         self.shape = ResponseShape(request.endpoint, request.body["model"])
         stop = request.body.get("stop") or ()
         tokenizer = backend._engine.tokenizer
@@ -235,8 +305,13 @@ class _Generation:
         except Exception as exc:
             response.error = f"{type(exc).__name__}: {exc}"
             log.warning("embedded request failed mid-stream: %s", response.error)
+            message = f"backend {self.backend.name} failed: {response.error}"
             if self.request.stream:
-                yield error_event(f"backend {self.backend.name} failed: {response.error}")
+                yield error_event(message)
+            else:  # the status is read after the whole body (controller/gateway.py _whole)
+                response.status = 500
+                response.media_type = "application/json"
+                yield _failure_body(message)
             return
         finally:
             self.backend.done()

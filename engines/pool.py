@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from controller.config import RemotePool
 from engines.base import (
     Annotator,
     BackendRequest,
     BackendResponse,
     BackendUnavailable,
 )
+from engines.config import PoolConfig
 from engines.http_upstream import HttpUpstream, UpstreamError, UpstreamResponse
 from engines.outcome_readers import reader_for, request_extras
 from engines.request_body import upstream_body
@@ -46,13 +46,14 @@ class ServerSlot:
 class PoolBackend:
     """Implements engines.base.Backend for ``kind: vllm`` and ``kind: sglang`` pools."""
 
-    def __init__(self, config: RemotePool) -> None:
+    def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.name = config.name
         self.kind: str = config.kind
         self.model = config.model
         self.block_size = config.block_size
-        self.spec_tokens: int | None = config.spec_tokens
+        self.max_spec_tokens = config.spec_tokens
+        self.is_adjustable = False
         self.slots = [
             ServerSlot(url, HttpUpstream(url, config.connect_timeout_s, config.timeout_s))
             for url in config.urls

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from engines.base import Annotator, Outcome
+from engines.openai_format import error_object
 
 # Reads a backend's per-request speculation metrics from a usage chunk or a full body.
 OutcomeReader = Callable[[dict[str, Any]], Outcome | None]
@@ -176,8 +177,7 @@ class SseAnnotator:
 
 def error_event(message: str, code: str = "backend_error") -> bytes:
     """An SSE event carrying an OpenAI error object; the openai client raises APIError on it."""
-    error = {"message": message, "type": "server_error", "param": None, "code": code}
-    return b"data: " + json.dumps({"error": error}).encode() + _SEP
+    return b"data: " + json.dumps(error_object(message, "server_error", code=code)).encode() + _SEP
 
 
 def _json_data(event: bytes) -> dict[str, Any] | None:

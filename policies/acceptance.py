@@ -17,8 +17,11 @@ makes the goodput policy probe them again. Everything here is plain data, no I/O
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # Renormalise lazily-decayed counts once the running scale gets this large.
 _RESCALE_AT = 1e12
@@ -43,6 +46,27 @@ def expected_by_k(rates: Sequence[float]) -> list[float]:
     return out
 
 
+def drafted_steps(rates: Sequence[float], trials: Sequence[float], start: int, end: int) -> float:
+    """Estimated (decayed) steps that drafted positions ``start + 1 .. end``, from their trials.
+
+    A position is a trial only in a step that drafted it *and* accepted every position before
+    it, so ``trials[j] ~ drafted x reach[j]`` with ``reach[j] = prod_{i<j} rates[i]``. A step
+    that drafts a captured width drafts all of its positions, so pooling them,
+    ``sum(trials) / sum(reach)`` estimates how many steps drafted that width. Far positions of
+    a hard task have few trials however often they are drafted (their reach is small); this
+    count does not shrink with them. Infinite when those positions cannot be reached at all.
+    """
+    reach = 1.0
+    for rate in rates[:start]:
+        reach *= rate
+    reach_sum, trial_sum = 0.0, 0.0
+    for j in range(start, min(end, len(rates))):
+        reach_sum += reach
+        trial_sum += trials[j] if j < len(trials) else 0.0
+        reach *= rates[j]
+    return trial_sum / reach_sum if reach_sum > 1e-12 else math.inf
+
+
 def trials_from_step(spec_tokens: int, accept_length: int) -> tuple[int, bool]:
     """(positions accepted, whether position n+1 was rejected) for one verify step."""
     accepted = max(0, min(accept_length - 1, spec_tokens))
@@ -65,6 +89,7 @@ class PositionCounts:
             raise ValueError("prior needs at least one position")
         self._prior = tuple(prior)
         self._strength = prior_strength
+        self._pseudo_successes = [prior_strength * p for p in prior]
         # Lazy decay: stored counts are divided by _scale; each step multiplies _scale by 1/g.
         self._growth = 0.5 ** (-1.0 / half_life_steps) if half_life_steps > 0 else 1.0
         self._scale = 1.0
@@ -97,6 +122,28 @@ class PositionCounts:
         if rejected and accepted < self.num_positions:
             self._trials[accepted] += w
 
+    def add_steps(self, spec_tokens: Sequence[int], accept_lengths: Sequence[int]) -> None:
+        """``add_step`` for many steps at once (the rows of one engine step): the same counts
+        in O(rows + positions) numpy work, every step weighted as the last of them."""
+        n = self.num_positions
+        ks = np.minimum(np.asarray(spec_tokens, dtype=np.int64), n)
+        drafted = ks > 0
+        if not drafted.any():
+            return
+        ks = ks[drafted]
+        accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64)[drafted] - 1, 0, ks)
+        for _ in range(len(ks)):
+            self._tick()
+        w = self._scale
+        # reached[i]: steps that accepted more than i drafts (a success at position i + 1).
+        reached = np.cumsum(np.bincount(accepted, minlength=n + 1)[::-1])[::-1][1:]
+        rejected = accepted < ks
+        failed = np.bincount(accepted[rejected], minlength=n + 1)[:n]
+        for i in range(n):
+            if reached[i] or failed[i]:
+                self._successes[i] += w * float(reached[i])
+                self._trials[i] += w * float(reached[i] + failed[i])
+
     def add_position_counts(self, num_drafts: int, accepted_per_position: Sequence[int]) -> None:
         """Record aggregate counts (vLLM style): drafts made, and accepts at each position.
 
@@ -115,14 +162,16 @@ class PositionCounts:
             at_risk = hits
 
     def snapshot(self) -> AcceptanceSnapshot:
-        if self._snapshot is None:
-            inv = 1.0 / self._scale
-            k = self._strength
-            rates = tuple(
-                (s * inv + k * p) / (t * inv + k)
-                for s, t, p in zip(self._successes, self._trials, self._prior, strict=True)
-            )
-            self._snapshot = AcceptanceSnapshot(rates, tuple(t * inv for t in self._trials))
+        if self._snapshot is None:  # rebuilt after every recorded step: on the decision path
+            inv, k = 1.0 / self._scale, self._strength
+            trials = [t * inv for t in self._trials]
+            rates = [
+                (s * inv + pseudo) / (t + k)
+                for s, t, pseudo in zip(
+                    self._successes, trials, self._pseudo_successes, strict=True
+                )
+            ]
+            self._snapshot = AcceptanceSnapshot(tuple(rates), tuple(trials))
         return self._snapshot
 
 

@@ -3,24 +3,32 @@
 draftctl's embedded engine verifies every row of a step at the widest row's width (padded to
 a captured width) and runs the draft for every row once any row drafts. There a row's k = 0
 or small k saves nothing while another row drafts wide: the decision that matters is the
-batch's. ``BatchWidth`` makes it once per step and answers every row with it:
+batch's. ``BatchWidth.decide(rows, learned)`` makes it, once per engine step, from exactly the
+rows of that step (``StepRow``: id, task, its accept lengths and the k each step ran with, its
+ceiling now); the engine gives every row that k, clamped to the row's ceiling.
 
-- the engine asks each row in turn (``spec_tokens``, one call per row per step). The first call
-  of a step (a row asked twice, or as many calls as the batch has rows) decides the step's k
-  from the rows of the previous step; every other call is a lookup plus O(positions) work for
-  that row;
-- each row keeps its last ``request_window_steps`` steps as counts (accepted-up-to and
-  rejected-at, per position), updated in O(1) when it is asked. At the step's first call
-  every previous-step row's expected accept length ``E_r(k)`` is its task's current rates
-  blended with those counts exactly as ``blend_request_history`` does (no recency
-  weighting), summed over rows in one vectorised pass (numpy from 6 rows on);
-- the step's k maximises ``sum_r E_r(k) / T(B, k)`` (the sum scaled to B rows) over
-  ``{0} U [min_k, max_k]``: drafting must beat a plain step by ``min_gain``, the previous
-  step's k is kept unless another is better by ``hysteresis``, and with probability
-  ``probe_probability`` the step verifies one captured width wider while those positions
-  have fewer than ``probe_min_trials`` trials for a task in the batch (censoring);
-- every row then verifies that k (the engine clamps it to what the row can still emit): on a
-  padded engine a smaller k would only verify fewer of the tokens the step pays for.
+- Windows: each row keeps its last ``request_window_steps`` steps as per-position counts in
+  one row of preallocated arrays, by slot (``RowWindows``). A step is recorded at the k it
+  ran with, so a step the engine clamped near the request's end is no rejection at the
+  planned k. A row missing from a step has left the batch and its slot is freed: a new
+  request never inherits a finished one's window.
+- Expected tokens: every row's ``E_r(k)`` is its task's current rates blended with its window
+  exactly as ``blend_request_history`` blends them (no recency weighting), capped at the
+  row's ceiling, in a few numpy passes over all rows; host time barely grows with the batch.
+- The choice: k maximises ``sum_r E_r(k) / T(B, k)`` over 0 and the largest k of each captured
+  width in ``[min_k, max_k]`` (k's of one padded width cost the same; T at the width the
+  clamped rows really run). Drafting must beat a plain step by ``min_gain``; the previous
+  *decision* is kept unless another k is better by ``hysteresis``.
+- Probes, and why they end: positions past the chosen k are censored, so with probability
+  ``probe_probability`` a step verifies one captured width wider, but only while fewer than
+  ``probe_min_steps`` of a batch task's recent steps (decayed like its estimates) drafted that
+  width's positions (``acceptance.drafted_steps``: the trials there divided by the chance of
+  reaching them). The earlier rule waited for ``probe_min_trials`` trials at every position;
+  far positions of a 15-token block get a few trials per hundred drafted steps, so it never
+  stopped. A probe is not a decision: the next step's hold reference is the decision before
+  the probe. The earlier planner held the probed k whenever hysteresis exceeded the cost
+  model's width premium (3% against 1.5% at batch 1 on the H200), so one probe to k = 15 was
+  kept for good where k = 7 was faster.
 
 Not thread-safe: one instance per engine, called on that engine's thread. Task rates and the
 step cost come from ``learned(task)`` (``OnlineModels.observe``), read once per step per task.
@@ -28,69 +36,162 @@ step cost come from ``learned(task)`` (``OnlineModels.observe``), read once per 
 
 from __future__ import annotations
 
-from collections import deque
+import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from policies.acceptance import expected_by_k, trials_from_step
+from policies.acceptance import drafted_steps
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
-from policies.types import StepCost, Task
+from policies.types import TASKS, StepCost, StepRow, Task
 
 Learned = Callable[[Task], Mapping[str, Any]]
+_TASK_INDEX = {task: i for i, task in enumerate(TASKS)}
+_newest = operator.itemgetter(-1)
+_fields = operator.attrgetter("row_id", "task", "accept_lengths", "spec_tokens", "max_spec_tokens")
 
 
-@dataclass
-class RowWindow:
-    """One request's recent steps as per-position counts (O(1) update, exact window)."""
+class RowWindows:
+    """Every row's steps of the last ``size`` engine steps, one array row per slot.
 
-    size: int
-    positions: int
-    steps: deque[tuple[int, bool]] = field(default_factory=deque)
-    reached: list[int] = field(default_factory=list)  # steps that accepted exactly a drafts
-    failed: list[int] = field(default_factory=list)  # ... of those, rejected at a + 1
-    seen: int = 0  # accept lengths consumed from the engine's history
+    ``counts[slot]`` is what the blend needs, per position i + 1: ``counts[slot, 0, i]``,
+    window steps that accepted more than i drafts (successes), and ``counts[slot, 1, i]``,
+    those that put the position at risk (successes, or the rejection that ended the step).
+    The ring keeps each window step's own two rows, subtracted again when the step leaves;
+    all rows share its cell (engine step % size), and a step with k = 0 writes zeros, so a
+    window is the row's last ``size`` steps as ``blend_request_history`` reads them.
+    """
 
-    def __post_init__(self) -> None:
-        self.reached = [0] * (self.positions + 1)
-        self.failed = [0] * (self.positions + 1)
+    def __init__(self, size: int, positions: int, capacity: int = 64):
+        self.size = size
+        self.positions = positions
+        self._slot_of: dict[Hashable, int] = {}
+        self._free: list[int] = []
+        self._cell = 0  # where this step's entries go
+        self.rows_per_task = [0] * len(TASKS)
+        self.position = np.arange(positions)
+        self.task = np.zeros(0, np.intp)
+        self.counts = np.zeros((0, 2, positions))
+        self._ring = np.zeros((0, size, 2, positions))  # [slot, window step, (s, t), position]
+        self._seen = np.zeros(0, np.intp)  # history entries read
+        # [accepted, rejected]: a step's (successes, trials) rows, trials_from_step's rule
+        below = np.arange(positions + 2)[:, None] > self.position
+        self._step_row = np.zeros((positions + 1, 2, 2, positions))
+        self._step_row[:, :, 0] = below[:-1, None]
+        self._step_row[:, 0, 1] = below[:-1]
+        self._step_row[:, 1, 1] = below[1:]  # the rejected position is a trial too
+        self._grow(capacity)
 
-    def add(self, spec_tokens: int, accept_length: int) -> None:
-        if spec_tokens <= 0:
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def ingest(
+        self,
+        row_ids: Sequence[Hashable],
+        tasks: Sequence[Task],
+        accept_lengths: Sequence[Sequence[int]],
+        spec_tokens: Sequence[Sequence[int]],
+    ) -> np.ndarray:
+        """The slots of the step's rows, in order, after writing each row's steps since it was
+        last seen (``StepRow`` columns); rows absent from the step have left the batch and are
+        forgotten. Per row only a dict lookup and reading the newest step run in Python."""
+        slots = self._slots(row_ids, tasks)
+        steps = list(map(len, accept_lengths))
+        if list(map(len, spec_tokens)) != steps:
+            i = next(i for i, ks in enumerate(spec_tokens) if len(ks) != steps[i])
+            raise ValueError(
+                f"row {row_ids[i]!r}: {len(spec_tokens[i])} spec_tokens for {steps[i]} "
+                "accept_lengths (one k per step)"
+            )
+        count = len(slots)
+        rows = np.fromiter(slots, np.intp, count)
+        new = np.fromiter(steps, np.intp, count) - self._seen[rows]
+        self._seen[rows] = steps
+        if 0 in steps:  # a row that has not run a step yet
+            spec_tokens = [k or [0] for k in spec_tokens]
+            accept_lengths = [n or [1] for n in accept_lengths]
+        last_k = np.fromiter(map(_newest, spec_tokens), np.intp, count)
+        last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
+        is_usual = bool((new == 1).all())  # every row brings the step that just ran
+        if not is_usual:
+            last_k[new != 1] = 0  # nothing, or written below
+        self._cell = (self._cell + 1) % self.size
+        self._write(rows, self._step_rows(last_k, last_length))
+        if not is_usual:
+            for i in np.flatnonzero((new < 0) | (new > 1)).tolist():
+                self._catch_up(
+                    int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i])
+                )
+        return rows
+
+    def _slots(self, row_ids: Sequence[Hashable], tasks: Sequence[Task]) -> list[int]:
+        """Each row's slot: rows that left are closed first, so new ones reuse their slots."""
+        slot_of = self._slot_of
+        for row_id in slot_of.keys() - set(row_ids):
+            self._close(slot_of.pop(row_id))
+        slots = list(map(slot_of.get, row_ids))
+        if None in slots:
+            for i in [i for i, slot in enumerate(slots) if slot is None]:
+                slots[i] = slot_of[row_ids[i]] = self._open(tasks[i])
+        if len(slot_of) != len(row_ids):
+            raise ValueError("a row id appears twice in one step")
+        return slots  # type: ignore[return-value]  # no None left
+
+    def _step_rows(self, spec_tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """[steps, 2, positions]: each step's successes and trials (``trials_from_step``)."""
+        accepted = np.minimum(np.maximum(lengths, 1) - 1, np.minimum(spec_tokens, self.positions))
+        return self._step_row[accepted, (accepted < spec_tokens).view(np.int8)]
+
+    def _write(self, slots: np.ndarray, steps: np.ndarray) -> None:
+        """This engine step's entry of each of ``slots`` (distinct), replacing the oldest."""
+        cell = self._cell
+        self.counts[slots] += steps - self._ring[slots, cell]
+        self._ring[slots, cell] = steps
+
+    def _catch_up(
+        self, slot: int, task: Task, spec_tokens: Sequence[int], lengths: Sequence[int], new: int
+    ) -> None:
+        """Several new steps (a row first seen mid-request), or a history shorter than the one
+        read before (the id of a finished request, reused): its last ``size`` steps, into
+        the cells up to this step's."""
+        self.rows_per_task[self.task[slot]] -= 1
+        self._reset(slot, task)
+        count = min(len(lengths), self.size)
+        if count == 0:
             return
-        accepted, rejected = trials_from_step(min(spec_tokens, self.positions), accept_length)
-        self.steps.append((accepted, rejected))
-        self.reached[accepted] += 1
-        self.failed[accepted] += rejected
-        if len(self.steps) > self.size:
-            old, was_rejected = self.steps.popleft()
-            self.reached[old] -= 1
-            self.failed[old] -= was_rejected
+        steps = self._step_rows(np.array(spec_tokens[-count:]), np.array(lengths[-count:]))
+        cells = (self._cell - np.arange(count)[::-1]) % self.size
+        self._ring[slot, cells] = steps
+        self.counts[slot] = steps.sum(axis=0)
 
-    def expected(self, task_rates: Sequence[float], strength: float) -> list[float]:
-        """E(k) for k = 0..positions from the task rates blended with this window."""
-        n = self.positions
-        rates = [0.0] * n
-        beyond = 0.0
-        reached, failed = self.reached, self.failed
-        for i in range(n - 1, -1, -1):
-            beyond += reached[i + 1]
-            rates[i] = (beyond + strength * task_rates[i]) / (beyond + failed[i] + strength)
-        return expected_by_k(rates)
+    def _open(self, task: Task) -> int:
+        if not self._free:
+            self._grow(2 * len(self._seen))
+        slot = self._free.pop()
+        self._reset(slot, task)
+        self._seen[slot] = 0
+        return slot
 
+    def _reset(self, slot: int, task: Task) -> None:
+        self.task[slot] = index = _TASK_INDEX[task]
+        self.rows_per_task[index] += 1
+        self.counts[slot] = 0.0
+        self._ring[slot] = 0.0
 
-@dataclass
-class _Row:
-    task: Task
-    window: RowWindow
-    last_k: int = 0
+    def _close(self, slot: int) -> None:
+        self.rows_per_task[self.task[slot]] -= 1
+        self._free.append(slot)
 
-
-# Below this many rows the per-row Python loop beats numpy's fixed cost.
-_VECTOR_ROWS = 6
+    def _grow(self, capacity: int) -> None:
+        old = len(self._seen)
+        extra = capacity - old
+        self.task = np.concatenate([self.task, np.zeros(extra, np.intp)])
+        self.counts = np.concatenate([self.counts, np.zeros((extra, *self.counts.shape[1:]))])
+        self._ring = np.concatenate([self._ring, np.zeros((extra, *self._ring.shape[1:]))])
+        self._seen = np.concatenate([self._seen, np.zeros(extra, np.intp)])
+        self._free += range(capacity - 1, old - 1, -1)
 
 
 class BatchWidth:
@@ -110,86 +211,61 @@ class BatchWidth:
         self._min_k = min(min_spec_tokens, self._max_k)
         self._rng_u = rng_u or (lambda: 1.0)
         self._fallback_cost = RelativeCost(spec.verify_width_multiple)
-        self._rows: dict[Hashable, _Row] = {}  # rows of the previous step
-        self._asked: dict[Hashable, _Row] = {}  # rows asked in this step
-        self._calls_left = 0
-        self.spec_tokens_now = 0
+        self.windows = RowWindows(spec.request_window_steps, self._positions)
+        self._strength = spec.request_prior_strength
+        # Per task: its rates this step x request_prior_strength (pseudo-successes per position)
+        self._prior_successes = np.zeros((len(TASKS), self._positions))
+        self._decided = 0  # the last decision: the hold reference (a probe is not one)
+        self.spec_tokens_now = 0  # the k of the last step, probe or not
         self.steps = 0
         self._last: tuple[str, int, int, float] = ("none", 0, 0, 1.0)
         # Steps of one padded width cost the same: only the largest k of each can win.
         multiple = spec.verify_width_multiple
         self._candidates = sorted(
-            {
+            {0}
+            | {
                 min(self._max_k, padded_width(k, multiple) - 1)
                 for k in range(self._min_k, self._max_k + 1)
             }
         )
 
-    def spec_tokens(
-        self,
-        row_id: Hashable,
-        task: Task,
-        batch_size: int,
-        accept_lengths: Sequence[int],
-        learned: Learned,
-    ) -> int:
-        """k for this row in the current step (the step's shared k)."""
-        if self._calls_left <= 0 or row_id in self._asked:
-            self._start_step(task, batch_size, learned)
-        self._calls_left -= 1
-        row = self._rows.pop(row_id, None)
-        if row is None:
-            row = _Row(task, RowWindow(self._spec.request_window_steps, self._positions))
-        self._asked[row_id] = row
-        window = row.window
-        while window.seen < len(accept_lengths):  # the steps since this row was last asked
-            window.add(row.last_k, accept_lengths[window.seen])
-            window.seen += 1
-        row.last_k = self.spec_tokens_now
-        return self.spec_tokens_now
-
-    def _start_step(self, task: Task, batch_size: int, learned: Learned) -> None:
-        self._rows, self._asked = self._asked, {}
-        rows = list(self._rows.values())
-        if not rows:  # nothing known about the batch yet: the asking row's task
-            rows = [_Row(task, RowWindow(1, self._positions))]
-        rates: dict[Task, list[float]] = {}
-        trials: dict[Task, tuple[float, ...]] = {}
-        cost: StepCost | None = None
-        for each in {row.task for row in rows}:
-            fields = learned(each)
-            rates[each] = self._fill(each, fields.get("accept_rates", ()))
-            trials[each] = tuple(fields.get("accept_trials", ()))
-            cost = cost or fields.get("step_cost")
-        total = self._expected_sum(rows, rates)
-        batch = max(1, batch_size)
-        self._calls_left = batch
-        k = self._choose(total, len(rows), batch, cost or self._fallback_cost, trials)
+    def decide(self, rows: Sequence[StepRow], learned: Learned) -> int:
+        """k for every row of this engine step (each row runs it clamped to its ceiling)."""
+        if not rows:
+            return 0
+        row_ids, tasks, accept_lengths, spec_tokens, ceilings = zip(
+            *map(_fields, rows), strict=True
+        )
+        slots = self.windows.ingest(row_ids, tasks, accept_lengths, spec_tokens)
+        present = self.windows.rows_per_task
+        fields = {task: learned(task) for task, n in zip(TASKS, present, strict=True) if n}
+        cost: StepCost = self._fallback_cost
+        for task, each in fields.items():
+            rates = self._fill(task, each.get("accept_rates", ()))
+            np.multiply(rates, self._strength, out=self._prior_successes[_TASK_INDEX[task]])
+            cost = each.get("step_cost") or cost
+        totals = self._expected_totals(slots, ceilings)
+        ceiling = max(0, min(max(ceilings), self._positions))
+        k = self._choose(totals, len(rows), cost, ceiling, fields)
         self.spec_tokens_now = k
         self.steps += 1
+        return k
 
-    def _expected_sum(
-        self, rows: Sequence[_Row], rates: Mapping[Task, Sequence[float]]
-    ) -> list[float]:
-        """sum over rows of E_r(k), k = 0..positions; E_r from the task rates + its window."""
-        strength = self._spec.request_prior_strength
-        if len(rows) < _VECTOR_ROWS:
-            total = [0.0] * (self._positions + 1)
-            for row in rows:
-                for i, value in enumerate(row.window.expected(rates[row.task], strength)):
-                    total[i] += value
-            return total
-        n = self._positions
-        reached = np.array([row.window.reached for row in rows], dtype=np.float64)
-        failed = np.array([row.window.failed for row in rows], dtype=np.float64)[:, :n]
-        order = list(rates)
-        prior = np.array([rates[t] for t in order], dtype=np.float64)
-        prior = prior[[order.index(row.task) for row in rows]]
-        # beyond[:, i]: steps that accepted more than i drafts (successes at position i + 1)
-        beyond = np.cumsum(reached[:, :0:-1], axis=1)[:, ::-1]
-        blended = (beyond + strength * prior) / (beyond + failed + strength)
-        survive = np.cumprod(blended, axis=1).sum(axis=0)
-        return [float(len(rows)), *(len(rows) + np.cumsum(survive)).tolist()]
+    def _expected_totals(self, slots: np.ndarray, ceilings: Sequence[int]) -> list[float]:
+        """sum over rows of E_r(k) for k = 0..positions, each row's E_r capped at its ceiling.
+
+        E_r is the task rates blended with the row's window as ``blend_request_history``
+        blends them: ``(beyond + strength x rate) / (trials + strength)`` per position.
+        """
+        windows = self.windows
+        counts = windows.counts[slots]
+        prior = self._prior_successes[windows.task[slots]]
+        blended = (counts[:, 0] + prior) / (counts[:, 1] + self._strength)
+        survive = blended.cumprod(axis=1)  # [rows, positions]: all of 1..j accepted
+        if min(ceilings) < self._positions:  # rows near their end verify fewer positions
+            survive *= windows.position < np.array(ceilings)[:, None]
+        batch = float(len(slots))
+        return [batch, *(batch + value for value in survive.sum(axis=0).cumsum().tolist())]
 
     def _fill(self, task: Task, rates: Sequence[float]) -> list[float]:
         out = list(rates[: self._positions])
@@ -199,31 +275,29 @@ class BatchWidth:
 
     def _choose(
         self,
-        total: Sequence[float],
-        rows: int,
+        totals: Sequence[float],
         batch: int,
         cost: StepCost,
-        trials: Mapping[Task, tuple[float, ...]],
+        ceiling: int,
+        fields: Mapping[Task, Mapping[str, Any]],
     ) -> int:
         spec = self._spec
-        scale = batch / rows
 
-        def score(k: int) -> float:
-            return total[k] * scale / cost.step_time_s(batch, k)
+        def score(k: int) -> float:  # the engine clamps every row: the step runs min(k, ceiling)
+            return totals[k] / cost.step_time_s(batch, min(k, ceiling))
 
         plain = score(0)
         best_k, best = 0, plain * (1.0 + spec.min_gain)
-        for k in self._candidates:
+        for k in self._candidates[1:]:
             value = score(k)
             if value > best:
                 best_k, best = k, value
-        why = "best"
-        previous = self.spec_tokens_now
-        valid = previous == 0 or self._min_k <= previous <= self._max_k
-        if self.steps and valid and previous != best_k:
+        why, previous = "best", self._decided
+        if self.steps and previous != best_k:
             if score(previous) * (1.0 + spec.hysteresis) >= score(best_k):
                 best_k, why = previous, "hold"
-        probe = self._probe(best_k, trials)
+        self._decided = best_k
+        probe = self._probe(best_k, ceiling, fields)
         if probe is not None:
             best_k, why = probe, "probe"
         self._last = (why, batch, best_k, score(best_k) / plain)
@@ -235,17 +309,17 @@ class BatchWidth:
         why, batch, k, gain = self._last
         return f"batch[{why}] B={batch} k={k} {gain:.2f}x plain"
 
-    def _probe(self, spec_tokens: int, trials: Mapping[Task, tuple[float, ...]]) -> int | None:
-        spec = self._spec
-        if spec_tokens >= self._max_k or self._rng_u() >= spec.probe_probability:
+    def _probe(
+        self, spec_tokens: int, ceiling: int, fields: Mapping[Task, Mapping[str, Any]]
+    ) -> int | None:
+        """One captured width wider, while a batch task has few recent steps that drafted it."""
+        wider = [k for k in self._candidates if k > spec_tokens]
+        if not wider or ceiling <= spec_tokens or self._rng_u() >= self._spec.probe_probability:
             return None
-        multiple = spec.verify_width_multiple
-        wider = self._min_k if spec_tokens == 0 else spec_tokens + multiple
-        target = min(self._max_k, padded_width(wider, multiple) - 1)
-        if target <= spec_tokens:
-            return None
-        for counts in trials.values():
-            unseen = counts[spec_tokens:target]
-            if not unseen or min(unseen) < spec.probe_min_trials:
+        target = wider[0]
+        for task, each in fields.items():
+            rates = (self._prior_successes[_TASK_INDEX[task]] / self._strength).tolist()
+            trials = each.get("accept_trials", ())
+            if drafted_steps(rates, trials, spec_tokens, target) < self._spec.probe_min_steps:
                 return target
         return None

@@ -7,29 +7,34 @@ to a multiple (``verify_width_multiple``, 8 on the H200 notes: T = 5 and 9 cost 
 and 16). A step that drafts also pays the draft forward, modelled as ``draft_cost_fraction``
 of a target forward at the full block width when the table has no draft row.
 
-Online refinement, per batch size row of the table: observed step times are regressed on the
-table's prediction, ``observed ~ scale x predicted + overhead`` (exponentially weighted). Once a
-row has seen steps of clearly different predicted cost (e.g. plain and drafting steps) the fit
-separates a per-step host overhead, which scales nothing, from a factor on the forward;
-until then, or when the fit is implausible, the overhead is 0 and the scale is the ratio of
-means. An overhead matters for the choice of k: it makes wide verifies relatively cheaper.
-A configured host overhead (``prior_overhead_s`` + batch size x ``prior_overhead_per_request_s``:
-scheduling, sampling, the policy's own time, which the table's graph-replay times leave out)
-is added from the start and stands in until a row's fit separates one of its own; the
-ratio-of-means scale is then taken on the time above it. Predictions interpolate scale and
-overhead between rows. Plain data; the one
-function that reads a file, ``load_cost_table``, is for the daemon and tools, never a policy.
+Online refinement, at two levels per batch size row of the table:
+
+- the row: observed step times are regressed on the table's prediction,
+  ``observed ~ scale x predicted + overhead`` (exponentially weighted). Once a row has seen
+  steps of clearly different predicted cost (e.g. plain and drafting steps) the fit separates
+  a per-step host overhead, which scales nothing, from a factor on the forward; until then, or
+  when the fit is implausible, the overhead is 0 and the scale is the ratio of means. A
+  configured host overhead (``prior_overhead_s`` + batch size x
+  ``prior_overhead_per_request_s``: scheduling, sampling, the policy's own time, which the
+  table's graph-replay times leave out) stands in until a row's fit separates one of its own;
+- each padded width of the row: the ratio of observed to table time of the steps at that
+  width (exponentially weighted, ``WidthFit``), which replaces the row's scale and overhead
+  for that width as its steps accumulate. A row's fit is one line through all widths and
+  cannot price what the table gets wrong between two widths: on the H200 the table put width
+  16 at 1.015x width 8 at batch 1 where the engine's steps took 1.072x, and no scale and
+  overhead fit both.
+
+Predictions interpolate between rows. Plain data: files are read by
+``engines.cost_tables.load_cost_table``, never by a policy.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -89,20 +94,6 @@ class CostTable:
         return max(value, 1e-9)
 
 
-def load_cost_table(path: str | Path) -> CostTable:
-    """Read a cost table JSON file; errors name the file and what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cost table {path}: cannot read it ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"cost table {path}: expected a JSON object")
-    try:
-        return CostTable.from_dict(data, source=str(path))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"cost table {path}: {exc}") from exc
-
-
 def _check_axis(name: str, values: Sequence[int]) -> None:
     if len(values) < 2 or any(v < 1 for v in values):
         raise ValueError(f"{name} needs at least two values >= 1, got {list(values)}")
@@ -124,6 +115,11 @@ def padded_width(spec_tokens: int, multiple: int) -> int:
         return max(1, width)
     return int(math.ceil(width / multiple) * multiple)
 
+
+# (factor, added seconds) per captured width at one row; see ``CostModel._terms``.
+Terms = tuple[tuple[float, ...], tuple[float, ...]]
+# (table seconds, lower row, weight of the upper row, width index); see ``CostModel.layout``.
+Layout = tuple[float, int, float, int]
 
 # The overhead is fitted only once a row's predictions spread by this fraction of their mean
 # and it has seen this many observations (fractional when a step falls between two rows).
@@ -173,6 +169,29 @@ class RowFit:
 
 
 @dataclass
+class WidthFit:
+    """Exponentially weighted ratio of observed to table time, one padded width at one row.
+
+    ``weight`` is 1 - (1 - rate)^n after n steps: how far this width's own ratio has replaced
+    the row's fit in predictions (0: not seen, the row's scale and overhead price it).
+    """
+
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+
+    def add(self, predicted_s: float, observed_s: float, rate: float) -> None:
+        keep = 1.0 - rate
+        self.weight = keep * self.weight + rate
+        self.sum_x = keep * self.sum_x + rate * predicted_s
+        self.sum_y = keep * self.sum_y + rate * observed_s
+
+    @property
+    def ratio(self) -> float:
+        return self.sum_y / self.sum_x if self.sum_x > 0 else 1.0
+
+
+@dataclass
 class CostModel:
     """Table + online correction. ``snapshot()`` gives the immutable view policies use."""
 
@@ -186,17 +205,46 @@ class CostModel:
     _correction: list[float] = field(default_factory=list)
     _overhead_s: list[float] = field(default_factory=list)
     _fits: list[RowFit] = field(default_factory=list)
+    _width_fits: list[list[WidthFit]] = field(default_factory=list)  # [row][width index]
+    _row_base_s: list[list[float]] = field(default_factory=list)  # table time, same indices
+    _row_terms: list[Terms] = field(default_factory=list)  # ``_terms(row)``, kept current
+    _layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
     _snapshot: CostSnapshot | None = None
 
     def __post_init__(self) -> None:
         rows = len(self.table.batch_sizes)
+        self.widths = tuple(
+            sorted({padded_width(k, self.verify_width_multiple) for k in range(self.block_size)})
+        )
         self._correction = [1.0] * rows
         self._overhead_s = [self.prior_overhead(b) for b in self.table.batch_sizes]
         self._fits = [RowFit() for _ in range(rows)]
+        self._width_fits = [[WidthFit() for _ in self.widths] for _ in range(rows)]
+        self._row_base_s = [
+            [self.base_step_time_s(b, w, 1.0 if w > 1 else 0.0) for w in self.widths]
+            for b in self.table.batch_sizes
+        ]
+        self._row_terms = [self._terms(row) for row in range(rows)]
 
     def prior_overhead(self, batch_size: float) -> float:
         """The configured host time of a step at ``batch_size`` (before any fit)."""
         return self.prior_overhead_s + batch_size * self.prior_overhead_per_request_s
+
+    def width_index(self, width: float) -> int:
+        """Index in ``widths`` of the captured width a step of (mean) ``width`` runs at."""
+        return min(bisect.bisect_left(self.widths, width - 1e-9), len(self.widths) - 1)
+
+    def layout(self, batch_size: int, spec_tokens: int) -> Layout:
+        """(table seconds, lower row, weight of the upper row, width index) of a step where
+        every row verifies ``spec_tokens``; memoised, as the table never changes."""
+        key = (batch_size, spec_tokens)
+        found = self._layouts.get(key)
+        if found is None:
+            width = padded_width(spec_tokens, self.verify_width_multiple)
+            base = self.base_step_time_s(batch_size, width, 1.0 if spec_tokens else 0.0)
+            i, w = _bracket(self.table.batch_sizes, batch_size)
+            found = self._layouts[key] = (base, i, min(max(w, 0.0), 1.0), self.width_index(width))
+        return found
 
     def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
         """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
@@ -209,37 +257,63 @@ class CostModel:
     def observe_step(
         self, batch_size: int, mean_width: float, drafting: float, observed_s: float
     ) -> None:
-        """Fold one measured step time into the fits of the nearest table rows."""
+        """Fold one measured step time into the fits of the nearest table rows: the row's
+        scale and overhead, and that row's ratio for the step's padded width."""
         if observed_s <= 0 or batch_size <= 0:
             return
         predicted = self.base_step_time_s(batch_size, mean_width, drafting)
+        width = self.width_index(mean_width)
         i, w = _bracket(self.table.batch_sizes, batch_size)
         w = min(max(w, 0.0), 1.0)
+        touched = []
         for row, share in ((i, 1.0 - w), (i + 1, w)):
             if share <= 0:
                 continue
-            self._fits[row].add(predicted, observed_s, self.learning_rate * share, share)
+            rate = self.learning_rate * share
+            self._fits[row].add(predicted, observed_s, rate, share)
+            self._width_fits[row][width].add(predicted, observed_s, rate)
             prior = self.prior_overhead(self.table.batch_sizes[row])
-            scale, overhead = self._fits[row].fit(prior)
-            self._correction[row], self._overhead_s[row] = scale, overhead
-        # Keep the memoised snapshot until a row moved by more than 0.1% of its plain step.
-        if self._snapshot is not None and self._moved(self._snapshot):
+            self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior)
+            self._row_terms[row] = self._terms(row)
+            touched.append(row)
+        # Keep the memoised snapshot until a touched row moved by more than 0.1%.
+        if self._snapshot is not None and self._moved(self._snapshot, touched):
             self._snapshot = None
 
-    def _moved(self, snapshot: CostSnapshot) -> bool:
-        for row, b in enumerate(self.table.batch_sizes):
-            plain = self.table.time_s(b, 1.0)
-            old = snapshot.corrections[row] * plain + snapshot.overheads_s[row]
-            new = self._correction[row] * plain + self._overhead_s[row]
+    def _terms(self, row: int) -> Terms:
+        """(factor, added seconds) per width at ``row``: T = table time x factor + added.
+
+        A width's own ratio replaces the row's scale and overhead as its weight grows.
+        """
+        scale, overhead = self._correction[row], self._overhead_s[row]
+        fits = self._width_fits[row]
+        factors = tuple((1.0 - f.weight) * scale + f.weight * f.ratio for f in fits)
+        return factors, tuple((1.0 - f.weight) * overhead for f in fits)
+
+    def _moved(self, snapshot: CostSnapshot, rows: Sequence[int]) -> bool:
+        for row in rows:
+            factors, added = self._row_terms[row]
+            for w, base in enumerate(self._row_base_s[row]):
+                old = base * snapshot.factors[row][w] + snapshot.added_s[row][w]
+                if abs(base * factors[w] + added[w] - old) > 1e-3 * old:
+                    return True
             scale_moved = abs(self._correction[row] - snapshot.corrections[row])
-            if abs(new - old) > 1e-3 * old or scale_moved > 1e-3 * snapshot.corrections[row]:
+            if scale_moved > 1e-3 * snapshot.corrections[row]:
                 return True
         return False
 
+    def width_fits(self) -> list[list[tuple[float, float]]]:
+        """(ratio, weight) of every width fit, per batch size row (``OnlineModels.to_dict``)."""
+        return [[(f.ratio, f.weight) for f in row] for row in self._width_fits]
+
     def load_corrections(
-        self, corrections: Sequence[float], overheads_s: Sequence[float] = ()
+        self,
+        corrections: Sequence[float],
+        overheads_s: Sequence[float] = (),
+        width_fits: Sequence[Sequence[Sequence[float]]] = (),
     ) -> None:
-        """Restore the fits saved by ``OnlineModels.to_dict`` (one per batch size row)."""
+        """Restore the fits saved by ``OnlineModels.to_dict`` (one per batch size row; width
+        fits as ``[ratio, weight]`` per captured width per row, none learned when absent)."""
         rows = len(self._correction)
         if len(corrections) != rows or any(c <= 0 for c in corrections):
             raise ValueError(
@@ -252,13 +326,40 @@ class CostModel:
                 f"cost_overhead_s needs {rows} non-negative seconds (one per batch size of "
                 f"the table), got {list(overheads_s)}"
             )
+        fits = [[WidthFit() for _ in self.widths] for _ in range(rows)]
+        if width_fits:
+            fits = self._restore_width_fits(width_fits)
         self._correction = list(corrections)
         self._overhead_s = overheads
+        self._width_fits = fits
+        self._row_terms = [self._terms(row) for row in range(rows)]
         self._snapshot = None
+
+    def _restore_width_fits(
+        self, saved: Sequence[Sequence[Sequence[float]]]
+    ) -> list[list[WidthFit]]:
+        shape = f"{len(self.table.batch_sizes)} rows of {len(self.widths)} [ratio, weight] pairs"
+        if len(saved) != len(self.table.batch_sizes):
+            raise ValueError(f"cost_width_fits needs {shape}, got {len(saved)} rows")
+        out = []
+        for row in saved:
+            pairs = [tuple(pair) for pair in row]
+            bad = [p for p in pairs if len(p) != 2 or p[0] <= 0 or not 0 <= p[1] <= 1]
+            if len(pairs) != len(self.widths) or bad:
+                raise ValueError(f"cost_width_fits needs {shape}, got {list(row)}")
+            out.append([WidthFit(weight, 1.0, ratio) for ratio, weight in pairs])
+        return out
 
     def snapshot(self) -> CostSnapshot:
         if self._snapshot is None:
-            self._snapshot = CostSnapshot(self, tuple(self._correction), tuple(self._overhead_s))
+            terms = self._row_terms
+            self._snapshot = CostSnapshot(
+                self,
+                tuple(self._correction),
+                tuple(self._overhead_s),
+                tuple(factors for factors, _ in terms),
+                tuple(added for _, added in terms),
+            )
         return self._snapshot
 
 
@@ -266,17 +367,24 @@ class CostSnapshot:
     """Immutable T(B, k) for one decision; memoised because policies ask many times."""
 
     def __init__(
-        self, model: CostModel, correction: tuple[float, ...], overhead_s: tuple[float, ...]
+        self,
+        model: CostModel,
+        correction: tuple[float, ...],
+        overhead_s: tuple[float, ...],
+        factors: tuple[tuple[float, ...], ...],
+        added_s: tuple[tuple[float, ...], ...],
     ):
         self._model = model
         self._correction = correction
         self._overhead_s = overhead_s
+        self.factors = factors  # [row][width index]: on the table time ...
+        self.added_s = added_s  # ... plus these seconds
         self._memo: dict[tuple[int, int], float] = {}
         self.verify_width_multiple = model.verify_width_multiple
 
     @property
     def corrections(self) -> tuple[float, ...]:
-        """Fitted factor on the table's time per batch size row."""
+        """Fitted factor on the table's time per batch size row (all widths together)."""
         return self._correction
 
     @property
@@ -290,7 +398,7 @@ class CostSnapshot:
     def overhead_s(self, batch_size: float) -> float:
         return self._interpolate(self._overhead_s, batch_size)
 
-    def _interpolate(self, rows: tuple[float, ...], batch_size: float) -> float:
+    def _interpolate(self, rows: Sequence[float], batch_size: float) -> float:
         i, w = _bracket(self._model.table.batch_sizes, batch_size)
         w = min(max(w, 0.0), 1.0)
         return rows[i] + w * (rows[i + 1] - rows[i])
@@ -300,10 +408,11 @@ class CostSnapshot:
         key = (batch_size, spec_tokens)
         cached = self._memo.get(key)
         if cached is None:
-            width = padded_width(spec_tokens, self.verify_width_multiple)
-            base = self._model.base_step_time_s(batch_size, width, 1.0 if spec_tokens else 0.0)
-            cached = base * self.correction(batch_size) + self.overhead_s(batch_size)
-            self._memo[key] = cached
+            base, i, w, c = self._model.layout(batch_size, spec_tokens)
+            factors, added = self.factors, self.added_s
+            factor = factors[i][c] + w * (factors[i + 1][c] - factors[i][c])
+            extra = added[i][c] + w * (added[i + 1][c] - added[i][c])
+            cached = self._memo[key] = base * factor + extra
         return cached
 
 

@@ -11,7 +11,9 @@ k = 0 (a plain step, score ``1 / T(B, 0)``) wins unless some k beats it by ``min
 Hysteresis keeps the previous k unless the best is better by ``hysteresis``; during the first
 ``warmup_steps`` of a request the admission k is kept. Censoring: positions past the chosen k
 are never observed, so with probability ``probe_probability`` (using the caller's ``rng_u``)
-the policy verifies one captured width wider while those positions have few trials.
+the policy verifies one captured width wider while fewer than ``probe_min_steps`` of the task's
+recent steps drafted those positions (``acceptance.drafted_steps``: counting trials instead
+never stops, since far positions have few trials however often they are drafted).
 
 For pool fleets (``observation.pools``) it ranks healthy pools by the request's expected
 tokens per second on each (its k, its load and observed TPOT) and returns ``Decision.pool``.
@@ -22,7 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.acceptance import blend_request_history, expected_accept_length, expected_by_k
+from policies.acceptance import (
+    blend_request_history,
+    drafted_steps,
+    expected_accept_length,
+    expected_by_k,
+)
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
 from policies.types import Decision, Observation, PoolView, StepCost
@@ -68,12 +75,16 @@ class GoodputPolicy:
         """The blended per-position rates this policy uses (exposed for tools and tests)."""
         return self._rates(observation)
 
-    def _rates(self, observation: Observation) -> list[float]:
+    def _task_rates(self, observation: Observation) -> list[float]:
         n = max(1, observation.block_size - 1)
         task_rates = list(observation.accept_rates[:n])
         if len(task_rates) < n:
             prior = self._spec.prior_for(observation.task, n)
             task_rates += prior[len(task_rates) :]
+        return task_rates
+
+    def _rates(self, observation: Observation) -> list[float]:
+        task_rates = self._task_rates(observation)
         if observation.step_index < self._spec.warmup_steps or not observation.request_spec_tokens:
             return task_rates
         window = self._spec.request_window_steps
@@ -137,12 +148,11 @@ class GoodputPolicy:
         wider = observation.min_spec_tokens if spec_tokens == 0 else spec_tokens + multiple
         # The largest k sharing the padded width costs the same and observes more positions.
         target = min(observation.max_spec_tokens, padded_width(wider, multiple) - 1)
-        trials = observation.accept_trials
-        if trials:
-            unseen = trials[spec_tokens:target]
-            if unseen and min(unseen) >= spec.probe_min_trials:
-                return None
-        return target if target > spec_tokens else None
+        if target <= spec_tokens:
+            return None
+        rates = self._task_rates(observation)
+        seen = drafted_steps(rates, observation.accept_trials, spec_tokens, target)
+        return target if seen < spec.probe_min_steps else None
 
     def _choose_pool(self, observation: Observation, rates: Sequence[float]) -> Decision:
         cost = observation.step_cost or self._fallback_cost

@@ -111,10 +111,13 @@ class GoodputSpec(StrictModel):
     hysteresis: float = Field(default=0.03, ge=0, le=1)
     # Drafting must beat a plain step by this relative margin (guards against noise).
     min_gain: float = Field(default=0.02, ge=0, le=1)
-    # Chance per decision of verifying a wider k to observe censored positions ...
+    # Chance per decision of verifying one captured width wider to observe censored positions
+    # (and, on the embedded engine, that width's step time) ...
     probe_probability: float = Field(default=0.02, ge=0, le=1)
-    # ... but only while those positions have fewer effective trials than this.
-    probe_min_trials: float = Field(default=200.0, ge=0)
+    # ... but only while fewer than this many of the task's recent steps (decayed like its
+    # estimates) drafted that width's positions. Keeping that many fresh costs about
+    # probe_min_steps x ln 2 / task_half_life_steps of the task's steps (50: ~1.2%).
+    probe_min_steps: float = Field(default=50.0, ge=0)
     # A request drafts its first this-many steps (to learn its own acceptance) when the task
     # estimate says drafting loses by less than ``request_probe_margin`` (0 = never).
     request_probe_steps: int = Field(default=2, ge=0)

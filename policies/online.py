@@ -3,24 +3,25 @@
 The daemon (gateway or embedded adapter) keeps one ``OnlineModels``, feeds it what backends
 report, and copies ``observe(task)`` into each ``Observation``::
 
-    models = OnlineModels.from_spec(policy_spec.goodput, block_size=16, base_dir=policy_dir)
+    table = goodput_cost_table(policy_spec.goodput, policy_dir)  # engines.cost_tables
+    models = OnlineModels(policy_spec.goodput, block_size=16, cost_table=table)
     obs = Observation(task=..., concurrency=..., ..., **models.observe(task))
     decision = policy.decide(obs)
     ...
     models.record_outcome(task, spec_tokens=k, accept_lengths=outcome.accept_lengths,
                           step_times_s=outcome.step_times_s, batch_size=batch)
 
-Updates are plain arithmetic (no I/O, no clock); ``from_spec`` reads the cost table file once.
+Updates are plain arithmetic (no I/O, no clock); the caller reads the cost table file
+(``engines.cost_tables``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from policies.acceptance import PositionCounts
-from policies.costmodel import CostModel, CostTable, load_cost_table, padded_width
+from policies.costmodel import CostModel, CostTable, padded_width
 from policies.model import GoodputSpec
 from policies.types import TASKS, StepCost, Task
 
@@ -50,20 +51,15 @@ class OnlineModels:
                 prior_overhead_per_request_s=spec.request_overhead_s,
             )
 
-    @classmethod
-    def from_spec(
-        cls, spec: GoodputSpec, block_size: int, base_dir: str | Path = "."
-    ) -> OnlineModels:
-        """Build from policy settings, loading ``spec.cost_table`` relative to ``base_dir``."""
-        table = None
-        if spec.cost_table:
-            path = Path(spec.cost_table)
-            table = load_cost_table(path if path.is_absolute() else Path(base_dir) / path)
-        return cls(spec, block_size, table)
-
     def record_step(self, task: Task, spec_tokens: int, accept_length: int) -> None:
         """One verify step of one request (embedded engine, per step)."""
         self._acceptance[task].add_step(spec_tokens, accept_length)
+
+    def record_steps(
+        self, task: Task, spec_tokens: Sequence[int], accept_lengths: Sequence[int]
+    ) -> None:
+        """Many verify steps of ``task`` at once (the rows of one engine step)."""
+        self._acceptance[task].add_steps(spec_tokens, accept_lengths)
 
     def record_step_time(
         self, batch_size: int, mean_verify_width: float, drafting_share: float, seconds: float
@@ -126,6 +122,7 @@ class OnlineModels:
         if self.cost is not None:
             out["cost_correction"] = list(self.cost.snapshot().corrections)
             out["cost_overhead_s"] = list(self.cost.snapshot().overheads_s)
+            out["cost_width_fits"] = self.cost.width_fits()
         return out
 
 

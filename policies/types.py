@@ -8,9 +8,13 @@ no draft still yields 1 token.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 
 class Task(StrEnum):
@@ -22,19 +26,55 @@ class Task(StrEnum):
 TASKS: tuple[Task, ...] = (Task.MATH, Task.CODE, Task.CHAT)
 
 
+def max_spec_tokens(block_size: int) -> int:
+    """The largest k a draft of ``block_size`` can propose (the block's first slot is the
+    anchor token, so k <= block_size - 1)."""
+    return block_size - 1
+
+
 @dataclass(frozen=True)
 class PoolView:
-    """What a policy may know about one pool of engine servers started with a fixed k."""
+    """What a policy may know about one backend: a pool of servers started with a fixed k, or
+    an engine that sets k per request (``is_adjustable``; then ``spec_tokens`` is the largest
+    k it can serve)."""
 
     name: str
     spec_tokens: int
     block_size: int
     num_inflight: int
     is_healthy: bool = True
+    is_adjustable: bool = False
     # Observed time per output token at the pool's current load (None until measured).
     tpot_s: float | None = None
     # Observed mean accept length for the request's task on this pool (None until measured).
     accept_length: float | None = None
+
+
+# One value per drafted position, as a list or (from an engine's tensors) a numpy array.
+PositionValues = Sequence[float] | npt.NDArray[np.float64]
+
+
+class StepRow(NamedTuple):
+    """One running request as a step policy sees it before an engine step (the batch planner
+    ``policies.batch_width.BatchWidth`` and every ``policies.baselines`` step policy).
+
+    ``accept_lengths`` and ``spec_tokens`` are the request's whole history, aligned (the
+    engine's own lists: read during the call, never kept or changed): the accept length of
+    every verify step so far, bonus included, and the k that step ran with after the engine's
+    clamp. ``max_spec_tokens``: the most this row can verify in the coming step (the block's
+    and what the request can still emit, minus one). A row's task is read when it is first seen.
+    As the lists grow in place, an engine may build a request's row once and pass it again at
+    every step until its ceiling changes (the request's last few steps).
+    """
+
+    row_id: Hashable
+    task: Task
+    accept_lengths: Sequence[int]
+    spec_tokens: Sequence[int]
+    max_spec_tokens: int
+    # Top-1 probability of the draft distribution at drafted positions 1, 2, ... of this
+    # step's block; None when the engine does not expose it.
+    draft_confidence: PositionValues | None = None
 
 
 class StepCost(Protocol):
@@ -96,10 +136,17 @@ class Policy(Protocol):
 
 
 def clamp_spec_tokens(k: int, min_spec_tokens: int, max_spec_tokens: int) -> int:
-    """Clamp a non-zero k into [min, max]; 0 (drafting off) stays 0.
+    """Clamp a non-zero k into [min, max]; 0 (drafting off) stays 0. The one clamp of k.
 
     The ceiling wins when the bounds cross (a small block cannot honour min_spec_tokens).
     """
     if k <= 0 or max_spec_tokens <= 0:
         return 0
     return min(max_spec_tokens, max(min_spec_tokens, k))
+
+
+def served_spec_tokens(pool: PoolView, wanted: int) -> int:
+    """The k a request that wants ``wanted`` runs with on ``pool``."""
+    if pool.is_adjustable:
+        return clamp_spec_tokens(wanted, 1, pool.spec_tokens)
+    return pool.spec_tokens

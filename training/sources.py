@@ -18,8 +18,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from controller.classifier.corpus import package_file
 from training.chat import Message, exchange, render
+from training.classifier.corpus import package_file
 
 MBPP_TEST_IDS = range(11, 511)
 SHAREGPT_EVAL_START = 16_000  # the packaged file holds ~17.3k conversations

@@ -2,8 +2,8 @@
 
 The gateway uses :func:`load_classifier` once at start-up, then per request
 ``apply_threshold(classifier.classify(body), min_confidence, fallback_task)``.
-Heavy training dependencies (scipy, scikit-learn, data packages) are imported only by
-``controller.classifier.training``.
+Training, the corpus and evaluation live in ``training.classifier`` (scipy, scikit-learn and
+the data packages are imported only there); the daemon never imports it.
 """
 
 from controller.classifier.artifact import ArtifactError, load_classifier

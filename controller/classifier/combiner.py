@@ -8,10 +8,11 @@ context"). The combiner reads both score vectors and the two segment sizes and d
          log1p(n-grams of the last turn) / 8, log1p(n-grams of the context) / 8]      [8]
     probabilities = softmax(w2 @ relu(w1 @ z + b1) + b2)
 
-It is fitted on out-of-fold linear scores (``stacking.py``), so it learns how far to trust
-scores the linear stage gives to text it has not seen. Plain numpy; a few microseconds. The
-native scorer computes the same inputs and MLP in C (``_ngram.c``, ``request_probabilities``;
-``tests/classifier/test_native.py`` checks that both give the same probabilities).
+It is fitted on out-of-fold linear scores (``training/classifier/stacking.py``), so it learns
+how far to trust scores the linear stage gives to text it has not seen. Plain numpy; a few
+microseconds. The native scorer computes the same inputs and MLP in C (``_ngram.c``,
+``request_probabilities``; ``tests/classifier/test_native.py`` checks that both give the same
+probabilities).
 """
 
 from __future__ import annotations

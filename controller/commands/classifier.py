@@ -1,4 +1,8 @@
-"""``draftctl classifier train|eval``: build and measure the traffic classifier."""
+"""``draftctl classifier train|eval``: build and measure the traffic classifier.
+
+The work is offline code in ``training.classifier``, imported only when one of these runs, so
+the daemon's start-up (every ``draftctl`` command registers this one) never loads it.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from controller.classifier.corpus import DEFAULT_SHARED_DATA, MissingDataError
-from controller.classifier.split import DEFAULT_HELD_OUT_PERCENT
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,13 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shared-data",
         type=Path,
-        default=DEFAULT_SHARED_DATA,
+        default=None,
         help="folder with gsm8k/, mbpp/, math500/, mt_bench/ (default: ../shared/data)",
     )
     parser.add_argument(
         "--held-out-percent",
         type=int,
-        default=DEFAULT_HELD_OUT_PERCENT,
+        default=None,
         help="percent of groups held out by hash (default: 20; must match training)",
     )
     parser.add_argument(
@@ -96,11 +97,26 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def with_data_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``--shared-data`` and ``--held-out-percent`` filled in from ``training.classifier``
+    when not given (the defaults live there, beside the corpus and the split)."""
+    from training.classifier.corpus import DEFAULT_SHARED_DATA
+    from training.classifier.split import DEFAULT_HELD_OUT_PERCENT
+
+    if args.shared_data is None:
+        args.shared_data = DEFAULT_SHARED_DATA
+    if args.held_out_percent is None:
+        args.held_out_percent = DEFAULT_HELD_OUT_PERCENT
+    return args
+
+
 def run_train(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import builtin_artifact_dir
-    from controller.classifier.dataset import load_dataset
-    from controller.classifier.training import train
+    from training.classifier.corpus import MissingDataError
+    from training.classifier.dataset import load_dataset
+    from training.classifier.training import train
 
+    args = with_data_defaults(args)
     out = args.out or builtin_artifact_dir()
     try:
         settings = settings_from(args)
@@ -120,7 +136,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def settings_from(args: argparse.Namespace) -> Any:
-    from controller.classifier.training import TrainSettings, class_weights
+    from training.classifier.training import TrainSettings, class_weights
 
     settings = TrainSettings(seed=args.seed, validation_percent=args.validation_percent)
     if args.alpha is not None:
@@ -143,9 +159,11 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 def run_eval(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import ArtifactError, load_classifier
-    from controller.classifier.dataset import load_dataset
-    from controller.classifier.evaluation import evaluate, format_errors, format_report
+    from training.classifier.corpus import MissingDataError
+    from training.classifier.dataset import load_dataset
+    from training.classifier.evaluation import evaluate, format_errors, format_report
 
+    args = with_data_defaults(args)
     try:
         classifier = load_classifier(args.artifact)
         dataset = load_dataset(args.shared_data, args.held_out_percent)
@@ -162,13 +180,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def measure_latency(examples: list[Any], artifact: Path | None) -> int:
-    """Time the held-out requests in a child process (see controller/classifier/latency.py)."""
+    """Time the held-out requests in a child process (see training/classifier/latency.py)."""
     with tempfile.TemporaryDirectory() as folder:
         requests = Path(folder) / "held_out.jsonl"
         with requests.open("w", encoding="utf-8") as out:
             for example in examples:
                 out.write(json.dumps(example.body) + "\n")
-        command = [sys.executable, "-m", "controller.classifier.latency", str(requests)]
+        command = [sys.executable, "-m", "training.classifier.latency", str(requests)]
         if artifact is not None:
             command += ["--artifact", str(artifact)]
         return subprocess.run(command, check=False).returncode

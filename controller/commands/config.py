@@ -1,9 +1,11 @@
 """``draftctl config check PATH`` and ``draftctl config schema``.
 
 ``check`` validates the config file and then the policy file it points to (``policy.path``),
-the way ``draftctl serve`` would load it. Problems in the policy file are printed in the
-same ``<dotted.key>: <message> (line N)`` form, prefixed with ``policy file <path>:``.
-A missing policy file is fine: ``serve`` creates it with the default policy.
+the way ``draftctl serve`` would load it: through ``validate_and_build``, the same check
+``PUT /admin/policy`` and the file watcher make, so what passes here is what they accept.
+Problems in the policy file are printed in the same ``<dotted.key>: <message> (line N)``
+form, prefixed with ``policy file <path>:``. A missing policy file is fine: ``serve``
+creates it with the default policy.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-from controller.config import Config, RemotePool, config_schema, load_config
-from controller.policy_state import RunningPolicy
-from controller.policy_store import validate_policy_text
+from controller.config import Config, config_schema, load_config
+from controller.policy.build import DEFAULT_BLOCK_SIZE, validate_and_build
+from controller.policy.document import decode_policy
+from engines.config import PoolConfig
 from policies.validation import InvalidDocument, Problem
 
 
@@ -55,22 +58,13 @@ def policy_problems(config: Config) -> list[Problem]:
         return []
     except OSError as exc:
         return [Problem("", f"cannot read it: {exc.strerror}")]
+    # An embedded backend's block size comes from its draft model, which check does not load.
+    pools = [b.block_size for b in config.backends if isinstance(b, PoolConfig)]
+    block_size = max(pools, default=DEFAULT_BLOCK_SIZE)
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [Problem("", f"the file is not UTF-8 text (bad byte at offset {exc.start})")]
-    try:
-        spec = validate_policy_text(text)
+        validate_and_build(decode_policy(data), block_size=block_size, base_dir=path.parent)
     except InvalidDocument as exc:
         return exc.problems
-    # An embedded backend's block size comes from its draft model, which check does not load.
-    pools = [b.block_size for b in config.backends if isinstance(b, RemotePool)]
-    block_size = max(pools, default=16)
-    try:
-        # What serve does next: e.g. a goodput cost_table that cannot be read fails here.
-        RunningPolicy.build(0, spec, block_size, path.parent)
-    except (ValueError, OSError) as exc:
-        return [Problem(spec.kind, str(exc))]
     return []
 
 

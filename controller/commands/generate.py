@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from policies.types import max_spec_tokens
+
 logger = logging.getLogger(__name__)
 
 
@@ -115,10 +117,11 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         max_seq_len=args.max_seq_len,
         compile_forwards=args.compile,
     )
-    k = engine.block_size - 1 if args.spec_tokens is None else args.spec_tokens
-    if not 0 <= k < engine.block_size:
+    ceiling = max_spec_tokens(engine.block_size)
+    k = ceiling if args.spec_tokens is None else args.spec_tokens
+    if not 0 <= k <= ceiling:
         await engine.close()
-        raise ValueError(f"--spec-tokens {k}: must be in 0..{engine.block_size - 1}")
+        raise ValueError(f"--spec-tokens {k}: must be in 0..{ceiling}")
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -138,9 +138,9 @@ def _pools(args: argparse.Namespace) -> dict[str, int]:
 def _rates(
     models: Path | None, goodput: Any, block_size: int
 ) -> tuple[dict[Any, list[float]], str]:
-    from policies.types import TASKS, Task
+    from policies.types import TASKS, Task, max_spec_tokens
 
-    n = block_size - 1
+    n = max_spec_tokens(block_size)
     priors = {t: goodput.prior_for(t, n) for t in TASKS}
     if models is None:
         return priors, "policy priors (no --models snapshot)"
@@ -156,7 +156,8 @@ def _rates(
 
 
 def _cost(args: argparse.Namespace, goodput: Any, base_dir: Path) -> tuple[Any, str]:
-    from policies.costmodel import CostModel, RelativeCost, load_cost_table
+    from engines.cost_tables import load_cost_table
+    from policies.costmodel import CostModel, RelativeCost
 
     path = args.cost_table
     if path is None and goodput.cost_table:

@@ -30,8 +30,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.sim.scenario import load_scenario
     from policies.validation import InvalidDocument
+    from sim.scenario import load_scenario
 
     try:
         scenario = load_scenario(args.scenario)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 def _simulate(scenario: Any, show_progress: bool) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from controller.sim.runner import run_scenario
+    from sim.runner import run_scenario
 
     total = scenario.duration_s * (len(scenario.policies.static_spec_tokens) + 3)
     disable = not show_progress or not sys.stderr.isatty()
@@ -63,14 +63,14 @@ def _simulate(scenario: Any, show_progress: bool) -> dict[str, Any]:
 
 
 def _emit(report: dict[str, Any], args: argparse.Namespace) -> None:
-    from controller.sim.report import format_report
+    from sim.report import format_report
 
     text = json.dumps(report, indent=1)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     if args.plot is not None:
-        from controller.sim.plot import write_plots
+        from sim.plot import write_plots
 
         for path in write_plots(report, args.plot):
             logger.info("wrote %s", path)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from engines.embedded.events import (
     FinishReason,
+    RequestFailed,
     RequestView,
     SamplingParams,
     SpecController,
@@ -25,6 +26,7 @@ __all__ = [
     "AsyncEngine",
     "EngineClosed",
     "FinishReason",
+    "RequestFailed",
     "RequestView",
     "SamplingParams",
     "SpecController",

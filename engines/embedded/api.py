@@ -4,6 +4,12 @@ The step loop runs in one background thread. ``spec_controller`` callbacks are c
 thread before every step, once per running request: they must be fast and must not block
 (no I/O, no awaiting); one that raises is logged and that request drafts k = 0 for the step.
 Events cross back to the caller's event loop with ``call_soon_threadsafe``.
+
+Failures (docs/engine.md, "Failure isolation"): bad input raises ValueError from ``generate``
+before anything is queued; a request that fails inside the engine ends alone, its stream
+raising ``RequestFailed``. If the loop itself raises (a bug outside any request), every waiting
+stream gets ``RequestFailed`` (stage "engine loop") at once, the engine's bookkeeping is reset
+and the loop restarts. ``is_alive()`` and ``seconds_since_progress()`` are the health view.
 """
 
 from __future__ import annotations
@@ -13,16 +19,27 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from engines.embedded.engine import Engine
-from engines.embedded.events import SamplingParams, SpecController, TokenEvent
+from engines.embedded.events import (
+    RequestFailed,
+    SamplingParams,
+    SpecController,
+    StepPlanner,
+    TokenEvent,
+)
 from engines.embedded.loader import load_runner, resolve_device
 from engines.embedded.request import Request
+from engines.embedded.synthetic import SyntheticAcceptance
 
 logger = logging.getLogger(__name__)
+
+
+_Sink = tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]  # a consumer's loop and queue
 
 
 class EngineClosed(RuntimeError):
@@ -36,10 +53,19 @@ class AsyncEngine:
         self.block_size = engine.block_size
         self.device = device
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        # Consumers' streams. The caller's event loop adds and removes them; the engine thread
+        # takes them all at once when it must fail every waiting stream.
+        self._sinks: dict[str, _Sink] = {}
+        self._sinks_lock = threading.Lock()
         self._ids = itertools.count()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="draftctl-engine", daemon=True)
+        self._is_stopped = False  # the loop thread has ended (close, or a BaseException)
+        self.num_loop_restarts = 0
+        # Health view, written by the engine thread only: idle = waiting for a command with no
+        # work; otherwise progress_s is the last completed step or when the work arrived.
+        self._is_idle = True
+        self._progress_s = time.monotonic()
+        self._thread = threading.Thread(target=self._serve, name="draftctl-engine", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -52,8 +78,12 @@ class AsyncEngine:
         max_seq_len: int = 2048,
         use_cuda_graphs: bool | None = None,
         compile_forwards: bool = False,
+        synthetic: SyntheticAcceptance | None = None,
+        planner: StepPlanner | None = None,
     ) -> AsyncEngine:
-        """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking."""
+        """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
+        ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
+        ``planner``: chooses k for all rows of each step (else each request's controller)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -65,9 +95,11 @@ class AsyncEngine:
             max_seq_len,
             use_cuda_graphs,
             compile_forwards=compile_forwards,
+            synthetic=synthetic,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
-        return cls(Engine(runner, max_batch_size, max_seq_len), tokenizer, str(torch_device))
+        engine = Engine(runner, max_batch_size, max_seq_len, planner)
+        return cls(engine, tokenizer, str(torch_device))
 
     async def generate(
         self,
@@ -78,13 +110,19 @@ class AsyncEngine:
     ) -> AsyncIterator[TokenEvent]:
         """Submit one request and stream its tokens; the last event has ``finished=True``.
 
-        Raises ValueError for a prompt that does not fit, EngineClosed after close()."""
+        Raises ValueError (naming the field) for a request the engine refuses, before anything
+        is queued; EngineClosed after close(); RequestFailed from the stream, in place of the
+        next event, when the request fails inside the engine (other requests go on)."""
         if self._closed:
             raise EngineClosed("the engine is closed; create a new AsyncEngine")
         request_id = f"emb-{next(self._ids)}"
         request = Request(request_id, list(prompt_ids), params, spec_controller, context or {})
+        self._engine.validate(request)
         sink: asyncio.Queue[Any] = asyncio.Queue()
-        self._sinks[request_id] = (asyncio.get_running_loop(), sink)
+        with self._sinks_lock:
+            if self._is_stopped:
+                raise EngineClosed("the engine loop has stopped; create a new AsyncEngine")
+            self._sinks[request_id] = (asyncio.get_running_loop(), sink)
         self._inbox.put(("add", request))
         finished = False
         try:
@@ -95,9 +133,24 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
-            self._sinks.pop(request_id, None)
+            with self._sinks_lock:
+                self._sinks.pop(request_id, None)
             if not finished:
                 self._inbox.put(("abort", request_id))
+
+    def is_alive(self) -> bool:
+        """True while the step loop runs; False after close() or once its thread has ended."""
+        return not self._closed and self._thread.is_alive()
+
+    def seconds_since_progress(self) -> float:
+        """Seconds since the loop last completed a step, counted only while it has work (since
+        the work arrived if that is later); 0.0 when idle. Cheap: two attribute reads.
+
+        A watchdog compares it with the longest step it expects (a long prefill included):
+        above that the loop is stalled (a hung device call, a blocking controller)."""
+        if self._is_idle:
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress_s)
 
     async def close(self) -> None:
         """Stop the step loop; requests still running end with EngineClosed."""
@@ -109,30 +162,53 @@ class AsyncEngine:
 
     # -- engine thread -----------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while True:
-            if not self._drain_inbox(block=not self._engine.has_work):
-                break
-            if not self._engine.has_work:
-                continue
-            try:
-                events = self._engine.step()
-            except Exception as exc:  # a failed step fails its requests, not the engine
-                logger.exception("engine step failed")
-                self._fail_all(exc)
-                continue
-            for request, event in events:
-                self._deliver(request.request_id, event)
-        self._fail_all(EngineClosed("the engine was closed while the request was running"))
+    def _serve(self) -> None:
+        """Thread body: the loop, restarted after a crash; it ends on close (or BaseException)."""
+        try:
+            while True:
+                try:
+                    self._loop()
+                    return
+                except Exception as exc:  # a bug outside any request: nobody may wait for good
+                    self._recover(exc)
+        except BaseException:
+            logger.critical("engine loop thread ended", exc_info=True)
+            raise
+        finally:
+            with self._sinks_lock:
+                self._is_stopped = True
+            self._fail_consumers(
+                lambda rid: EngineClosed("the engine stopped while the request was running")
+            )
 
-    def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued commands; False once close was requested."""
+    def _recover(self, exc: Exception) -> None:
+        """After a crash outside any request: fail every waiting stream, drop all requests."""
+        logger.error("engine loop crashed; failing waiting requests, restarting", exc_info=exc)
+        self.num_loop_restarts += 1
+        message = f"{type(exc).__name__}: {exc} (the engine loop restarted)"
+        self._fail_consumers(lambda request_id: RequestFailed(request_id, "engine loop", message))
+        self._engine.reset()
+
+    def _loop(self) -> None:
+        """Apply commands and step while there is work; return once close is requested."""
+        while self._drain_inbox():
+            if self._engine.has_work:
+                for request, event in self._engine.step():
+                    self._deliver(request.request_id, event)
+                self._progress_s = time.monotonic()
+
+    def _drain_inbox(self) -> bool:
+        """Apply queued commands, waiting for one while there is no work; False on close."""
+        block = not self._engine.has_work
         while True:
+            self._is_idle = block
             try:
                 command, payload = self._inbox.get(block=block)
             except queue.Empty:
                 return True
-            block = False
+            if block:  # work arrives now: a stall is counted from here, not from the last step
+                self._progress_s = time.monotonic()
+                self._is_idle = block = False
             if command == "close":
                 return False
             if command == "abort":
@@ -141,18 +217,31 @@ class AsyncEngine:
                 self._add(payload)
 
     def _add(self, request: Request) -> None:
+        if request.request_id not in self._sinks:
+            return  # its consumer has left, or was failed by a crash: nothing to run for
         try:
             self._engine.add(request)
         except ValueError as exc:
             self._deliver(request.request_id, exc)
 
-    def _fail_all(self, exc: BaseException) -> None:
-        for request in [*self._engine.scheduler.running, *self._engine.scheduler.waiting]:
-            self._engine.abort(request.request_id)
-            self._deliver(request.request_id, exc)
+    def _fail_consumers(self, error: Callable[[str], BaseException]) -> None:
+        """End every waiting stream with ``error(request_id)`` and forget it."""
+        with self._sinks_lock:
+            sinks, self._sinks = self._sinks, {}
+        for request_id, sink in sinks.items():
+            _put(sink, error(request_id))
 
     def _deliver(self, request_id: str, item: Any) -> None:
-        target = self._sinks.get(request_id)
-        if target is not None:
-            loop, sink = target
-            loop.call_soon_threadsafe(sink.put_nowait, item)
+        sink = self._sinks.get(request_id)
+        if sink is not None and not _put(sink, item):
+            self._engine.abort(request_id)  # its event loop is closed: nobody reads the stream
+
+
+def _put(sink: _Sink, item: Any) -> bool:
+    """Hand ``item`` to the consumer's event loop; False if that loop is closed."""
+    loop, queue_ = sink
+    try:
+        loop.call_soon_threadsafe(queue_.put_nowait, item)
+    except RuntimeError:
+        return False
+    return True

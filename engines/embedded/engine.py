@@ -1,7 +1,16 @@
-"""The synchronous engine: each ``step()`` admits waiting requests (prefill), asks every running
-request's controller for k, runs one batched speculative step, and reports per request.
+"""The synchronous engine: each ``step()`` admits waiting requests (prefill), chooses k for every
+running request, runs one batched speculative step, and reports per request.
 
-    schedule (admit + prefill) -> choose k per request -> runner.step -> postprocess (emit, release)
+    schedule (admit + prefill) -> choose k per row -> runner.step -> postprocess (emit, release)
+
+k comes from the engine's ``planner`` (one call per step for all rows: what a padded batch
+needs) when it has one, else from each request's own controller; either way it is clamped to
+what the row can run (``RequestView.max_spec_tokens``).
+
+Failure isolation: ``add`` refuses what could only fail later (ValueError naming the field). A
+request whose prefill, preparation, row of the batched step or postprocessing raises ends alone:
+``step`` returns a ``RequestFailed`` in place of its ``TokenEvent`` and releases its slot; the
+other rows of the step go on. A controller that raises only costs its request drafting (k = 0).
 """
 
 from __future__ import annotations
@@ -10,84 +19,219 @@ import logging
 
 import torch
 
-from engines.embedded.events import RequestView, StepReport, TokenEvent
+from engines.embedded.events import (
+    FailureStage,
+    RequestFailed,
+    RequestView,
+    StepPlanner,
+    StepReport,
+    TokenEvent,
+)
 from engines.embedded.request import Request
-from engines.embedded.runner import ModelRunner
+from engines.embedded.runner import ModelRunner, StepResult
 from engines.embedded.scheduler import Scheduler
+from policies.types import clamp_spec_tokens, max_spec_tokens
 
 logger = logging.getLogger(__name__)
 
+StepEvent = tuple[Request, TokenEvent | RequestFailed]
+
 
 class Engine:
-    def __init__(self, runner: ModelRunner, max_batch_size: int, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_batch_size: int,
+        max_seq_len: int,
+        planner: StepPlanner | None = None,
+    ) -> None:
         self.runner = runner
+        self.planner = planner
         self.block_size = runner.block_size
         self.max_seq_len = max_seq_len
+        # What the loaded target can embed (the tokenizer's vocabulary may differ).
+        self.vocab_size = runner.target.embed_tokens.num_embeddings
         self.scheduler = Scheduler(max_batch_size)
         self._generators: dict[str, torch.Generator] = {}
         self._shared_generator = torch.Generator().manual_seed(0)
 
-    def add(self, request: Request) -> None:
-        total = len(request.prompt_ids) + request.params.max_new_tokens
-        if not request.prompt_ids:
+    def validate(self, request: Request) -> None:
+        """Refuse a request that could only fail inside a step: ValueError naming the field.
+
+        No side effects, so a caller on another thread may run it before submitting.
+        (``SamplingParams`` checks its own fields' types and ranges when it is built.)"""
+        ids = request.prompt_ids
+        if not ids:
             raise ValueError(f"request {request.request_id}: prompt_ids is empty")
+        bad = next((i for i, t in enumerate(ids) if not _is_token(t, self.vocab_size)), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {request.request_id}: prompt_ids[{bad}]={ids[bad]!r}: token ids must "
+                f"be integers in [0, {self.vocab_size}) (the target's vocabulary)"
+            )
+        total = len(ids) + request.params.max_new_tokens
         if total > self.max_seq_len:
             raise ValueError(
-                f"request {request.request_id}: prompt ({len(request.prompt_ids)} tokens) + "
+                f"request {request.request_id}: prompt ({len(ids)} tokens) + "
                 f"max_new_tokens ({request.params.max_new_tokens}) = {total} exceeds "
                 f"max_seq_len={self.max_seq_len}; shorten it or load with a larger max_seq_len"
             )
-        if request.params.seed is not None:
-            self._generators[request.request_id] = torch.Generator().manual_seed(
-                request.params.seed
-            )
+
+    def add(self, request: Request) -> None:
+        """Queue a request; ValueError (naming the field) for one that could only fail later."""
+        self.validate(request)
+        seed = request.params.seed
+        if seed is not None:
+            try:
+                generator = torch.Generator().manual_seed(seed)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ValueError(f"request {request.request_id}: seed={seed!r}: {exc}") from None
+            self._generators[request.request_id] = generator
         self.scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
         if self.scheduler.cancel_waiting(request_id):
+            self._generators.pop(request_id, None)
             return
         for request in self.scheduler.running:
             if request.request_id == request_id:
                 self._release(request)
                 return
 
+    def reset(self) -> list[Request]:
+        """Drop every request (after a crash left the bookkeeping in doubt); return them. The
+        caches need no reset: a slot's next prefill writes every position a step reads."""
+        self._generators.clear()
+        return self.scheduler.reset()
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def step(self) -> list[tuple[Request, TokenEvent]]:
+    def step(self) -> list[StepEvent]:
         events = [self._prefill(r) for r in self.scheduler.admit()]
-        for request, event in events:  # done after the first token: never join the step
-            if event.finished:
-                self._release(request)
-        rows = list(self.scheduler.running)
-        if rows:
-            spec_tokens = [self._spec_tokens(r, len(rows)) for r in rows]
-            uniforms = torch.stack([self._uniforms(r) for r in rows])
-            result = self.runner.step(rows, spec_tokens, uniforms)
-            for i, request in enumerate(rows):
-                report = StepReport(
-                    spec_tokens=spec_tokens[i],
-                    accept_length=len(result.new_tokens[i]),
-                    accepted=result.accepted[i],
-                    step_time_s=result.step_time_s,
-                    batch_size=len(rows),
-                )
-                request.accept_lengths.append(report.accept_length)
-                events.append((request, self._event(request, result.new_tokens[i], report)))
-        for request, event in sorted(events, key=lambda e: -e[0].slot):
-            if event.finished and request.slot >= 0:  # highest slot first: fewest cache moves
-                self._release(request)
+        self._release_ended(events)  # done or failed after the first token: never join the step
+        if self.scheduler.running:
+            events += self._decode()
+        self._release_ended(events)
         return events
 
-    def _prefill(self, request: Request) -> tuple[Request, TokenEvent]:
-        first = self.runner.prefill(request, self._uniforms(request))
-        return request, self._event(request, [first], None)
+    def _prefill(self, request: Request) -> StepEvent:
+        try:
+            first = self.runner.prefill(request, self._uniforms(request))
+            return request, self._event(request, [first], None)
+        except Exception as exc:  # this request's own forward or sampling: fail it alone
+            return request, self._failed(request, "prefill", exc)
+
+    def _decode(self) -> list[StepEvent]:
+        """One batched step of every running request; a row that raises leaves it alone."""
+        events: list[StepEvent] = []
+        plans: dict[str, tuple[int, torch.Tensor]] = {}  # request_id -> (k, uniforms)
+        running = list(self.scheduler.running)
+        for request, k in zip(running, self._spec_tokens(running), strict=True):
+            try:
+                plans[request.request_id] = (k, self._uniforms(request))
+            except Exception as exc:
+                events.append((request, self._failed(request, "prepare", exc)))
+                self._release(request)
+        # Uniforms are drawn once, above: a step re-run after dropping a culprit samples
+        # exactly what the first attempt would have.
+        while rows := list(self.scheduler.running):
+            spec_tokens = [plans[r.request_id][0] for r in rows]
+            uniforms = torch.stack([plans[r.request_id][1] for r in rows])
+            try:
+                result = self.runner.step(rows, spec_tokens, uniforms)
+            except Exception as exc:
+                culprit, error = self._find_culprit(rows, spec_tokens, uniforms, exc)
+                events.append((culprit, self._failed(culprit, "step", error)))
+                self._release(culprit)
+                continue
+            stepped = [self._postprocess(r, i, spec_tokens[i], result) for i, r in enumerate(rows)]
+            self._tell_planner(stepped)
+            events += stepped
+            break
+        return events
+
+    def _tell_planner(self, stepped: list[StepEvent]) -> None:
+        """The planner learns what its step did (a planner that raises is logged, only)."""
+        if self.planner is None:
+            return
+        done = [(r.controller, e.report) for r, e in stepped if isinstance(e, TokenEvent)]
+        reports = [report for _, report in done if report is not None]
+        try:
+            self.planner.record([c for c, report in done if report is not None], reports)
+        except Exception:
+            logger.exception("step planner failed to record a step")
+
+    def _find_culprit(
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        uniforms: torch.Tensor,
+        error: Exception,
+    ) -> tuple[Request, Exception]:
+        """The row whose joining makes the step raise, by bisecting prefixes of the batch
+        (the runner's rows must be slots 0..n-1, and a prefix is): log2(batch) probe steps.
+
+        Invariant: a step of ``rows[:good]`` succeeds and one of ``rows[:bad]`` raises
+        ``error``, so ``rows[bad - 1]`` is to blame. This needs the failure to be
+        deterministic, not monotone in the batch.
+
+        Re-running steps is safe for the KV caches. A step writes a row's target and draft K/V
+        only at positions >= ``row.position`` (verify: ``[position, position + width)``; draft
+        block: ``[position, position + block)``), and those positions are scratch: a row's
+        position advances only in ``_postprocess`` (``Request.append``), and every forward
+        writes the positions its queries may read (>= position) before attending to them
+        (causal mask in the verify, ``< position + block`` in the draft). So a failed or
+        discarded step leaves nothing a later step reads, and the final step reproduces the
+        tokens the first attempt would have given. Probes run eagerly (``eager=True``) so
+        they write only their own rows' slots: a CUDA-graph replay padded to a captured batch
+        size would also write stale inputs into the following slots, which hold live rows here.
+        """
+        good, bad = 0, len(rows)
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            try:
+                self.runner.step(rows[:middle], spec_tokens[:middle], uniforms[:middle], eager=True)
+                good = middle
+            except Exception as exc:
+                bad, error = middle, exc
+        return rows[bad - 1], error
+
+    def _postprocess(
+        self, request: Request, index: int, spec_tokens: int, result: StepResult
+    ) -> StepEvent:
+        try:
+            report = StepReport(
+                spec_tokens=spec_tokens,
+                accept_length=len(result.new_tokens[index]),
+                accepted=result.accepted[index],
+                step_time_s=result.step_time_s,
+                batch_size=len(result.new_tokens),
+            )
+            request.accept_lengths.append(report.accept_length)
+            request.spec_tokens.append(report.spec_tokens)
+            return request, self._event(request, result.new_tokens[index], report)
+        except Exception as exc:
+            return request, self._failed(request, "postprocess", exc)
 
     def _event(self, request: Request, tokens: list[int], report: StepReport | None) -> TokenEvent:
         kept = request.append(tokens)
         reason = request.finish_reason
         return TokenEvent(kept, report, reason is not None, reason)
+
+    def _failed(self, request: Request, stage: FailureStage, exc: Exception) -> RequestFailed:
+        logger.error("request %s failed in %s", request.request_id, stage, exc_info=exc)
+        failure = RequestFailed(request.request_id, stage, f"{type(exc).__name__}: {exc}")
+        failure.__cause__ = exc
+        return failure
+
+    def _release_ended(self, events: list[StepEvent]) -> None:
+        """Release finished and failed requests, highest slot first: fewest cache moves."""
+        for request, event in sorted(events, key=lambda e: -e[0].slot):
+            is_ended = isinstance(event, RequestFailed) or event.finished
+            if is_ended and request.slot >= 0:
+                self._release(request)
 
     def _release(self, request: Request) -> None:
         moved = self.scheduler.release(request)
@@ -96,23 +240,48 @@ class Engine:
             self.runner.release_slot(moved, mover.position)
         self._generators.pop(request.request_id, None)
 
-    def _spec_tokens(self, request: Request, batch_size: int) -> int:
-        """k from the request's controller, clamped to [0, block_size - 1] and to what can still
-        be emitted. A controller that raises gets k = 0 for this step (logged, never fatal)."""
-        view = RequestView(
+    def _spec_tokens(self, rows: list[Request]) -> list[int]:
+        """k per row: from the planner (one call) or each row's controller, clamped to the
+        row's ``max_spec_tokens``. A planner or controller that raises gives k = 0 (logged once
+        per request, counted in ``num_controller_failures``, never fatal): k only changes
+        speed, not tokens."""
+        views = [self._view(r, len(rows)) for r in rows]
+        if self.planner is not None:
+            try:
+                wanted = [int(k) for k in self.planner.plan(views, [r.controller for r in rows])]
+                if len(wanted) != len(rows):
+                    raise ValueError(f"planner gave {len(wanted)} k for {len(rows)} rows")
+            except Exception:
+                logger.exception("step planner failed; drafting off for this step")
+                wanted = [0] * len(rows)
+        else:
+            wanted = [self._ask(r, v) for r, v in zip(rows, views, strict=True)]
+        return [
+            clamp_spec_tokens(k, 1, v.max_spec_tokens) for k, v in zip(wanted, views, strict=True)
+        ]
+
+    def _view(self, request: Request, batch_size: int) -> RequestView:
+        return RequestView(
             request_id=request.request_id,
             step_index=len(request.accept_lengths),
             accept_lengths=request.accept_lengths,
             batch_size=batch_size,
             num_generated=len(request.output_ids),
             context=request.context,
+            spec_tokens=request.spec_tokens,
+            max_spec_tokens=min(max_spec_tokens(self.block_size), request.num_remaining - 1),
         )
+
+    def _ask(self, request: Request, view: RequestView) -> int:
         try:
-            k = int(request.controller(view))
+            return int(request.controller(view))
         except Exception:
-            logger.exception("spec controller failed for request %s; using k=0", request.request_id)
-            k = 0
-        return max(0, min(k, self.block_size - 1, request.num_remaining - 1))
+            request.num_controller_failures += 1
+            if request.num_controller_failures == 1:  # a broken policy raises every step
+                logger.exception(
+                    "spec controller failed for request %s; using k=0", request.request_id
+                )
+            return 0
 
     def _uniforms(self, request: Request) -> torch.Tensor:
         """2 * block_size + 1 uniforms: draft sampling, accept tests, bonus (greedy: zeros)."""
@@ -121,3 +290,7 @@ class Engine:
             return torch.zeros(size)
         generator = self._generators.get(request.request_id, self._shared_generator)
         return torch.rand(size, generator=generator)
+
+
+def _is_token(value: object, vocab_size: int) -> bool:
+    return type(value) is int and 0 <= value < vocab_size

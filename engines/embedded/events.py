@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
+# Where a request failed inside the engine (see RequestFailed).
+FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
+
+MAX_TOP_K = 2**63 - 1  # top_k travels to the device as int64
+MIN_SEED, END_SEED = -(2**63), 2**64  # what torch.Generator.manual_seed accepts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -19,14 +33,22 @@ class SamplingParams:
     seed: int | None = None  # per-request generator; None = the engine's shared one
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+        """Types and ranges of every field, so nothing reaches the engine thread that can only
+        fail there (a bad seed used to raise in ``manual_seed`` on that thread)."""
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: must be an integer >= 1")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p!r}: must be a number in (0, 1]")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k={self.top_k!r}: must be an integer in [0, 2**63) (0 = off)")
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+            _is_int(t) for t in self.stop_token_ids
+        ):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a tuple of integers")
+        if self.seed is not None and not (_is_int(self.seed) and MIN_SEED <= self.seed < END_SEED):
+            raise ValueError(f"seed={self.seed!r}: must be an integer in [-2**63, 2**64) or None")
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,12 @@ class RequestView:
     batch_size: int
     num_generated: int
     context: dict[str, Any] = field(default_factory=dict)
+    # The k each of ``accept_lengths``' steps actually ran (after the engine's clamp), aligned;
+    # the request's own list like ``accept_lengths``.
+    spec_tokens: list[int] = field(default_factory=list)
+    # The largest k this row can run this step: block_size - 1, or less near the request's
+    # end (a step never drafts past what the request may still emit).
+    max_spec_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,3 +92,34 @@ class TokenEvent:
 
 # Called on the engine thread before every step; returns k in 0..block_size-1. Must be fast.
 SpecController = Callable[[RequestView], int]
+
+
+class StepPlanner(Protocol):
+    """Chooses k for every row of a step in one call (engine thread, once per step): what an
+    engine whose rows share a verify width needs. ``controllers`` are the rows' own
+    ``SpecController``s, in the same order as ``views``; the engine clamps each answer."""
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]: ...
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        """What the step just planned did, row by row (engine thread, after the step): the k
+        each row ran, its accept length and the step's time."""
+        ...
+
+
+class RequestFailed(RuntimeError):
+    """A request ended inside the engine by a failure of its own (or of the engine loop).
+
+    Consumers of ``AsyncEngine.generate`` get it raised from the stream in place of the next
+    ``TokenEvent``; ``Engine.step`` returns it in place of a ``TokenEvent``. No event with
+    ``finished=True`` follows: the exception is the end of the stream. The original exception
+    is ``__cause__``. Other requests of the same step are unaffected (see docs/engine.md,
+    "Failure isolation"). Not a ``ValueError``: bad input is refused at submit time instead.
+    """
+
+    def __init__(self, request_id: str, stage: FailureStage, message: str) -> None:
+        super().__init__(f"request {request_id} failed in {stage}: {message}")
+        self.request_id = request_id
+        self.stage = stage

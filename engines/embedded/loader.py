@@ -16,6 +16,7 @@ from engines.embedded.checkpoint import (
 )
 from engines.embedded.draft import DraftModel
 from engines.embedded.runner import ModelRunner
+from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ def load_runner(
     use_cuda_graphs: bool | None = None,
     dtype: torch.dtype | None = None,
     compile_forwards: bool = False,
+    synthetic: SyntheticAcceptance | None = None,
 ) -> ModelRunner:
+    """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -99,5 +102,13 @@ def load_runner(
         compile_forwards,
     )
     return ModelRunner(
-        target, draft, device, dtype, max_batch_size, max_seq_len, graphs, compile_forwards
+        target,
+        draft,
+        device,
+        dtype,
+        max_batch_size,
+        max_seq_len,
+        graphs,
+        compile_forwards,
+        synthetic=synthetic,
     )

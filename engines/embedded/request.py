@@ -17,8 +17,10 @@ class Request:
     context: dict[str, Any]
     output_ids: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)
+    spec_tokens: list[int] = field(default_factory=list)  # k each step ran, aligned with the above
     slot: int = -1
     finish_reason: FinishReason | None = None
+    num_controller_failures: int = 0  # steps whose controller raised (each drafted k = 0)
 
     @property
     def position(self) -> int:

@@ -2,12 +2,14 @@
 
 A step is: draft proposes a block for every row -> target verifies ``[last, drafts...]``
 (padded to a captured width) -> the verified positions' target features go into the draft's
-context cache -> accept (greedy or rejection sampling). One device->host copy at the end.
+context cache -> accept (greedy or rejection sampling; benchmark only: drawn from a synthetic
+profile, engines/embedded/synthetic.py). One device->host copy at the end.
 Rows with k = 0 verify only their last token but still get their draft context updated.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +23,10 @@ from engines.embedded.packing import Packing, unpack
 from engines.embedded.request import Request
 from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
+from engines.embedded.synthetic import SyntheticAcceptance, assemble_rows
 from engines.embedded.target import TargetModel
+
+logger = logging.getLogger(__name__)
 
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rounded up
@@ -45,6 +50,7 @@ class ModelRunner:
         max_seq_len: int,
         use_cuda_graphs: bool,
         compile_forwards: bool = False,
+        synthetic: SyntheticAcceptance | None = None,
     ) -> None:
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
         # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
@@ -67,6 +73,15 @@ class ModelRunner:
             self._draft = torch.compile(self._draft_forward, fullgraph=True)
         self.block_size = draft.spec.block_size
         self.mask_token_id = draft.spec.mask_token_id
+        # Benchmark only (engines/embedded/synthetic.py): accept decisions drawn, not verified.
+        self.synthetic = synthetic
+        if synthetic is not None:
+            if synthetic.num_positions < self.block_size - 1:
+                raise ValueError(
+                    f"synthetic profile set {synthetic.name!r} covers k <= "
+                    f"{synthetic.num_positions}; this draft drafts up to {self.block_size - 1}"
+                )
+            logger.warning("%s", synthetic.warning)
         self.use_cuda_graphs = use_cuda_graphs
         self.batch_sizes = [b for b in GRAPH_BATCH_SIZES if b < max_batch_size]
         self.batch_sizes.append(max_batch_size)
@@ -133,17 +148,27 @@ class ModelRunner:
             )
 
     def _run(
-        self, name: str, ids: torch.Tensor, positions: torch.Tensor, *packings: Packing | None
+        self,
+        name: str,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        *packings: Packing | None,
+        eager: bool = False,
     ) -> torch.Tensor:
         """One forward: a CUDA-graph replay at padded shapes, or (eager) the packed forward
-        that computes only the tokens the rows use (``packings``: see the forwards)."""
+        that computes only the tokens the rows use (``packings``: see the forwards).
+
+        ``eager`` skips the graphs of a graph runner: the forward then writes only these rows'
+        cache slots (a replay padded to a captured batch size also writes the next slots)."""
         rows, width = ids.shape
-        forward = self._verify if name == "verify" else self._draft
-        if not self.use_cuda_graphs:
-            num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
-            return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
-        graph = self._graphs[name, padded_size(rows, self.batch_sizes), width]
-        return graph(ids, positions)[:rows]
+        if self.use_cuda_graphs and not eager:
+            graph = self._graphs[name, padded_size(rows, self.batch_sizes), width]
+            return graph(ids, positions)[:rows]
+        # The plain forwards: compiled ones exist only on graph runners, and new shapes would
+        # recompile them.
+        forward = self._verify_forward if name == "verify" else self._draft_forward
+        num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
+        return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
 
     # -- prefill -----------------------------------------------------------------------------
 
@@ -177,9 +202,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(
-        self, rows: list[Request], spec_tokens: list[int], uniforms: torch.Tensor
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        uniforms: torch.Tensor,
+        eager: bool = False,
     ) -> StepResult:
-        """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU)."""
+        """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
+
+        Writes each row's caches only at positions >= its ``position`` (scratch until the
+        row advances), so a step whose result is dropped can be run again. ``eager``: see
+        ``_run`` (the engine's culprit search runs prefixes of a batch that way)."""
         started = self._clock()
         widest = max(spec_tokens)
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
@@ -203,7 +236,11 @@ class ModelRunner:
             )
             block[:, 0] = last
             draft_logits = self._run(
-                "draft", block, start[:, None] + offsets, *self._draft_packings(spec_tokens)
+                "draft",
+                block,
+                start[:, None] + offsets,
+                *self._draft_packings(spec_tokens),
+                eager=eager,
             )[:, :widest]
             if params is None:
                 drafts = draft_logits.argmax(dim=-1)
@@ -214,8 +251,14 @@ class ModelRunner:
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
         logits = self._run(
-            "verify", ids, start[:, None] + offsets[:width], self._verify_packing(spec_tokens)
+            "verify",
+            ids,
+            start[:, None] + offsets[:width],
+            self._verify_packing(spec_tokens),
+            eager=eager,
         )[:, : widest + 1]
+        if self.synthetic is not None:
+            return self._synthetic_result(rows, spec_tokens, drafts, logits, params, u, started)
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
         else:
@@ -232,6 +275,39 @@ class ModelRunner:
             )
         packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1).cpu()  # the sync
         return self._unpack(packed, spec_tokens, widest, self._clock() - started)
+
+    def _synthetic_result(
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        drafts: torch.Tensor,
+        logits: torch.Tensor,
+        params: tuple[torch.Tensor, ...] | None,
+        u: torch.Tensor,
+        started: float,
+    ) -> StepResult:
+        """Synthetic acceptance: a row accepts min(k, drawn run) drafts, then emits the target's
+        own token at the first rejected position (its argmax, or a sample of its distribution
+        there with the bonus uniform). Every forward ran as usual; only the decision is drawn."""
+        if params is None:
+            targets = logits.argmax(dim=-1)  # [B, widest + 1]
+        else:
+            probs = sampling_probs(logits, *params)
+            targets = sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
+        assert self.synthetic is not None, "only called in synthetic mode"
+        identities = [self.synthetic.identity(r.request_id, r.context) for r in rows]
+        # Host draws while the device runs the step (no sync): [B] runs over every position.
+        runs = self.synthetic.accept_runs(
+            [task for task, _ in identities],
+            [key for _, key in identities],
+            [len(r.accept_lengths) for r in rows],  # the step index the controller saw
+            self.block_size - 1,
+        )
+        packed = torch.cat([drafts, targets], dim=1).cpu()  # the sync
+        accepted, tokens = assemble_rows(
+            packed.tolist(), spec_tokens, runs.tolist(), drafts.shape[1]
+        )
+        return StepResult(accepted, tokens, self._clock() - started)
 
     def _verify_packing(self, spec_tokens: list[int]) -> Packing | None:
         """Eager steps whose rows verify different widths compute k + 1 tokens per row."""

@@ -50,6 +50,15 @@ class Scheduler:
                 return True
         return False
 
+    def reset(self) -> list[Request]:
+        """Drop every request, running and waiting (after an engine-loop crash); return them."""
+        dropped = [*self.running, *self.waiting]
+        for request in self.running:
+            request.slot = -1
+        self.running.clear()
+        self.waiting.clear()
+        return dropped
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -14,12 +14,12 @@ import pytest
 
 from controller.classifier import features, load_classifier, model
 from controller.classifier.combiner import Combiner
-from controller.classifier.corpus import gsm8k, math500, mbpp, mt_bench
-from controller.classifier.evaluation import evaluate, format_report
 from controller.classifier.features import FeatureSpec, byte_buckets
 from controller.classifier.model import HAS_NATIVE, NATIVE_ENV, LinearClassifier
 from controller.classifier.text import chat_pieces, request_segments
 from policies.types import TASKS
+from training.classifier.corpus import gsm8k, math500, mbpp, mt_bench
+from training.classifier.evaluation import evaluate, format_report
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_native = pytest.mark.skipif(

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import EmbeddedBackend, RemotePool, load_config, parse_config
+from controller.config import load_config, parse_config
+from engines.config import EmbeddedConfig, PoolConfig
 from policies.validation import InvalidDocument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,14 +38,14 @@ def test_defaults_fill_every_section() -> None:
     assert config.policy.path == Path("/cfg/policy.yaml")
     assert config.classifier.fallback_task == "chat"
     pool = config.backends[0]
-    assert isinstance(pool, RemotePool)
+    assert isinstance(pool, PoolConfig)
     assert pool.urls == ["http://127.0.0.1:8101"]  # trailing slash dropped
 
 
 def test_embedded_paths_resolve_against_config_folder() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: m/t, draft: /abs/d}\n"
     backend = parse_config(text, Path("/etc/draftctl")).backends[0]
-    assert isinstance(backend, EmbeddedBackend)
+    assert isinstance(backend, EmbeddedConfig)
     assert backend.target == Path("/etc/draftctl/m/t") and backend.draft == Path("/abs/d")
 
 

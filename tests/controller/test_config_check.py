@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.commands.config import check_command
-from controller.policy_store import DEFAULT_POLICY_TEXT
+from controller.policy.document import DEFAULT_POLICY_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """\
@@ -64,7 +64,14 @@ def test_goodput_cost_table_that_cannot_be_read(
 ) -> None:
     code, lines = _check(tmp_path, "kind: goodput\ngoodput:\n  cost_table: none.json\n", capsys)
     assert code == 1 and len(lines) == 1
-    assert "goodput: cost table" in lines[0] and "none.json" in lines[0]
+    # The problem names the dotted key and its line, like every other policy problem.
+    assert "goodput.cost_table: cost table" in lines[0] and "none.json" in lines[0]
+    assert lines[0].endswith("(line 3)")
+
+
+def test_empty_policy_file_is_a_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = _check(tmp_path, "", capsys)
+    assert code == 1 and len(lines) == 1 and "empty" in lines[0]
 
 
 def test_cli_exit_code_and_output(tmp_path: Path) -> None:

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from controller.classifier.base import TaskGuess, uniform_scores
-from controller.config import ClassifierConfig, RemotePool
+from controller.config import ClassifierConfig
 from controller.metrics import Metrics
 from controller.planner import Planner
-from controller.policy_state import RunningPolicy
+from controller.policy.running import RunningPolicy
 from controller.request_parse import parse_request
 from controller.stats import LiveStats, ScrapedView
+from engines.config import PoolConfig
 from engines.pool import PoolBackend
 from policies.model import PolicySpec
 from policies.types import Task
@@ -42,7 +43,7 @@ def _planner(classifier: FakeClassifier | None) -> tuple[Planner, Metrics]:
 def _fleet() -> list[PoolBackend]:
     return [
         PoolBackend(
-            RemotePool(name=f"k{k}", kind="vllm", urls=["http://h"], model="m", spec_tokens=k)
+            PoolConfig(name=f"k{k}", kind="vllm", urls=["http://h"], model="m", spec_tokens=k)
         )
         for k in (0, 7, 15)
     ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.config import RemotePool
 from engines.base import BackendRequest, Outcome
+from engines.config import PoolConfig
 from engines.pool import PoolBackend
 from policies.types import Task
 from tests.controller.conftest import MODEL, StartUpstream
@@ -20,7 +20,7 @@ def _annotate(outcome: Outcome) -> dict[str, Any]:
 async def test_stream_closed_before_it_ran_releases_slot(start_upstream: StartUpstream) -> None:
     upstream = await start_upstream(num_chunks=50, chunk_delay_s=0.02)
     pool = PoolBackend(
-        RemotePool(name="p", kind="vllm", urls=[upstream.url], model=MODEL, spec_tokens=7)
+        PoolConfig(name="p", kind="vllm", urls=[upstream.url], model=MODEL, spec_tokens=7)
     )
     await pool.start()
     try:

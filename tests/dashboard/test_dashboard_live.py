@@ -20,7 +20,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from controller.policy_store import DEFAULT_POLICY_TEXT
+from controller.policy.document import DEFAULT_POLICY_TEXT
 from tests.controller.fake_upstream import Behaviour, FakeUpstream, vllm_spec_metrics
 from tests.dashboard.daemon import MODEL, LoopThread, get_json, start_daemon, traffic, wait_ready
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from controller.admin import AdminAuth, admin_routes
 from controller.dashboard import dashboard_routes
-from controller.policy_store import DEFAULT_POLICY_TEXT, PolicyStore
+from controller.policy.store import DEFAULT_POLICY_TEXT, PolicyStore
 
 pytestmark = pytest.mark.browser
 

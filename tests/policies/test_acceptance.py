@@ -115,3 +115,21 @@ def test_request_half_life_lets_the_latest_steps_lead() -> None:
     assert task[0] < idle[0] < fresh[0]
     # half_life_steps = 0 keeps every step at full weight (the flat window).
     assert blend_request_history(task, ks, lengths, 2, half_life_steps=0) == pytest.approx(flat)
+
+
+def test_add_steps_counts_what_add_step_counts_one_by_one() -> None:
+    import random
+
+    from policies.acceptance import PositionCounts
+
+    rng = random.Random(3)
+    steps = [(rng.choice([0, 4, 7, 15, 20]), rng.randint(1, 17)) for _ in range(300)]
+    one = PositionCounts([0.7] * 15, 4.0, 0.0)
+    many = PositionCounts([0.7] * 15, 4.0, 0.0)
+    for k, length in steps:
+        one.add_step(k, length)
+    for start in range(0, len(steps), 64):
+        chunk = steps[start : start + 64]
+        many.add_steps([k for k, _ in chunk], [n for _, n in chunk])
+    assert many.snapshot().rates == pytest.approx(one.snapshot().rates)
+    assert many.snapshot().trials == pytest.approx(one.snapshot().trials)

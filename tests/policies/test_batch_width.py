@@ -1,18 +1,22 @@
-"""BatchWidth: one k per engine step for a padded batch, decided on the step's first call."""
+"""BatchWidth: one k per engine step for a padded batch, from exactly the rows of that step."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from policies.acceptance import blend_request_history, expected_by_k
-from policies.batch_width import BatchWidth, RowWindow
+from policies.batch_width import BatchWidth
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
-from policies.types import Task
+from policies.online import OnlineModels
+from policies.types import StepRow, Task
 
 # Shaped like the measured Qwen3-8B H200 table: width 8 ~1.16x a plain step at batch 1, ~1.9x
 # at 64; width 16 ~3.3x at 64.
@@ -21,7 +25,7 @@ TABLE = CostTable(
     tokens_per_request=(1, 8, 16),
     step_time_s=((7.5e-3, 8.7e-3, 8.7e-3), (8.4e-3, 9.0e-3, 9.7e-3), (11.5e-3, 22e-3, 37.8e-3)),
 )
-Rows = list[tuple[str, Task, list[int]]]
+H200 = Path(__file__).resolve().parents[2] / "cost_tables/qwen3-8b-h200.json"
 QUIET = GoodputSpec(probe_probability=0.0, hysteresis=0.0)
 
 
@@ -33,7 +37,7 @@ class Learned:
         self.block = block
         self.trials = trials
         self.calls = 0
-        self.cost = CostModel(TABLE, block_size=block, draft_cost_fraction=0.16).snapshot()
+        self.cost: Any = CostModel(TABLE, block_size=block, draft_cost_fraction=0.16).snapshot()
 
     def __call__(self, task: Task) -> dict[str, Any]:
         self.calls += 1
@@ -45,27 +49,47 @@ class Learned:
         }
 
 
-def _step(width: BatchWidth, rows: Rows, learned: Learned) -> list[int]:
-    return [width.spec_tokens(rid, t, len(rows), h, learned) for rid, t, h in rows]
+class FixedCost:
+    """T(B, k) by verify width only: plain 1.0, width 8 ``narrow``, width 16 ``wide``."""
+
+    def __init__(self, narrow: float, wide: float):
+        self.narrow, self.wide = narrow, wide
+
+    def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+        if spec_tokens <= 0:
+            return 1.0
+        return self.narrow if spec_tokens <= 7 else self.wide
 
 
-def test_every_row_of_a_step_gets_the_one_k_decided_on_its_first_call() -> None:
+class Request:
+    """A row as the engine holds it: its history, the k each step ran with, what is left."""
+
+    def __init__(self, row_id: str, task: Task, remaining: int = 10_000):
+        self.row_id, self.task, self.remaining = row_id, task, remaining
+        self.accept_lengths: list[int] = []
+        self.spec_tokens: list[int] = []
+
+    def row(self, block: int = 16) -> StepRow:
+        ceiling = min(block, self.remaining) - 1
+        return StepRow(self.row_id, self.task, self.accept_lengths, self.spec_tokens, ceiling)
+
+    def ran(self, spec_tokens: int, accept_length: int) -> None:
+        self.spec_tokens.append(spec_tokens)
+        self.accept_lengths.append(accept_length)
+        self.remaining -= accept_length
+
+
+def _step(width: BatchWidth, requests: list[Request], learned: Any, block: int = 16) -> int:
+    return width.decide([r.row(block) for r in requests], learned)
+
+
+def test_one_call_per_step_decides_for_every_row_and_reads_each_task_once() -> None:
     learned = Learned({Task.MATH: 0.8, Task.CHAT: 0.8, Task.CODE: 0.8}, block=16)
-    width = BatchWidth(QUIET, 16, min_spec_tokens=4, rng_u=lambda: 1.0)
-    rows: Rows = [(f"r{i}", Task.MATH if i % 2 else Task.CHAT, []) for i in range(8)]
-    ks = _step(width, rows, learned)
-    assert len(set(ks)) == 1 and ks[0] in (7, 15)
-    assert width.steps == 1 and learned.calls == 1  # one task, read once, at the step start
-    _step(width, rows, learned)
-    assert width.steps == 2 and learned.calls == 1 + 2  # both tasks of the previous step
-
-
-def test_a_row_asked_twice_starts_a_new_step_even_before_the_batch_is_complete() -> None:
-    learned = Learned({t: 0.8 for t in Task}, block=8)
-    width = BatchWidth(QUIET, 8, 4)
-    width.spec_tokens("a", Task.MATH, 3, [], learned)
-    width.spec_tokens("a", Task.MATH, 3, [2], learned)  # "b" and "c" finished meanwhile
-    assert width.steps == 2
+    width = BatchWidth(QUIET, 16, min_spec_tokens=4)
+    requests = [Request(f"r{i}", Task.MATH if i % 2 else Task.CHAT) for i in range(8)]
+    assert _step(width, requests, learned) in (7, 15)
+    assert width.steps == 1 and learned.calls == 2  # the step's two tasks, once each
+    assert width.decide([], learned) == 0 and width.steps == 1  # no rows: nothing to verify
 
 
 def test_load_and_acceptance_decide_whether_the_batch_drafts() -> None:
@@ -74,81 +98,209 @@ def test_load_and_acceptance_decide_whether_the_batch_drafts() -> None:
     for rate, batch, expect_drafting in cases:
         learned = Learned({t: rate for t in Task}, block=8)
         width = BatchWidth(QUIET, 8, 4)
-        ks = _step(width, [(f"r{i}", Task.MATH, []) for i in range(batch)], learned)
-        assert (ks[0] > 0) is expect_drafting, (rate, batch, ks[0])
+        k = _step(width, [Request(f"r{i}", Task.MATH) for i in range(batch)], learned, 8)
+        assert (k > 0) is expect_drafting, (rate, batch, k)
 
 
 def test_rows_own_steps_move_the_shared_choice() -> None:
     # The task says drafting pays at batch 64; every row then rejects its first draft token.
     learned = Learned({t: 0.7 for t in Task}, block=8)
     width = BatchWidth(QUIET, 8, 4)
-    rows: Rows = [(f"r{i}", Task.CODE, []) for i in range(64)]
-    assert _step(width, rows, learned)[0] == 7
-    ks: list[int] = []
+    requests = [Request(f"r{i}", Task.CODE) for i in range(64)]
+    k = _step(width, requests, learned, 8)
+    assert k == 7
     for _ in range(12):
-        for _, _, history in rows:
-            history.append(1)  # accept length 1: nothing accepted
-        ks = _step(width, rows, learned)
-    assert ks[0] == 0
+        for request in requests:
+            request.ran(k, 1)  # accept length 1: nothing accepted
+        k = _step(width, requests, learned, 8)
+    assert k == 0
 
 
-def test_hysteresis_keeps_the_previous_k_inside_its_margin() -> None:
+def test_hysteresis_keeps_the_previous_decision_inside_its_margin() -> None:
     learned = Learned({t: 0.6 for t in Task}, block=8)
-    rows: Rows = [(f"r{i}", Task.CHAT, []) for i in range(40)]
+    requests = [Request(f"r{i}", Task.CHAT) for i in range(40)]
     free = BatchWidth(QUIET, 8, 4)
     sticky = BatchWidth(QUIET.model_copy(update={"hysteresis": 0.5}), 8, 4)
-    assert _step(free, rows, learned)[0] == _step(sticky, rows, learned)[0]
+    assert _step(free, requests, learned, 8) == _step(sticky, requests, learned, 8) == 7
     learned.rates = {t: 0.45 for t in Task}  # drafting now loses, by ~3%
-    assert _step(free, rows, learned)[0] == 0
-    assert _step(sticky, rows, learned)[0] == 7
+    assert _step(free, requests, learned, 8) == 0
+    assert _step(sticky, requests, learned, 8) == 7
+    assert "hold" in sticky.reason
 
 
-def test_probe_one_width_wider_while_those_positions_lack_trials() -> None:
-    spec = GoodputSpec(probe_probability=0.5, probe_min_trials=100, hysteresis=0.0)
-    rows: Rows = [(f"r{i}", Task.MATH, []) for i in range(64)]
+def test_probe_one_width_wider_while_few_steps_drafted_it() -> None:
+    spec = GoodputSpec(probe_probability=0.5, probe_min_steps=100, hysteresis=0.0)
+    requests = [Request(f"r{i}", Task.MATH) for i in range(64)]
+    # 10 trials per position: at rate 0.8 that is ~10 / 0.8^j steps reaching position j,
+    # a few dozen drafted steps of width 16 (< 100).
     few = Learned({t: 0.8 for t in Task}, block=16, trials=10)
     width = BatchWidth(spec, 16, 4, rng_u=lambda: 0.1)
-    assert _step(width, rows, few)[0] == 15  # chose 7 at batch 64, probed width 16
+    assert _step(width, requests, few) == 15  # chose 7 at batch 64, probed width 16
     assert "probe" in width.reason
     many = Learned({t: 0.8 for t in Task}, block=16, trials=1000)
-    assert _step(BatchWidth(spec, 16, 4, rng_u=lambda: 0.1), rows, many)[0] == 7
-    assert _step(BatchWidth(spec, 16, 4, rng_u=lambda: 0.9), rows, few)[0] == 7
+    assert _step(BatchWidth(spec, 16, 4, rng_u=lambda: 0.1), requests, many) == 7
+    assert _step(BatchWidth(spec, 16, 4, rng_u=lambda: 0.9), requests, few) == 7
 
 
-def test_rows_that_left_the_batch_are_forgotten() -> None:
+def test_a_probe_is_not_held_by_hysteresis() -> None:
+    """Fault 1 of issue 13: k = 15 costs 0.8% more than k = 7, under the 3% hysteresis, and
+    gains 0.4% tokens. The planner decides 7 and probes 15 once; the old planner then held
+    15 for good ([7, 15, 15, 15, ...]), since the probed k was its hold reference."""
+    spec = GoodputSpec(probe_probability=0.5, hysteresis=0.03)
+    draws = iter([1.0, 0.0] + [1.0] * 50)
+    learned = Learned({t: 0.5 for t in Task}, block=16, trials=0.0)
+    learned.cost = FixedCost(narrow=1.2, wide=1.21)
+    width = BatchWidth(spec, 16, 4, rng_u=lambda: next(draws))
+    request = Request("a", Task.MATH)
+    ks = []
+    for _ in range(10):
+        ks.append(_step(width, [request], learned))
+        request.ran(ks[-1], 2)
+    assert ks == [7, 15] + [7] * 8
+
+
+def test_probes_stop_once_the_wider_width_was_drafted_often_enough() -> None:
+    """Fault 2 of issue 13: at batch 8 with acceptance 0.6, k = 7 beats 15 by ~5% and every
+    other step is a probe candidate. The old rule (200 trials at every probed position) is
+    never met at position 15 (0.6^14 of the drafted steps reach it) and probed 50% of the
+    steps for good; counting the steps that drafted the width, probes stop."""
+    spec = GoodputSpec(probe_probability=0.5, hysteresis=0.0)
+    table = CostTable.from_dict(json.loads(H200.read_text()))
+    models = OnlineModels(spec, 16, table)
+    rng = random.Random(0)
+    width = BatchWidth(spec, 16, 4, rng_u=rng.random)
+    requests = [Request(f"r{i}", Task.MATH) for i in range(8)]
+    ks = []
+    for _ in range(1500):
+        k = _step(width, requests, models.observe)
+        ks.append(k)
+        for request in requests:
+            accepted = 0
+            while accepted < k and rng.random() < 0.6:
+                accepted += 1
+            request.ran(k, accepted + 1)
+            models.record_step(Task.MATH, k, accepted + 1)
+    late = ks[500:]
+    assert set(late) <= {7, 15}
+    assert late.count(15) / len(late) < 0.05  # at most ~ probe_min_steps x ln 2 / half-life
+
+
+def test_a_step_clamped_near_the_end_is_no_rejection() -> None:
+    """Fault 4 of issue 13: the engine clamps k to what a request can still emit. A step that
+    ran k = 3 and accepted all 3 is a success at positions 1-3 and says nothing about 4; the
+    old planner recorded it at the planned k = 7 as a rejection at 4 and stopped drafting
+    (k = 0 here, where drafting pays only above 6 tokens per step)."""
+    learned = Learned({t: 0.95 for t in Task}, block=8)
+    learned.cost = FixedCost(narrow=6.0, wide=6.0)
+    width = BatchWidth(QUIET, 8, 4)
+    requests = [Request(f"r{i}", Task.CODE) for i in range(64)]
+    assert _step(width, requests, learned, 8) == 7
+    for _ in range(12):
+        for request in requests:
+            request.ran(3, 4)
+        k = _step(width, requests, learned, 8)
+    assert k == 7
+
+
+def test_a_new_request_at_batch_1_does_not_inherit_the_finished_ones_window() -> None:
+    """Fault 5 of issue 13: request a rejected every draft and drafting stopped; b, the next
+    request at batch 1, is fresh and easy. The old planner decided b's first step from the
+    previous step's rows (a's window) and gave it k = 0."""
+    learned = Learned({t: 0.8 for t in Task}, block=16)
+    learned.cost = FixedCost(narrow=4.0, wide=4.0)
+    width = BatchWidth(QUIET, 16, 4)
+    finished = Request("a", Task.MATH)
+    for _ in range(20):
+        k = _step(width, [finished], learned)
+        finished.ran(k, 1)
+    assert k == 0
+    assert _step(width, [Request("b", Task.MATH)], learned) == 15
+    assert len(width.windows) == 1
+
+
+def test_a_row_near_its_end_counts_only_what_it_can_verify() -> None:
+    learned = Learned({t: 0.9 for t in Task}, block=16)
+    learned.cost = FixedCost(narrow=1.5, wide=1.5)
+    width = BatchWidth(QUIET, 16, 4)
+    assert _step(width, [Request("a", Task.MATH, remaining=30)], learned) == 15
+    # One token left: the row can verify nothing, and a plain step wins.
+    assert _step(BatchWidth(QUIET, 16, 4), [Request("b", Task.MATH, remaining=1)], learned) == 0
+
+
+def test_rows_that_left_the_batch_are_forgotten_and_their_slots_reused() -> None:
     learned = Learned({t: 0.7 for t in Task}, block=8)
     width = BatchWidth(QUIET, 8, 4)
-    _step(width, [("a", Task.MATH, []), ("b", Task.MATH, [])], learned)
-    _step(width, [("a", Task.MATH, [2])], learned)
-    _step(width, [("a", Task.MATH, [2, 2])], learned)
-    assert "b" not in width._rows and set(width._asked) == {"a"}
+    a, b = Request("a", Task.MATH), Request("b", Task.CHAT)
+    _step(width, [a, b], learned, 8)
+    a.ran(7, 2)
+    _step(width, [a], learned, 8)
+    assert len(width.windows) == 1 and width.windows.rows_per_task[2] == 0  # chat left
+    _step(width, [a, Request("c", Task.CODE)], learned, 8)
+    assert len(width.windows) == 2
 
 
-@pytest.mark.parametrize("rows", [3, 40])  # the Python loop and the numpy pass
-def test_expected_sum_matches_the_policy_blend(rows: int) -> None:
+def test_bad_rows_are_named() -> None:
+    learned = Learned({t: 0.7 for t in Task}, block=8)
+    width = BatchWidth(QUIET, 8, 4)
+    with pytest.raises(ValueError, match="'a': 1 spec_tokens for 2 accept_lengths"):
+        width.decide([StepRow("a", Task.MATH, [2, 3], [7], 7)], learned)
+    with pytest.raises(ValueError, match="twice"):
+        width.decide([StepRow("b", Task.MATH, [], [], 7)] * 2, learned)
+
+
+def test_any_row_with_the_five_fields_will_do() -> None:
+    @dataclass(frozen=True)
+    class Row:  # e.g. policies.baselines.base.Row, which also carries draft confidence
+        row_id: str
+        task: Task
+        accept_lengths: list[int]
+        spec_tokens: list[int]
+        max_spec_tokens: int
+        draft_confidence: None = None
+
+    learned = Learned({t: 0.8 for t in Task}, block=16)
+    tuples = BatchWidth(QUIET, 16, 4).decide([StepRow("a", Task.MATH, [3], [7], 15)], learned)
+    plain = BatchWidth(QUIET, 16, 4).decide([Row("a", Task.MATH, [3], [7], 15)], learned)  # type: ignore[list-item]
+    assert tuples == plain == 15
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("is_caught_up", [False, True])
+def test_expected_totals_match_the_policy_blend(rows: int, is_caught_up: bool) -> None:
+    """Step by step (one new step per row per call), or a whole history at once (a row first
+    seen mid-request, or an id reused by a new request)."""
     rng = random.Random(rows)
     spec = GoodputSpec(request_window_steps=5)
     width = BatchWidth(spec, 16, 4)
     rates = {t: [rng.uniform(0.3, 0.95) for _ in range(15)] for t in Task}
-    batch, want = [], [0.0] * 16
-    for i in range(rows):
-        task = list(Task)[i % 3]
-        ks = [rng.choice([0, 7, 15]) for _ in range(rng.randint(0, 9))]
-        lengths = [rng.randint(1, k + 1) for k in ks]
-        window = RowWindow(5, 15)
-        for k, n in zip(ks, lengths, strict=True):
-            window.add(k, n)
-        batch.append(_row(task, window))
-        drafted = [(k, n) for k, n in zip(ks, lengths, strict=True) if k > 0][-5:]
+
+    def learned(task: Task) -> dict[str, Any]:
+        return {"accept_rates": rates[task], "accept_trials": (), "step_cost": None}
+
+    requests = [Request(f"r{i}", list(Task)[i % 3]) for i in range(rows)]
+    if is_caught_up:  # the same ids held shorter histories before
+        for request in requests:
+            request.ran(7, 3)
+        _step(width, requests, learned)
+        _step(width, requests, learned)
+        requests = [Request(f"r{i}", list(Task)[(i + 1) % 3]) for i in range(rows)]
+    for _ in range(9):
+        if not is_caught_up:
+            _step(width, requests, learned)
+        for request in requests:
+            k = rng.choice([0, 3, 7, 15])
+            request.ran(k, rng.randint(1, k + 1))
+    slots = width.windows.ingest(
+        [r.row_id for r in requests],
+        [r.task for r in requests],
+        [r.accept_lengths for r in requests],
+        [r.spec_tokens for r in requests],
+    )
+    want = [0.0] * 16
+    for request in requests:
         blended = blend_request_history(
-            rates[task], [k for k, _ in drafted], [n for _, n in drafted], 6.0
+            rates[request.task], request.spec_tokens[-5:], request.accept_lengths[-5:], 6.0
         )
         want = [w + e for w, e in zip(want, expected_by_k(blended), strict=True)]
-    got = width._expected_sum(batch, rates)
+    got = width._expected_totals(slots, [15] * rows)
     assert got == pytest.approx(want, rel=1e-9)
-
-
-def _row(task: Task, window: RowWindow) -> Any:
-    from policies.batch_width import _Row
-
-    return _Row(task, window)

@@ -99,10 +99,10 @@ def test_warmup_keeps_the_admission_k() -> None:
 
 def test_probes_censored_positions_only_when_rng_says_so_and_data_is_thin() -> None:
     spec = GoodputSpec(
-        probe_probability=0.1, probe_min_trials=50, warmup_steps=0, request_probe_steps=0
+        probe_probability=0.1, probe_min_steps=50, warmup_steps=0, request_probe_steps=0
     )
     policy = GoodputPolicy(spec)
-    thin = (1000.0,) * 8 + (3.0,) * 7  # positions 9..15 rarely observed
+    thin = (1000.0,) * 7 + (3.0,) * 8  # positions 8..15 rarely drafted
     at_64 = _obs(Task.MATH, 64, 0.88, accept_trials=thin)
     assert policy.decide(replace(at_64, rng_u=0.5)).spec_tokens == 7
     probe = policy.decide(replace(at_64, rng_u=0.05))
@@ -112,6 +112,20 @@ def test_probes_censored_positions_only_when_rng_says_so_and_data_is_thin() -> N
     # Drafting off probes the smallest captured width.
     chat = _obs(Task.CHAT, 64, 0.72, accept_trials=(3.0,) * 15, rng_u=0.05)
     assert policy.decide(chat).spec_tokens == 7
+
+
+def test_probes_stop_once_enough_steps_drafted_the_wider_width() -> None:
+    """Fault 2 of issue 13: a position is a trial only when every one before it was accepted,
+    so 500 steps that drafted width 16 at rate 0.88 leave 500 x 0.88^14 = 84 trials at
+    position 15. The old rule (200 trials at every probed position) kept probing; counting
+    the steps that drafted the width (trials / chance of reaching the position) stops."""
+    spec = GoodputSpec(probe_probability=0.1, warmup_steps=0, request_probe_steps=0)
+    drafted = tuple(500.0 * 0.88**j for j in range(15))
+    obs = _obs(Task.MATH, 64, 0.88, accept_trials=drafted, rng_u=0.05)
+    assert GoodputPolicy(spec).decide(obs).spec_tokens == 7
+    # 20 such steps are too few: probe.
+    few = tuple(t / 25 for t in drafted)
+    assert GoodputPolicy(spec).decide(replace(obs, accept_trials=few)).spec_tokens == 15
 
 
 def test_a_new_request_tries_drafting_when_off_is_a_close_call() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main
+from engines.cost_tables import goodput_cost_table
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
@@ -27,7 +28,7 @@ TABLE = {
 def _models(tmp_path: Path) -> OnlineModels:
     (tmp_path / "cost.json").write_text(json.dumps(TABLE))
     spec = GoodputSpec(cost_table="cost.json")
-    return OnlineModels.from_spec(spec, block_size=16, base_dir=tmp_path)
+    return OnlineModels(spec, 16, goodput_cost_table(spec, tmp_path))
 
 
 def test_outcomes_update_the_task_estimate_and_observe_feeds_observations(tmp_path: Path) -> None:
@@ -58,6 +59,10 @@ def test_vllm_style_counts_and_tpot_refine_the_models(tmp_path: Path) -> None:
     snapshot = models.to_dict()
     assert len(snapshot["cost_correction"]) == 3
     assert len(snapshot["cost_overhead_s"]) == 3
+    # Per batch size row, [ratio, weight] per captured width (1, 8, 16): width 8 seen at 64.
+    fits = snapshot["cost_width_fits"]
+    assert [len(row) for row in fits] == [3, 3, 3] and fits[2][1][1] > 0.99
+    json.dumps(snapshot)
     assert len(snapshot["tasks"]["code"]["accept_rates"]) == 15
     with pytest.raises(ValueError, match="one k per step"):
         models.record_outcome(Task.CODE, spec_tokens=[7, 7], accept_lengths=[1])
@@ -130,7 +135,7 @@ def test_policy_file_host_overhead_reaches_the_cost_model(tmp_path: Path) -> Non
     (tmp_path / "cost.json").write_text(json.dumps(TABLE))
     text = "kind: goodput\ngoodput:\n  cost_table: cost.json\n  step_overhead_s: 0.002\n"
     spec = parse_policy(text + "  request_overhead_s: 0.0001\n").goodput
-    cost = OnlineModels.from_spec(spec, block_size=16, base_dir=tmp_path).step_cost()
+    cost = OnlineModels(spec, 16, goodput_cost_table(spec, tmp_path)).step_cost()
     assert cost is not None
     assert cost.step_time_s(1, 0) == pytest.approx(5.5e-3 + 0.002 + 0.0001)
     with pytest.raises(InvalidDocument, match=r"goodput\.step_overhead_s"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.sim.notes_table import MEASURED_RATIO, PLAIN_STEP_B1_S, build
+from sim.notes_table import MEASURED_RATIO, PLAIN_STEP_B1_S, build
 
 COMMITTED = Path(__file__).resolve().parents[2] / "scenarios/cost/qwen3-8b-h200-from-notes.json"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main
-from controller.sim.runner import run_scenario
-from controller.sim.scenario import load_scenario
 from policies.validation import InvalidDocument
+from sim.runner import run_scenario
+from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -8,22 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from controller.sim.controllers import GoodputController
-from controller.sim.request import SimRequest
-from controller.sim.runner import engine_cost
-from controller.sim.scenario import Scenario
-from controller.sim.server import SimServer
-from controller.sim.workload import Workload
-from policies.costmodel import load_cost_table
+from engines.cost_tables import load_cost_table
 from policies.model import GoodputSpec
 from policies.types import Task
+from sim.choosers import GoodputChooser
+from sim.request import SimRequest
+from sim.runner import engine_cost
+from sim.scenario import Scenario
+from sim.server import SimServer
+from sim.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "cost_tables" / "qwen3-8b-h200.json"
 
 
 class Alternating:
-    """Fake controller: k = 0 for even batch slots, ``k`` for odd; remembers each step."""
+    """Fake k chooser: k = 0 for even batch slots, ``k`` for odd; remembers each step."""
 
     name = "alternating"
 
@@ -73,9 +73,9 @@ def test_a_step_costs_the_padded_ragged_verify_plus_the_drafting_rows_block_draf
 ) -> None:
     scenario = _scenario(tmp_path, concurrency=4)
     table = load_cost_table(TABLE)
-    controller = Alternating(k)
-    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
-    size, ks, (seconds, width, drafting) = controller.steps[0]
+    chooser = Alternating(k)
+    SimServer(scenario, Workload(scenario), chooser, engine_cost(scenario, table)).run()
+    size, ks, (seconds, width, drafting) = chooser.steps[0]
     assert size == 4 and ks == [0, k, 0, k]
     # Widths 1 (plain) and k + 1 padded to 8 -> the batch verifies 18 tokens: 4.5 per row.
     assert width == pytest.approx(4.5)
@@ -89,9 +89,9 @@ def test_a_step_costs_the_padded_ragged_verify_plus_the_drafting_rows_block_draf
 def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path, overhead_s: float) -> None:
     scenario = _scenario(tmp_path, concurrency=1, overhead_s=overhead_s)  # slot 0 never drafts
     table = load_cost_table(TABLE)
-    controller = Alternating(7)
-    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
-    _, ks, (seconds, width, drafting) = controller.steps[0]
+    chooser = Alternating(7)
+    SimServer(scenario, Workload(scenario), chooser, engine_cost(scenario, table)).run()
+    _, ks, (seconds, width, drafting) = chooser.steps[0]
     assert ks == [0] and width == 1 and drafting == 0
     assert seconds == pytest.approx(table.time_s(1, 1) + overhead_s)
 
@@ -99,9 +99,9 @@ def test_a_step_without_drafting_pays_no_draft_forward(tmp_path: Path, overhead_
 def test_padded_batches_charge_every_row_the_widest_width_and_the_draft(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, concurrency=4, batch_verify="padded")
     table = load_cost_table(TABLE)
-    controller = Alternating(4)
-    SimServer(scenario, Workload(scenario), controller, engine_cost(scenario, table)).run()
-    _, ks, (seconds, width, drafting) = controller.steps[0]
+    chooser = Alternating(4)
+    SimServer(scenario, Workload(scenario), chooser, engine_cost(scenario, table)).run()
+    _, ks, (seconds, width, drafting) = chooser.steps[0]
     assert ks == [0, 4, 0, 4]
     # As the embedded engine runs it: one width (8) for all rows, the draft for all rows.
     assert (width, drafting) == (8.0, 1.0)
@@ -117,8 +117,8 @@ def test_goodput_on_a_padded_engine_picks_one_k_for_the_whole_batch(tmp_path: Pa
     for i, request in enumerate(batch):
         request.k_history, request.accept_history = [7] * 20, [8 if i % 2 else 1] * 20
     spec = GoodputSpec(prior_accept_rates={t: [0.6] for t in Task}, draft_cost_fraction=0.16)
-    ragged = GoodputController(spec, table, 8, seed=0, min_k=4)
-    padded = GoodputController(spec, table, 8, seed=0, min_k=4, padded=True)
+    ragged = GoodputChooser(spec, table, 8, seed=0, min_k=4)
+    padded = GoodputChooser(spec, table, 8, seed=0, min_k=4, padded=True)
     # Per request (ragged engine) the hard rows stop drafting at batch 64; padded, every row
     # pays for the width-8 step the easy rows want, so all ride along at k = 7.
     assert ragged.choose(batch, 0.0) == [0, 7] * 32
@@ -142,7 +142,7 @@ def test_prefill_pays_its_base_per_forward(tmp_path: Path, batching: str, forwar
 
 
 def test_padded_oracle_tries_every_captured_width(tmp_path: Path) -> None:
-    from controller.sim.controllers import Oracle
+    from sim.choosers import Oracle
 
     # Block 16: one row would accept 15 drafts, the other 63 only 3 each.
     lines = [

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from controller.sim.scenario import ParametricTask
-from controller.sim.traces import load_traces, parametric_trace, trace_from_accept_lengths
 from policies.types import Task
+from sim.scenario import ParametricTask
+from sim.traces import load_traces, parametric_trace, trace_from_accept_lengths
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _replay(trace: object, k: int) -> list[int]:
-    from controller.sim.traces import AcceptanceTrace
+    from sim.traces import AcceptanceTrace
 
     assert isinstance(trace, AcceptanceTrace)
     lengths, position, hint = [], 0, 0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.sim.scenario import Scenario
-from controller.sim.workload import Workload
+from sim.scenario import Scenario
+from sim.workload import Workload
 
 MIX = {"math": 1}
 

@@ -1,0 +1,322 @@
+"""The engines the harness measures: random-weight Qwen3 shapes with synthetic acceptance, or a
+trained pair with its real acceptance (and a greedy exactness check)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.decisions.policies import Context
+from engines.cost_tables import load_cost_table
+from engines.embedded.checkpoint import ModelShape, target_shape
+from engines.embedded.engine import Engine
+from engines.embedded.events import SamplingParams, TokenEvent
+from engines.embedded.loader import build_models, load_runner
+from engines.embedded.profiler import measure_cost_table
+from engines.embedded.request import Request
+from engines.embedded.runner import ModelRunner
+from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
+from engines.embedded.synthetic import SyntheticAcceptance
+from engines.embedded.synthetic_profiles import load_profile_set
+from policies.costmodel import CostTable
+from policies.model import GoodputSpec
+from policies.types import Task, max_spec_tokens
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_BATCH = 64
+COST_TABLES = {
+    "synthetic-8b": ROOT / "cost_tables/qwen3-8b-h200.json",
+    "synthetic-32b": ROOT / "cost_tables/qwen3-32b-h200.json",
+    "synthetic-tiny": ROOT / "cost_tables/qwen3-8b-h200.json",  # a stand-in: CPU smoke only
+}
+TINY = ModelShape(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    has_qk_norm=True,
+    attention_bias=False,
+    tie_word_embeddings=False,
+)
+SHAPES = {
+    "synthetic-8b": TARGET_SHAPES["qwen3-8b"],
+    "synthetic-32b": TARGET_SHAPES["qwen3-32b"],
+    "synthetic-tiny": TINY,
+}
+PromptFor = Callable[[random.Random, Task, int], list[int]]
+
+
+@dataclass
+class Arm:
+    engine: Engine
+    context: Context
+    prompt_for: PromptFor
+    device_name: str
+    info: dict[str, Any] = field(default_factory=dict)
+    exactness_prompts: list[list[int]] = field(default_factory=list)
+
+    def warm_up(self, prompt_tokens: tuple[int, int]) -> None:
+        """Every captured batch size and verify width, and prefills of every prompt length the
+        trace uses (eager kernels pick their algorithms on first use of a shape)."""
+        lengths = list(range(prompt_tokens[0], prompt_tokens[1] + 1))
+        for k in (0, 7, max_spec_tokens(self.context.block_size)):
+            for batch in (1, 8, MAX_BATCH):
+                requests = [
+                    Request(
+                        f"warm-{k}-{batch}-{i}",
+                        self.prompt_for(random.Random(i), Task.CHAT, lengths[i % len(lengths)]),
+                        SamplingParams(max_new_tokens=24),
+                        lambda v, k=k: k,
+                        {"task": "chat", "synthetic_key": f"warm-{i}"},
+                    )
+                    for i in range(batch)
+                ]
+                _run_all(self.engine, requests)
+        for start in range(0, len(lengths), MAX_BATCH):
+            requests = [
+                Request(
+                    f"warm-prefill-{n}",
+                    self.prompt_for(random.Random(n), Task.CHAT, n),
+                    SamplingParams(max_new_tokens=1),
+                    lambda v: 0,
+                    {"task": "chat"},
+                )
+                for n in lengths[start : start + MAX_BATCH]
+            ]
+            _run_all(self.engine, requests)
+
+    def exactness(self, num_prompts: int) -> dict[str, Any]:
+        """Greedy tokens at each k against k = 0, the whole set batched at once (real acceptance
+        only: synthetic mode is not lossless by design)."""
+        prompts = self.exactness_prompts[:num_prompts]
+        outputs: dict[int, list[list[int]]] = {}
+        for k in sorted({0, 4, max_spec_tokens(self.context.block_size)}):
+            requests = [
+                Request(
+                    f"exact-{k}-{i}",
+                    ids,
+                    SamplingParams(max_new_tokens=128),
+                    lambda v, k=k: k,
+                    {"task": "chat"},
+                )
+                for i, ids in enumerate(prompts)
+            ]
+            _run_all(self.engine, requests)
+            outputs[k] = [list(r.output_ids) for r in requests]
+        plain = outputs[0]
+        result: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": 128}
+        for k, got in outputs.items():
+            if k == 0:
+                continue
+            diverged = [
+                {"prompt": i, "first_index": _first_difference(a, b)}
+                for i, (a, b) in enumerate(zip(plain, got, strict=True))
+                if a != b
+            ]
+            result[f"k{k}"] = {"identical": len(prompts) - len(diverged), "diverged": diverged}
+        return result
+
+
+def load_arm(args: argparse.Namespace) -> Arm:
+    if args.arm == "real-pair":
+        return _real_pair(args)
+    return _synthetic(args)
+
+
+def _synthetic(args: argparse.Namespace) -> Arm:
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = SHAPES[args.arm]
+    spec = dflash_draft_for(shape)
+    max_seq_len = _max_seq_len(args, spec.block_size)
+    torch.manual_seed(args.seed)
+    target, draft = build_models(shape, spec, device, dtype, max_seq_len + 2 * spec.block_size)
+    synthetic = load_profile_set(args.profiles, seed=args.seed)
+    runner = ModelRunner(
+        target,
+        draft,
+        device,
+        dtype,
+        MAX_BATCH,
+        max_seq_len,
+        device.type == "cuda",
+        synthetic=synthetic,
+    )
+    table = load_cost_table(args.cost_table or COST_TABLES[args.arm])
+    vocab = shape.vocab_size
+
+    def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(length)]
+
+    context = _context(spec.block_size, table, _synthetic_rates(synthetic), synthetic, args)
+    info = {
+        "shape": args.arm,
+        "block_size": spec.block_size,
+        "synthetic": synthetic.describe(),
+        "cost_table": str(table.source),
+        "global_rates": _rounded(context.global_rates),
+    }
+    engine = Engine(runner, MAX_BATCH, max_seq_len)
+    return Arm(engine, context, prompt_for, _device_name(device), info)
+
+
+def _real_pair(args: argparse.Namespace) -> Arm:
+    from transformers import AutoTokenizer
+
+    device = torch.device(args.device)
+    max_seq_len = 1024
+    runner = load_runner(args.target, args.draft, device, MAX_BATCH, max_seq_len)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
+    by_task: dict[Task, list[list[int]]] = defaultdict(list)
+    for line in args.prompts.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": row["prompt"]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            ids = list(tokenizer.encode(text, add_special_tokens=False))[-400:]
+            by_task[Task(row["task"])].append(ids)
+
+    def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
+        return list(rng.choice(by_task[task]))
+
+    table = _profiled_table(args, runner, device)
+    engine = Engine(runner, MAX_BATCH, max_seq_len)
+    rates = _measured_rates(engine, prompt_for)
+    context = _context(runner.block_size, table, rates, None, args)
+    info = {
+        "target": str(args.target),
+        "draft": str(args.draft),
+        "block_size": runner.block_size,
+        "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
+        "measured_rates": _rounded(rates),
+        "accept_length_k_max": {t.value: 1 + sum(_cumprod(r)) for t, r in rates.items()},
+    }
+    mixed = [ids for task in Task for ids in by_task[task][:32]]
+    return Arm(engine, context, prompt_for, _device_name(device), info, mixed)
+
+
+def _context(
+    block_size: int,
+    table: CostTable,
+    rates: dict[Task, list[float]],
+    synthetic: SyntheticAcceptance | None,
+    args: argparse.Namespace,
+) -> Context:
+    from bench.decisions.workload import overall_mix, parse_phases
+
+    mix = overall_mix(parse_phases(args.phases, args.scale))
+    return Context(block_size, MAX_BATCH, table, GoodputSpec(), rates, mix, synthetic, args.seed)
+
+
+def _synthetic_rates(synthetic: SyntheticAcceptance, draws: int = 4000) -> dict[Task, list[float]]:
+    """The population's conditional acceptance per position (request and drift offsets
+    included), from the profile's own draws: the "global acceptance" a fleet would measure."""
+    n = synthetic.num_positions
+    out = {}
+    for task in Task:
+        keys = [f"global-{i}" for i in range(draws)]
+        runs = synthetic.accept_runs([task.value] * draws, keys, [i % 50 for i in range(draws)], n)
+        out[task] = _conditional([int(r) for r in runs], n)
+    return out
+
+
+def _measured_rates(engine: Engine, prompt_for: PromptFor) -> dict[Task, list[float]]:
+    """Per-task conditional acceptance of the pair at k = block - 1 (64 requests per task)."""
+    k = max_spec_tokens(engine.block_size)
+    out = {}
+    for task in Task:
+        requests = [
+            Request(
+                f"rates-{task.value}-{i}",
+                prompt_for(random.Random(i), task, 0),
+                SamplingParams(max_new_tokens=96),
+                lambda v: k,
+                {"task": task.value},
+            )
+            for i in range(64)
+        ]
+        _run_all(engine, requests)
+        runs = [
+            length - 1
+            for r in requests
+            for length, ran in zip(r.accept_lengths, r.spec_tokens, strict=True)
+            if ran == k
+        ]
+        out[task] = _conditional(runs, k)
+    return out
+
+
+def _conditional(runs: list[int], n: int) -> list[float]:
+    """Conditional acceptance per position from accepted-draft counts of full-width steps."""
+    rates = []
+    for i in range(n):
+        reached = sum(1 for r in runs if r >= i)
+        rates.append(sum(1 for r in runs if r > i) / reached if reached else 0.0)
+    return rates
+
+
+def _profiled_table(args: argparse.Namespace, runner: ModelRunner, device: torch.device) -> Any:
+    if args.cost_table is not None:
+        return load_cost_table(args.cost_table)
+    batches, tokens = [1, 2, 4, 8, 16, 32, 64], [1, 8, 16]
+    started = time.perf_counter()
+    table = measure_cost_table(target_shape(args.target), 512, batches, tokens, 10, str(device))
+    print(f"profiled the pair's cost table in {time.perf_counter() - started:.0f} s", flush=True)
+    return CostTable.from_dict(
+        {"batch_sizes": batches, "tokens_per_request": tokens, "step_time_s": table},
+        source="profiled",
+    )
+
+
+def _max_seq_len(args: argparse.Namespace, block_size: int) -> int:
+    prompt = int(args.prompt_tokens.split(",")[1])
+    output = int(args.output_tokens.split(",")[1])
+    return -(-(prompt + output + 2 * block_size) // 64) * 64
+
+
+def _run_all(engine: Engine, requests: list[Request]) -> None:
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        for request, event in engine.step():
+            if not isinstance(event, TokenEvent):
+                raise RuntimeError(f"request {request.request_id} failed: {event}")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def _cumprod(rates: list[float]) -> list[float]:
+    out, running = [], 1.0
+    for r in rates:
+        running *= r
+        out.append(running)
+    return out
+
+
+def _rounded(rates: dict[Task, list[float]]) -> dict[str, list[float]]:
+    return {t.value: [round(r, 4) for r in v] for t, v in rates.items()}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

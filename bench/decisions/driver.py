@@ -1,0 +1,111 @@
+"""Runs one policy over the whole trace on a synchronous ``Engine`` and measures it.
+
+The loop is the engine thread's own (``AsyncEngine`` runs the same ``Engine.step``), so the
+planner's host time sits inside every measured step, as it does in the daemon.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.decisions.policies import Built
+from bench.decisions.workload import Job, Phase
+from engines.embedded.engine import Engine
+from engines.embedded.events import SamplingParams, SpecController, TokenEvent
+from engines.embedded.request import Request
+from policies.costmodel import padded_width
+
+
+@dataclass
+class PhaseTally:
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    row_ks: list[int] = field(default_factory=list)
+    accept_by_task: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    host: tuple[float, int] = (0.0, 0)
+    # Pure decode steps (no admission) by (batch size, padded verify width): seconds each.
+    by_shape: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def summary(self) -> dict[str, Any]:
+        host_s, calls = self.host
+        return {
+            "tok_s": self.tokens / self.elapsed_s if self.elapsed_s else 0.0,
+            "tokens": self.tokens,
+            "elapsed_s": self.elapsed_s,
+            "steps": len(self.step_s),
+            "step_ms_mean": 1e3 * statistics.fmean(self.step_s) if self.step_s else None,
+            "mean_spec_tokens": statistics.fmean(self.row_ks) if self.row_ks else 0.0,
+            "accept_length_by_task": {
+                task: statistics.fmean(v) for task, v in self.accept_by_task.items() if v
+            },
+            "host_us_per_step": 1e6 * host_s / calls if calls else None,
+        }
+
+
+def run_policy(
+    engine: Engine,
+    built: Built,
+    phases: Sequence[Phase],
+    jobs: Sequence[Sequence[Job]],
+    multiple: int,
+    on_phase: Callable[[str, dict[str, Any]], None] | None = None,
+) -> list[PhaseTally]:
+    """Every phase in turn, closed loop, each drained before the next starts."""
+    engine.planner = built.planner
+    tallies = []
+    for phase, phase_jobs in zip(phases, jobs, strict=True):
+        tally = _run_phase(engine, built, phase, phase_jobs, multiple)
+        tallies.append(tally)
+        if on_phase is not None:
+            on_phase(phase.name, tally.summary())
+    engine.planner = None
+    return tallies
+
+
+def _run_phase(
+    engine: Engine, built: Built, phase: Phase, jobs: Sequence[Job], multiple: int
+) -> PhaseTally:
+    tally = PhaseTally()
+    queue = deque(jobs)
+    tasks = {job.key: job.task.value for job in jobs}
+    host_before = built.host()
+    started = time.perf_counter()
+    while queue or engine.has_work:
+        admitted = False
+        while queue and len(engine.scheduler.running) + len(engine.scheduler.waiting) < (
+            phase.concurrency
+        ):
+            engine.add(_request(queue.popleft(), built.controller_for))
+            admitted = True
+        step_started = time.perf_counter()
+        events = engine.step()
+        step_s = time.perf_counter() - step_started
+        tally.step_s.append(step_s)
+        ks = []
+        for request, event in events:
+            if not isinstance(event, TokenEvent):
+                raise RuntimeError(f"request {request.request_id} failed: {event}")
+            tally.tokens += len(event.token_ids)
+            if event.report is not None:
+                ks.append(event.report.spec_tokens)
+                tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
+        tally.row_ks += ks
+        if ks and not admitted:
+            shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
+            tally.by_shape[shape].append(step_s)
+    tally.elapsed_s = time.perf_counter() - started
+    host_after = built.host()
+    tally.host = (host_after[0] - host_before[0], host_after[1] - host_before[1])
+    return tally
+
+
+def _request(job: Job, controller_for: Callable[[Job], SpecController]) -> Request:
+    params = SamplingParams(max_new_tokens=job.max_new_tokens)
+    context = {"task": job.task.value, "synthetic_key": job.key}
+    return Request(job.key, list(job.prompt_ids), params, controller_for(job), context)

@@ -1,0 +1,161 @@
+"""Adaptive k on the embedded engine against its baselines: one arm per call, every policy on
+the same requests, in random order, repeated.
+
+    # H200, one device call per arm (each well under 10 minutes):
+    python bench/gpu_decisions.py --arm synthetic-8b --out $OUT/synthetic-8b.json
+    python bench/gpu_decisions.py --arm synthetic-32b --scale 0.35 --repeats 2 --out ...
+    python bench/gpu_decisions.py --arm real-pair --target models/demo/target \\
+        --draft models/demo/draft --prompts PROMPTS.jsonl --out ...
+    # then merge the arms into bench/results/gpu_decisions.json:
+    python bench/gpu_decisions.py --merge A.json B.json ... --out bench/results/gpu_decisions.json
+    # CPU check that everything runs (tiny random model, seconds):
+    python bench/gpu_decisions.py --arm synthetic-tiny --device cpu --scale 0.05 --repeats 1 ...
+
+Arms: ``synthetic-8b`` / ``synthetic-32b`` are Qwen3-8B / 32B-shaped targets with random bf16
+weights and a block-16 DFlash draft of the same width, CUDA graphs, and *synthetic acceptance*
+(docs/synthetic.md: every forward runs at its real shape, only the accept decision is drawn);
+``real-pair`` is a trained pair with its real acceptance (no oracle there), plus a greedy
+exactness check (every spec policy's tokens against no-spec's). Policies: bench/decisions/
+policies.py. The trace (bench/decisions/workload.py): phases of fixed concurrency and task
+mix, closed loop, each drained before the next; tok/s = tokens emitted / wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.decisions.arms import Arm, load_arm
+from bench.decisions.driver import PhaseTally, run_policy
+from bench.decisions.policies import NAMES, build
+from bench.decisions.report import merge, summarise
+from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--arm", choices=["synthetic-8b", "synthetic-32b", "synthetic-tiny", "real-pair"]
+    )
+    parser.add_argument("--out", type=Path, required=True, help="JSON, rewritten after each run")
+    parser.add_argument("--merge", type=Path, nargs="+", help="merge arm JSONs into --out")
+    parser.add_argument("--policies", default=",".join((*NAMES, "oracle")))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--phases", default=DEFAULT_PHASES, help="NAME:C:N:task=share,...;...")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies requests per phase")
+    parser.add_argument("--prompt-tokens", default="32,128", help="MIN,MAX (synthetic arms)")
+    parser.add_argument("--output-tokens", default="256,512", help="MIN,MAX")
+    parser.add_argument("--profiles", default=None, help="synthetic profile set (default: file's)")
+    parser.add_argument("--cost-table", type=Path, default=None, help="default: by arm")
+    parser.add_argument("--target", type=Path, help="real-pair: target directory")
+    parser.add_argument("--draft", type=Path, help="real-pair: draft directory")
+    parser.add_argument("--prompts", type=Path, help="real-pair: JSONL of {task, prompt}")
+    parser.add_argument("--exactness-prompts", type=int, default=64)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting runs after")
+    args = parser.parse_args(argv)
+    if args.merge is None and args.arm is None:
+        parser.error("--arm is required (or --merge)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.merge:
+        args.out.write_text(json.dumps(merge(args.merge), indent=2) + "\n")
+        print(f"merged {len(args.merge)} files into {args.out}")
+        return 0
+    started = time.perf_counter()
+    arm: Arm = load_arm(args)
+    phases = parse_phases(args.phases, args.scale)
+    span = tuple(int(x) for x in args.output_tokens.split(","))
+    prompt_span = tuple(int(x) for x in args.prompt_tokens.split(","))
+    jobs = build_jobs(phases, args.seed, prompt_span, span, arm.prompt_for)  # type: ignore[arg-type]
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    if arm.context.synthetic is None and "oracle" in names:
+        names.remove("oracle")  # it reads drawn acceptance: synthetic arms only
+    report: dict[str, Any] = {
+        "command": "python " + " ".join(sys.argv),
+        "arm": args.arm,
+        "device": arm.device_name,
+        "torch": torch.__version__,
+        "load_s": time.perf_counter() - started,
+        "phases": [vars(p) | {"mix": {t.value: s for t, s in p.mix.items()}} for p in phases],
+        "arm_info": arm.info,
+        "runs": [],
+    }
+    arm.warm_up(prompt_span)  # type: ignore[arg-type]
+    if arm.context.synthetic is None and args.exactness_prompts:
+        report["exactness"] = arm.exactness(args.exactness_prompts)
+        _write(args.out, report, names)
+    rng = random.Random(f"order:{args.seed}")
+    for repeat in range(args.repeats):
+        order = rng.sample(names, len(names))
+        for name in order:
+            if time.perf_counter() - started > args.budget_s:
+                report["stopped_early"] = (
+                    f"budget {args.budget_s} s reached before {name} #{repeat}"
+                )
+                break
+            report["runs"].append(_run(arm, name, repeat, phases, jobs))
+            _write(args.out, report, names)
+            run = report["runs"][-1]
+            print(
+                f"[{time.perf_counter() - started:6.0f}s] repeat {repeat} {name:14s} "
+                f"{run['tok_s']:9.1f} tok/s  "
+                + "  ".join(
+                    f"{p}: {v['tok_s']:.0f} k={v['mean_spec_tokens']:.1f}"
+                    for p, v in run["phases"].items()
+                ),
+                flush=True,
+            )
+    _write(args.out, report, names)
+    print(json.dumps(report["summary"], indent=1)[:6000])
+    return 0
+
+
+def _run(arm: Arm, name: str, repeat: int, phases: Any, jobs: Any) -> dict[str, Any]:
+    built = build(name, arm.context)
+    tallies: list[PhaseTally] = run_policy(
+        arm.engine, built, phases, jobs, arm.context.goodput.verify_width_multiple
+    )
+    tokens = sum(t.tokens for t in tallies)
+    elapsed = sum(t.elapsed_s for t in tallies)
+    return {
+        "policy": name,
+        "repeat": repeat,
+        "tok_s": tokens / elapsed,
+        "phases": {p.name: t.summary() for p, t in zip(phases, tallies, strict=True)},
+        "decode_step_s_by_shape": _by_shape(tallies),
+    }
+
+
+def _by_shape(tallies: list[PhaseTally]) -> dict[str, list[float]]:
+    """Mean seconds and count of pure decode steps per (batch x padded width), all phases."""
+    merged: dict[str, list[float]] = {}
+    for tally in tallies:
+        for shape, values in tally.by_shape.items():
+            merged.setdefault(shape, []).extend(values)
+    return {shape: [statistics.fmean(v), len(v)] for shape, v in sorted(merged.items())}
+
+
+def _write(path: Path, report: dict[str, Any], names: list[str]) -> None:
+    report["summary"] = summarise(report["runs"], names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Config sections that live with the engines: a pool of vLLM/SGLang servers and the embedded
+engine. The daemon's config file (controller/config.py) holds a list of them under ``backends``;
+engines read only their own section, so they can be built and tested without the daemon.
+
+Units: a pool's ``spec_tokens`` is k, the number of drafted tokens verified per step. vLLM's
+``num_speculative_tokens`` = k; SGLang's ``--speculative-num-draft-tokens`` = k + 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from policies.types import max_spec_tokens
+
+
+class Section(BaseModel):
+    """A config section: frozen, unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def resolve_path(path: Path, info: ValidationInfo) -> Path:
+    """A relative path in a config file is relative to that file's folder (``base_dir``)."""
+    base = (info.context or {}).get("base_dir")
+    if base is None or path.is_absolute():
+        return path
+    return Path(base) / path
+
+
+class PoolConfig(Section):
+    """A pool of vLLM or SGLang servers all started with the same k."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["vllm", "sglang"]
+    urls: list[str] = Field(min_length=1)
+    model: str = Field(min_length=1, description="the served model name clients address")
+    spec_tokens: int = Field(ge=0, description="k the servers were started with; 0 = no spec")
+    block_size: int = Field(default=16, ge=2)
+    health_interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in urls]
+
+    @model_validator(mode="after")
+    def _k_fits_block(self) -> PoolConfig:
+        ceiling = max_spec_tokens(self.block_size)
+        if self.spec_tokens > ceiling:
+            raise ValueError(f"spec_tokens {self.spec_tokens} exceeds block_size - 1 = {ceiling}")
+        return self
+
+
+class EmbeddedConfig(Section):
+    """draftctl's own PyTorch engine; k is chosen per request per step."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["embedded"]
+    model: str = Field(min_length=1)
+    target: Path
+    draft: Path
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch_size: int = Field(default=8, ge=1)
+    max_seq_len: int = Field(default=2048, ge=16)
+    torch_compile: bool = False
+    # Work pending with no finished step for this long marks the backend not ready.
+    stall_timeout_s: float = Field(default=120.0, gt=0)
+
+    @field_validator("target", "draft")
+    @classmethod
+    def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
+        return resolve_path(path, info)
+
+    @model_validator(mode="after")
+    def _compile_needs_cuda(self) -> EmbeddedConfig:
+        if self.torch_compile and self.device == "cpu":
+            raise ValueError(
+                "torch_compile needs CUDA graphs, so device cuda (or auto on a CUDA machine); "
+                "set torch_compile: false for cpu"
+            )
+        return self

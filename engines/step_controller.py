@@ -1,0 +1,287 @@
+"""Per-step k for the embedded engine: one ``StepController`` per engine instance.
+
+It is the engine's ``StepPlanner``: before each step the engine calls ``plan`` once with every
+running row. ``StepController.start`` makes a request's own ``SpecController``
+(``RequestSteps``) when the request arrives, on the caller's thread; it reads the running
+policy and the acceptance estimates once then, through the ``StepPolicySource`` the engine's
+owner passes in (the daemon: its policy store, windowed statistics and metrics; the GPU
+benchmark: a fixed policy and its own online models). Nothing here imports the daemon.
+
+Two ways to decide:
+
+- the policy has online models (goodput): the engine verifies every row of a step at the
+  widest row's width and drafts for every row once any row drafts, so one k per step is chosen
+  for the whole batch by ``policies.batch_width.BatchWidth`` (held here, rebuilt when a newer
+  policy version arrives) from exactly the rows of this step, each with the k its past steps
+  actually ran. ``shared_width=False`` asks the policy per request instead (a benchmark arm:
+  what a per-request policy would do on a padded engine);
+- any other policy: asked per request per step, except that the first step runs the k the
+  gateway already chose (and told the client).
+
+A policy that raises gives k = 0 for that step and is reported to the source (counted).
+Randomness comes from the ``random.Random`` passed in; policies stay pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engines.embedded.events import RequestView, SpecController, StepReport
+from policies.batch_width import BatchWidth
+from policies.costmodel import padded_width
+from policies.model import PolicySpec
+from policies.observation import step_observation
+from policies.online import OnlineModels
+from policies.types import Policy, StepRow, Task
+
+log = logging.getLogger(__name__)
+
+
+class ActivePolicy(Protocol):
+    """The running policy as the step controller needs it (the daemon's ``RunningPolicy``)."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def spec(self) -> PolicySpec: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def models(self) -> OnlineModels | None: ...
+
+
+class StepPolicySource(Protocol):
+    """What the engine's owner supplies to choose k per step."""
+
+    def active(self) -> ActivePolicy:
+        """The policy running now (read once per request, when it starts)."""
+        ...
+
+    def acceptance(self, task: Task) -> Mapping[str, Any]:
+        """Observation fields for ``task`` when the policy has no online models:
+        ``accept_rates`` and ``accept_trials`` (windowed statistics)."""
+        ...
+
+    def policy_failed(self) -> None:
+        """A decision raised; the step ran with k = 0 (count it)."""
+        ...
+
+
+@dataclass
+class RequestSteps:
+    """One request's spec controller: called by the engine before each of its steps."""
+
+    controller: StepController
+    task: Task
+    confidence: float
+    first_spec_tokens: int
+    active: ActivePolicy
+    learned: Mapping[str, Any]  # observation fields captured when the request started
+    row: StepRow | None = field(default=None, repr=False)  # its batch-planner row, reused
+
+    def __call__(self, view: RequestView) -> int:
+        """Asked alone (an engine without a planner, or a per-request policy)."""
+        return self.controller.guarded(self._decide, view)
+
+    def _decide(self, view: RequestView) -> int:
+        if view.step_index == 0 and self.active.models is None:
+            return self.first_spec_tokens  # the gateway's decision, as told to the client
+        return self.controller.per_request(self, view)
+
+    def step_row(self, view: RequestView) -> StepRow:
+        """The batch planner's row for this request (its lists grow in place: reused)."""
+        row = self.row
+        if row is None or row.max_spec_tokens != view.max_spec_tokens:
+            row = self.row = StepRow(
+                view.request_id,
+                self.task,
+                view.accept_lengths,
+                view.spec_tokens,
+                view.max_spec_tokens,
+            )
+        return row
+
+
+class StepController:
+    """Chooses k for every row of every step of one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: StepPolicySource,
+        block_size: int,
+        rng: random.Random | None = None,
+        window_steps: int = 32,
+        shared_width: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self.block_size = block_size
+        self._rng = rng or random.Random()
+        self._window = window_steps
+        self._shared_width = shared_width
+        self._clock = clock
+        # Guards the online models: decisions read them on the engine thread while ``record``
+        # may update them on the caller's.
+        self._lock = threading.Lock()
+        self._width: BatchWidth | None = None
+        self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
+        self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
+        self.calls = 0
+
+    @property
+    def batch_width(self) -> BatchWidth | None:
+        return self._width
+
+    def start(self, task: Task, confidence: float, first_spec_tokens: int) -> RequestSteps:
+        """The spec controller of a request that starts now (call on the caller's thread)."""
+        active = self._source.active()
+        models = active.models
+        learned = models.observe(task) if models is not None else self._source.acceptance(task)
+        return RequestSteps(self, task, confidence, first_spec_tokens, active, learned)
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        """What a step did, into the online models of the rows' policies: each row's
+        acceptance at the k it ran, and the step's time at its padded width (every row of a
+        step verifies the widest row's width; drafting runs for all once any row drafts)."""
+        started = time.perf_counter()
+        try:
+            self._record(controllers, reports)
+        finally:
+            self.host_s += time.perf_counter() - started
+
+    def _record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        newest: ActivePolicy | None = None
+        groups: dict[tuple[int, Task], tuple[OnlineModels, list[int], list[int]]] = {}
+        for steps, report in zip(controllers, reports, strict=True):
+            if not isinstance(steps, RequestSteps) or steps.active.models is None:
+                continue
+            models = steps.active.models
+            _, ks, lengths = groups.setdefault((id(models), steps.task), (models, [], []))
+            ks.append(report.spec_tokens)
+            lengths.append(report.accept_length)
+            if newest is None or steps.active.version > newest.version:
+                newest = steps.active
+        with self._lock:
+            for (_, task), (models, ks, lengths) in groups.items():
+                models.record_steps(task, ks, lengths)
+            if newest is None or newest.models is None or not reports:
+                return
+            widest = max(report.spec_tokens for report in reports)
+            multiple = newest.models.spec.verify_width_multiple
+            newest.models.record_step_time(
+                reports[0].batch_size,
+                float(padded_width(widest, multiple)),
+                float(widest > 0),
+                reports[0].step_time_s,
+            )
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        """k for every row of one engine step (the engine's ``StepPlanner``)."""
+        started = time.perf_counter()
+        ks = [0] * len(views)
+        shared: list[int] = []  # rows the batch planner decides together
+        newest: ActivePolicy | None = None
+        for i, (view, steps) in enumerate(zip(views, controllers, strict=True)):
+            if (
+                self._shared_width
+                and isinstance(steps, RequestSteps)
+                and steps.active.models is not None
+            ):
+                shared.append(i)
+                if newest is None or steps.active.version > newest.version:
+                    newest = steps.active
+            else:
+                ks[i] = steps(view)
+        if newest is not None:
+            rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
+            k = self.guarded(lambda: self._batch_width(newest).decide(rows, self._observe(newest)))
+            for i in shared:
+                ks[i] = k
+        self.host_s += time.perf_counter() - started
+        self.calls += 1
+        return ks
+
+    def guarded(self, decide: Callable[..., int], *args: Any) -> int:
+        """``decide(*args)``, or k = 0 (reported to the source) if it raises."""
+        try:
+            return int(decide(*args))
+        except Exception:
+            log.exception("policy failed on a step; drafting off for this step")
+            self._source.policy_failed()
+            return 0
+
+    def _observe(self, active: ActivePolicy) -> Callable[[Task], Mapping[str, Any]]:
+        models = active.models
+        assert models is not None, "shared widths need the policy's online models"
+
+        def observe(task: Task) -> Mapping[str, Any]:
+            with self._lock:
+                return models.observe(task)
+
+        return observe
+
+    def _batch_width(self, active: ActivePolicy) -> BatchWidth:
+        """Rebuilt when a newer policy version arrives (rows of older versions then join it)."""
+        key = (active.version, self.block_size)
+        if self._width is None or self._width_key[0] < key[0] or self._width_key[1] != key[1]:
+            assert active.models is not None, "shared widths need the policy's online models"
+            lo, hi = active.spec.bounds_for(self.block_size)
+            self._width = BatchWidth(active.models.spec, self.block_size, lo, hi, self._rng.random)
+            self._width_key = key
+        return self._width
+
+    def per_request(self, steps: RequestSteps, view: RequestView) -> int:
+        """The policy asked for one request's next step, with its recent steps."""
+        done = len(view.accept_lengths)
+        start = max(0, done - self._window)  # the request's last steps, with the k they ran
+        observation = step_observation(
+            task=steps.task,
+            confidence=steps.confidence,
+            batch_size=view.batch_size,
+            bounds=steps.active.spec.bounds_for(self.block_size),
+            block_size=self.block_size,
+            learned=steps.learned,
+            accept_lengths=view.accept_lengths[start:],
+            spec_tokens=view.spec_tokens[start:done],
+            step_index=view.step_index,
+            now_s=self._clock(),
+            rng_u=self._rng.random(),
+        )
+        return steps.active.policy.decide(observation).spec_tokens
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    version: int
+    spec: PolicySpec
+    policy: Policy
+    models: OnlineModels | None
+
+
+class FixedPolicySource:
+    """A policy source for tools that run one policy for their whole life (benchmarks):
+    the policy never changes, and without online models acceptance is unknown (empty)."""
+
+    def __init__(self, spec: PolicySpec, policy: Policy, models: OnlineModels | None) -> None:
+        self._active = _Fixed(1, spec, policy, models)
+        self.failures = 0
+
+    def active(self) -> ActivePolicy:
+        return self._active
+
+    def acceptance(self, task: Task) -> Mapping[str, Any]:
+        return {"accept_rates": (), "accept_trials": ()}
+
+    def policy_failed(self) -> None:
+        self.failures += 1

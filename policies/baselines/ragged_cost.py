@@ -1,0 +1,34 @@
+"""What vLLM's budget prices: a step with d draft tokens on top of the batch's own tokens.
+
+vLLM profiles its verify cost per total token count (CUDA graphs captured at fine-grained
+token counts), so d extra draft tokens cost what B + d tokens cost, however they are spread
+over the rows. ``TableRaggedCost`` gives that from our profiled table: B rows of
+1 + d / B tokens each, unpadded (bilinear in the table), plus the draft forward when d > 0,
+with the cost model's fitted factor and host overhead at B (as ``CostSnapshot`` applies them to
+padded steps). Fixed once built, as vLLM's profile is.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from policies.costmodel import CostModel
+
+
+class RaggedCost(Protocol):
+    """Seconds for a step of ``batch_size`` rows verifying ``num_draft_tokens`` drafts in all."""
+
+    def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float: ...
+
+
+class TableRaggedCost:
+    def __init__(self, model: CostModel):
+        self._model = model
+        self._snapshot = model.snapshot()
+
+    def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
+        batch = max(1, batch_size)
+        width = 1.0 + num_draft_tokens / batch
+        drafting = 1.0 if num_draft_tokens > 0 else 0.0
+        base = self._model.base_step_time_s(batch, width, drafting)
+        return base * self._snapshot.correction(batch) + self._snapshot.overhead_s(batch)

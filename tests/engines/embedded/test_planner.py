@@ -1,0 +1,80 @@
+"""The engine's step planner: one call per step with every row, answers clamped per row."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from engines.embedded.events import RequestView, SpecController, StepReport
+from tests.engines.embedded.conftest import (
+    BLOCK_SIZE,
+    fixed_k,
+    greedy_request,
+    make_engine,
+    random_prompt,
+    run_all,
+)
+
+
+class Recording:
+    """Asks for k = 99 every step and keeps what it was shown."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, int, list[int], int]]] = []
+        self.recorded: list[list[tuple[int, int]]] = []
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        self.calls.append(
+            [(v.request_id, v.batch_size, list(v.spec_tokens), v.max_spec_tokens) for v in views]
+        )
+        return [99] * len(views)
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        self.recorded.append([(r.spec_tokens, r.batch_size) for r in reports])
+
+
+def test_planner_is_asked_once_per_step_and_its_k_is_clamped_per_row(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    planner = Recording()
+    engine = make_engine(agreeing_pair)
+    engine.planner = planner
+    short = greedy_request("short", random_prompt(1), 3, fixed_k(0))
+    long = greedy_request("long", random_prompt(2), 40, fixed_k(0))
+    run_all(engine, [short, long])
+    assert all(len(step) == len({rid for rid, *_ in step}) for step in planner.calls)
+    first = planner.calls[0]
+    assert {rid for rid, *_ in first} == {"short", "long"} and first[0][1] == 2
+    # "short" may emit 3 tokens: one from prefill, so its first step can verify at most 1.
+    ceilings = {rid: ceiling for rid, _, _, ceiling in first}
+    assert ceilings == {"short": 1, "long": BLOCK_SIZE - 1}
+    # The k each step actually ran (after the clamp) is what the next step shows.
+    assert short.spec_tokens[0] == 1 and long.spec_tokens[0] == BLOCK_SIZE - 1
+    last_seen = {rid: ks for step in planner.calls for rid, _, ks, _ in step}
+    assert last_seen["long"] == long.spec_tokens[: len(last_seen["long"])]
+    assert len(long.spec_tokens) == len(long.accept_lengths)
+    # Every planned step is reported back, one report per row that stepped, at the k it ran.
+    assert len(planner.recorded) == len(planner.calls)
+    assert planner.recorded[0] == [(1, 2), (BLOCK_SIZE - 1, 2)] or planner.recorded[0] == [
+        (BLOCK_SIZE - 1, 2),
+        (1, 2),
+    ]
+
+
+def test_a_failing_planner_turns_drafting_off_for_the_step(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    class Broken:
+        def plan(self, views: Sequence[RequestView], controllers: object) -> list[int]:
+            raise RuntimeError("boom")
+
+        def record(self, controllers: object, reports: object) -> None:
+            raise RuntimeError("boom too")
+
+    engine = make_engine(agreeing_pair)
+    engine.planner = Broken()
+    request = greedy_request("r", random_prompt(3), 10, fixed_k(5))
+    run_all(engine, [request])
+    assert request.finish_reason == "length" and set(request.spec_tokens) == {0}

@@ -1,0 +1,176 @@
+"""StepController: the embedded engine's per-step k, one per engine, fed by a policy source."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engines.embedded.events import RequestView, StepReport
+from engines.step_controller import StepController
+from policies.costmodel import CostTable
+from policies.model import GoodputSpec, PolicySpec
+from policies.online import OnlineModels
+from policies.registry import build_policy
+from policies.types import Decision, Observation, Policy, Task
+
+TABLE = CostTable(
+    batch_sizes=(1, 8, 64),
+    tokens_per_request=(1, 8, 16),
+    step_time_s=((5.5e-3, 6.0e-3, 6.5e-3), (5.8e-3, 7.4e-3, 9.2e-3), (7.8e-3, 26.8e-3, 39e-3)),
+)
+QUIET = GoodputSpec(probe_probability=0.0, request_probe_steps=0, warmup_steps=0)
+
+
+@dataclass(frozen=True)
+class Active:
+    version: int
+    spec: PolicySpec
+    policy: Policy
+    models: OnlineModels | None = None
+
+
+class Source:
+    """An in-memory policy source: a settable active policy, fixed windowed acceptance."""
+
+    def __init__(self, active: Active) -> None:
+        self.now = active
+        self.failures = 0
+
+    def active(self) -> Active:
+        return self.now
+
+    def acceptance(self, task: Task) -> Mapping[str, Any]:
+        return {"accept_rates": (0.9,) * 15, "accept_trials": (100.0,) * 15}
+
+    def policy_failed(self) -> None:
+        self.failures += 1
+
+
+def _static(version: int = 1) -> Active:
+    spec = PolicySpec()
+    return Active(version, spec, build_policy(spec))
+
+
+def _goodput(version: int = 1) -> Active:
+    spec = PolicySpec(kind="goodput", goodput=QUIET)
+    models = OnlineModels(QUIET, block_size=16, cost_table=TABLE)
+    return Active(version, spec, build_policy(spec), models)
+
+
+def _view(
+    rid: str, step: int, batch: int, history: list[int], ks: list[int] | None = None
+) -> RequestView:
+    ks = [15] * len(history) if ks is None else ks
+    return RequestView(rid, step, history, batch, len(history), {}, ks, 15)
+
+
+def test_first_step_runs_the_gateway_k_then_the_policy_per_step() -> None:
+    controller = StepController(Source(_static()), 16, random.Random(0))
+    steps = controller.start(Task.CHAT, 0.9, 4)
+    assert steps(_view("r", 0, 1, [])) == 4
+    assert steps(_view("r", 1, 2, [3], [4])) == 7  # chat, batch 2: band 1-8 -> k=7
+    # chat above 64 in the batch: drafting off (asked through the planner: per request)
+    assert controller.plan([_view("r", 2, 70, [3, 1], [4, 7])], [steps]) == [0]
+    assert controller.calls == 1 and controller.host_s > 0
+
+
+def test_the_policy_sees_the_requests_history_aligned_with_its_k() -> None:
+    seen: list[Observation] = []
+
+    class Recording:
+        name = "recording"
+
+        def decide(self, observation: Observation) -> Decision:
+            seen.append(observation)
+            return Decision(5, "r")
+
+    source = Source(Active(1, PolicySpec(), Recording()))
+    controller = StepController(source, 16, random.Random(0), window_steps=2)
+    steps = controller.start(Task.MATH, 0.7, 9)
+    history: list[int] = []
+    ks: list[int] = []
+    for i in range(4):
+        ks.append(min(steps(_view("r", i, 3, history, ks)), 4 - i))  # the engine's clamp
+        history.append(i + 2)
+    last = seen[-1]
+    assert ks == [4, 3, 2, 1]
+    # the k each step actually ran, not the one the policy asked for
+    assert last.request_accept_lengths == (3, 4) and last.request_spec_tokens == (3, 2)
+    assert last.previous_spec_tokens == 2 and last.confidence == 0.7
+    assert last.accept_rates == (0.9,) * 15 and last.concurrency == 3
+
+
+def test_a_failing_policy_gives_k0_and_is_reported() -> None:
+    class Broken:
+        name = "broken"
+
+        def decide(self, observation: Observation) -> Decision:
+            raise ZeroDivisionError
+
+    source = Source(Active(1, PolicySpec(), Broken()))
+    steps = StepController(source, 16).start(Task.MATH, 1.0, 15)
+    assert steps(_view("r", 1, 1, [2])) == 0
+    assert source.failures == 1
+
+
+def test_goodput_rows_of_one_step_share_k_from_the_engines_planner() -> None:
+    source = Source(_goodput())
+    controller = StepController(source, 16, random.Random(1))
+    rows = [controller.start(task, 0.9, 15) for task in (Task.MATH, Task.CHAT, Task.CODE)]
+    ks = controller.plan([_view(f"r{i}", 0, 3, []) for i in range(3)], rows)
+    assert ks[0] > 0 and len(set(ks)) == 1  # one k for the padded batch
+    assert controller.batch_width is not None and controller.batch_width.steps == 1
+    # Another engine has a planner of its own (state lives in the controller, not a module).
+    other = StepController(source, 16, random.Random(1))
+    assert other.batch_width is None
+
+
+def test_goodput_planner_is_rebuilt_for_a_new_policy_version() -> None:
+    source = Source(_goodput(version=1))
+    controller = StepController(source, 16, random.Random(1))
+    controller.plan([_view("a", 0, 1, [])], [controller.start(Task.MATH, 1.0, 7)])
+    first = controller.batch_width
+    assert first is not None
+    source.now = _goodput(version=2)
+    controller.plan([_view("b", 0, 1, [])], [controller.start(Task.MATH, 1.0, 7)])
+    assert controller.batch_width is not first and controller.batch_width is not None
+
+
+def test_goodput_learns_from_step_reports() -> None:
+    source = Source(_goodput())
+    controller = StepController(source, 16, random.Random(1), shared_width=False)
+    chat = controller.start(Task.CHAT, 1.0, 7)
+    assert chat(_view("a", 0, 8, [])) > 0  # chat at batch 8 with the prior: drafting pays
+    models = source.now.models
+    assert models is not None
+    before = models.step_cost().step_time_s(8, 15)
+    for _ in range(400):  # every chat draft is rejected at once, and steps take 50 ms
+        controller.record([chat, lambda v: 0], [StepReport(15, 1, [False] * 15, 0.05, 8)] * 2)
+    assert controller.start(Task.CHAT, 1.0, 7)(_view("b", 1, 8, [1])) == 0
+    assert controller.start(Task.MATH, 1.0, 7)(_view("c", 0, 8, [])) == 15  # math unaffected
+    assert models.step_cost().step_time_s(8, 15) > 2 * before  # the step time was learned
+
+
+def test_goodput_planner_failure_is_k0_and_reported() -> None:
+    active = _goodput()
+    assert active.models is not None
+    source = Source(active)
+    controller = StepController(source, 16)
+    steps = controller.start(Task.MATH, 1.0, 7)
+
+    def broken(task: Task) -> dict[str, object]:
+        raise RuntimeError("no estimates")
+
+    active.models.observe = broken  # type: ignore[method-assign]
+    assert controller.plan([_view("x", 0, 1, [])], [steps]) == [0]
+    assert source.failures == 1
+
+
+def test_rows_of_mixed_policies_decide_apart() -> None:
+    """A request's own callable (a fixed k, say) is asked alone; goodput rows share one k."""
+    controller = StepController(Source(_goodput()), 16, random.Random(1))
+    goodput = controller.start(Task.MATH, 1.0, 7)
+    ks = controller.plan([_view("a", 0, 2, []), _view("b", 0, 2, [])], [goodput, lambda v: 3])
+    assert ks[1] == 3 and ks[0] > 0

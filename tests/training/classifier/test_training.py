@@ -1,0 +1,112 @@
+"""Training on a tiny corpus, and the artifact round trip (no pickle)."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.classifier.artifact import ArtifactError, load_classifier, save_artifact
+from controller.classifier.features import FeatureSpec
+from policies.types import Task
+from training.classifier.corpus import Example, user
+from training.classifier.dataset import build_dataset
+from training.classifier.training import TrainSettings, fit
+
+MATH = ["Solve 3x + 5 = 20 for x.", "What is 17 * 23?", "Compute the integral of x^2 dx."]
+CODE = [
+    "Write a Python function to reverse a list.",
+    "def fib(n):\n    ",
+    "Fix: for i in range(10) print(i)",
+]
+CHAT = ["Tell me a story about a cat.", "How are you today?", "Write a poem about the sea."]
+
+
+def tiny_dataset():  # type: ignore[no-untyped-def]
+    examples = [
+        Example(user(text), task, "tiny", f"{task}-{i}")
+        for task, texts in ((Task.MATH, MATH), (Task.CODE, CODE), (Task.CHAT, CHAT))
+        for i, text in enumerate(texts)
+    ]
+    return build_dataset(examples, held_out_percent=0)
+
+
+def test_fit_learns_a_tiny_corpus_and_survives_the_round_trip(tmp_path: Path) -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=12), alpha=1e-4, num_epochs=50, num_hidden=0)
+    model = fit(tiny_dataset(), settings)
+    for task, texts in ((Task.MATH, MATH), (Task.CODE, CODE), (Task.CHAT, CHAT)):
+        assert [model.classify(user(t)).task for t in texts] == [task] * 3
+    save_artifact(model, tmp_path, {"note": "test"})
+    loaded = load_classifier(tmp_path)
+    for text in MATH + CODE + CHAT:
+        before, after = model.classify(user(text)), loaded.classify(user(text))
+        assert before.task == after.task
+        assert np.isclose(before.confidence, after.confidence, atol=1e-3)  # float16 weights
+
+
+def test_same_seed_gives_the_same_weights() -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=10), num_epochs=5)
+    first, second = fit(tiny_dataset(), settings), fit(tiny_dataset(), settings)
+    assert np.array_equal(first.weights, second.weights)
+
+
+def test_duplicates_are_dropped_and_counted() -> None:
+    examples = [Example(user("same"), Task.CHAT, "s", group) for group in ("g1", "g2")]
+    dataset = build_dataset(examples)
+    assert len(dataset.texts) == 1 and dataset.num_duplicates == 1
+
+
+def test_missing_or_mismatched_artifact_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match=re.escape(str(tmp_path))):
+        load_classifier(tmp_path)
+    model = fit(tiny_dataset(), TrainSettings(spec=FeatureSpec(num_bits=8), num_epochs=2))
+    save_artifact(model, tmp_path, {})
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"num_bits": 8', '"num_bits": 9'))
+    with pytest.raises(ArtifactError, match=r"weights\.npz"):
+        load_classifier(tmp_path)
+
+
+def test_segmented_flag_round_trips_and_old_manifests_load_unsegmented(tmp_path: Path) -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=8), num_epochs=2, num_hidden=0)
+    model = fit(tiny_dataset(), settings)
+    assert model.spec.is_segmented and model.combiner is None
+    save_artifact(model, tmp_path, {})
+    assert load_classifier(tmp_path).spec.is_segmented
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"is_segmented": true,', ""))
+    assert not load_classifier(tmp_path).spec.is_segmented
+
+
+def test_combiner_is_fitted_saved_and_loaded_with_the_same_scores(tmp_path: Path) -> None:
+    settings = TrainSettings(spec=FeatureSpec(num_bits=10), num_epochs=5, num_hidden=4, num_folds=2)
+    model = fit(tiny_dataset(), settings)
+    assert model.combiner is not None and model.combiner.w1.shape == (4, 8)
+    save_artifact(model, tmp_path, {})
+    loaded = load_classifier(tmp_path)
+    assert loaded.combiner is not None
+    body = {
+        "messages": [
+            {"role": "user", "content": "Write a poem about the sea."},
+            {"role": "assistant", "content": "The sea is wide."},
+            {"role": "user", "content": "Solve 3x + 5 = 20 for x."},
+        ]
+    }
+    before, after = model.classify(body).scores, loaded.classify(body).scores
+    assert all(np.isclose(before[t], after[t], atol=1e-2) for t in before)  # float16 weights
+    # A combiner reads segment scores: an unsegmented manifest cannot carry one.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        manifest.read_text().replace('"is_segmented": true', '"is_segmented": false')
+    )
+    with pytest.raises(ArtifactError, match="segmented"):
+        load_classifier(tmp_path)
+
+
+def test_class_weights_by_task_name() -> None:
+    from training.classifier.training import class_weights
+
+    assert class_weights("code=2") == {0: 1.0, 1: 2.0, 2: 1.0}  # TASKS: math, code, chat
+    assert class_weights("balanced") == "balanced" and class_weights(None) is None
+    with pytest.raises(ValueError, match=r"'prose=2'.*math, code, chat"):
+        class_weights("prose=2")

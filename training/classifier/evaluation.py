@@ -1,0 +1,150 @@
+"""Held-out accuracy, per-class precision/recall, confusion matrix and latency."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.classifier.base import Classifier, TaskGuess
+from controller.classifier.text import request_segments
+from policies.types import TASKS, Task
+from training.classifier.corpus import Example
+
+
+@dataclass
+class EvalReport:
+    """Counts over the held-out examples; ``confusion[(true, predicted)]``."""
+
+    num_examples: int = 0
+    num_correct: int = 0
+    confusion: Counter[tuple[Task, Task]] = field(default_factory=Counter)
+    per_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [correct, total]
+    latencies_s: list[float] = field(default_factory=list)
+    scorer: str = "n/a"  # controller.classifier LinearClassifier.scorer: "native" or "numpy"
+
+    @property
+    def accuracy(self) -> float:
+        return self.num_correct / self.num_examples if self.num_examples else 0.0
+
+    def precision(self, task: Task) -> float:
+        predicted = sum(self.confusion[(truth, task)] for truth in TASKS)
+        return self.confusion[(task, task)] / predicted if predicted else 0.0
+
+    def recall(self, task: Task) -> float:
+        actual = sum(self.confusion[(task, guess)] for guess in TASKS)
+        return self.confusion[(task, task)] / actual if actual else 0.0
+
+
+def evaluate(classifier: Classifier, examples: Sequence[Example]) -> EvalReport:
+    """Classify every example once; latency is the wall time around ``classify``."""
+    report = EvalReport(scorer=getattr(classifier, "scorer", "n/a"))
+    for example in examples:
+        start_s = time.perf_counter()
+        guess = classifier.classify(example.body)
+        report.latencies_s.append(time.perf_counter() - start_s)
+        is_correct = guess.task == example.task
+        report.num_examples += 1
+        report.num_correct += is_correct
+        report.confusion[(example.task, guess.task)] += 1
+        tally = report.per_source.setdefault(f"{example.source} ({example.task})", [0, 0])
+        tally[0] += is_correct
+        tally[1] += 1
+    return report
+
+
+def long_prompt_latencies_s(
+    classifier: Classifier, texts: Sequence[str], num_chars: int, num_requests: int = 2000
+) -> list[float]:
+    """Latency of ``classify`` on prompts of ``num_chars`` made by joining real texts."""
+    prompts: list[str] = []
+    pieces: list[str] = []
+    for text in texts:
+        pieces.append(text)
+        if sum(len(piece) + 1 for piece in pieces) >= num_chars:
+            prompts.append("\n".join(pieces)[:num_chars])
+            pieces = []
+    if not prompts:
+        return []
+    latencies_s = []
+    for index in range(num_requests):
+        body = {"messages": [{"role": "user", "content": prompts[index % len(prompts)]}]}
+        start_s = time.perf_counter()
+        classifier.classify(body)
+        latencies_s.append(time.perf_counter() - start_s)
+    return latencies_s
+
+
+def format_latency(label: str, latencies_s: Sequence[float]) -> str:
+    if not latencies_s:
+        return f"{label}: no samples"
+    p50_us, p99_us = np.percentile(latencies_s, [50, 99]) * 1e6
+    return f"{label}: p50 {p50_us:.1f} us  p99 {p99_us:.1f} us  (n={len(latencies_s)})"
+
+
+def format_report(report: EvalReport, has_latency: bool = True) -> str:
+    real = [tally for source, tally in report.per_source.items() if not source.startswith("synth")]
+    num_real = sum(total for _, total in real)
+    real_accuracy = sum(correct for correct, _ in real) / num_real if num_real else 0.0
+    lines = [
+        f"held-out examples: {report.num_examples}  accuracy: {report.accuracy:.2%}",
+        f"real sources (no synthetic_*): {num_real}  accuracy: {real_accuracy:.2%}",
+        f"scorer: {report.scorer} (DRAFTCTL_CLASSIFIER_NATIVE=0 forces numpy)",
+        "",
+    ]
+    lines.append(f"{'source (label)':34} {'n':>6} {'accuracy':>9}")
+    for source, (correct, total) in sorted(report.per_source.items()):
+        lines.append(f"{source:34} {total:6d} {correct / total:9.2%}")
+    lines += ["", f"{'class':6} {'precision':>9} {'recall':>7}"]
+    for task in TASKS:
+        lines.append(f"{task:6} {report.precision(task):9.2%} {report.recall(task):7.2%}")
+    header = " " * 6 + "".join(f"{task:>8}" for task in TASKS)
+    lines += ["", "confusion (rows: true, columns: predicted)", header]
+    for truth in TASKS:
+        lines.append(f"{truth:6}" + "".join(f"{report.confusion[(truth, g)]:8d}" for g in TASKS))
+    if has_latency:
+        lines += ["", format_latency("latency per held-out request", report.latencies_s)]
+    return "\n".join(lines)
+
+
+def real_errors(classifier: Classifier, examples: Sequence[Example]) -> list[tuple[int, TaskGuess]]:
+    """``(position in examples, guess)`` of every misclassified real-source (not synthetic)
+    example, in order."""
+    return [
+        (position, guess)
+        for position, example in enumerate(examples)
+        if not example.source.startswith("synth")
+        for guess in [classifier.classify(example.body)]
+        if guess.task != example.task
+    ]
+
+
+def format_errors(classifier: Classifier, examples: Sequence[Example], num_errors: int) -> str:
+    """``num_errors`` misclassified real-source examples, drawn at random with seed 0: the
+    label, the guess, the last user turn and the start and end of the context."""
+    misses = [(examples[i], guess) for i, guess in real_errors(classifier, examples)]
+    random.Random(0).shuffle(misses)
+    lines = [f"\n{len(misses)} real-source errors; {min(num_errors, len(misses))} of them:"]
+    for number, (example, guess) in enumerate(misses[:num_errors]):
+        focus, context = request_segments(example.body)
+        lines.append(
+            f"#{number} {example.source} label={example.task} guess={guess.task} "
+            f"confidence={guess.confidence:.2f}"
+        )
+        lines.append(f"  request: {snippet(focus, 400)}")
+        if context:
+            lines.append(f"  context: {snippet(context, 200)}")
+        if example.answer:
+            lines.append(f"  answer:  {snippet(example.answer, 200)}")
+    return "\n".join(lines)
+
+
+def snippet(text: str, num_chars: int) -> str:
+    """``repr`` of the text, or of its first 3/4 and last 1/4 of ``num_chars`` when longer."""
+    if len(text) <= num_chars:
+        return repr(text)
+    return f"{text[: num_chars * 3 // 4]!r} ... {text[-(num_chars // 4) :]!r}"
