@@ -42,6 +42,10 @@ from policies.types import Policy, StepRow, Task
 
 log = logging.getLogger(__name__)
 
+# A prepared decision is used when at least this share of the step's rows were among the rows
+# it was made for: a batch that changed more (a new request at batch 1, say) is decided afresh.
+_REUSE_SHARE = 0.75
+
 
 class ActivePolicy(Protocol):
     """The running policy as the step controller needs it (the daemon's ``RunningPolicy``)."""
@@ -133,6 +137,9 @@ class StepController:
         # may update them on the caller's.
         self._lock = threading.Lock()
         self._width: BatchWidth | None = None
+        # The next step's shared k, prepared while the device ran the last one: (k, the rows
+        # it was decided for, policy version).
+        self._prepared: tuple[int, frozenset[str], int] | None = None
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
         self.calls = 0
@@ -190,7 +197,39 @@ class StepController:
         """k for every row of one engine step (the engine's ``StepPlanner``)."""
         started = time.perf_counter()
         ks = [0] * len(views)
-        shared: list[int] = []  # rows the batch planner decides together
+        shared, newest = self._split(views, controllers, ks)
+        if newest is not None:
+            k = self._reuse_prepared(views, shared, newest)
+            if k is None:
+                k = self._decide_shared(views, controllers, shared, newest)
+            for i in shared:
+                ks[i] = k
+        self.host_s += time.perf_counter() - started
+        self.calls += 1
+        return ks
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        """Decide the next step's shared k now, while the device runs this step, from this
+        step's rows and what is known before its results (one step stale). ``plan`` uses it
+        when most of the next step's rows were among these (else it decides afresh)."""
+        started = time.perf_counter()
+        self._prepared = None
+        shared, newest = self._split(views, controllers, None)
+        if newest is not None:
+            k = self._decide_shared(views, controllers, shared, newest)
+            ids = frozenset(views[i].request_id for i in shared)
+            self._prepared = (k, ids, newest.version)
+        self.host_s += time.perf_counter() - started
+
+    def _split(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        ks: list[int] | None,
+    ) -> tuple[list[int], ActivePolicy | None]:
+        """Indices of the rows the batch planner decides together, and the newest policy
+        among them; other rows are asked alone (into ``ks``) when ``ks`` is given."""
+        shared: list[int] = []
         newest: ActivePolicy | None = None
         for i, (view, steps) in enumerate(zip(views, controllers, strict=True)):
             if (
@@ -201,16 +240,30 @@ class StepController:
                 shared.append(i)
                 if newest is None or steps.active.version > newest.version:
                     newest = steps.active
-            else:
+            elif ks is not None:
                 ks[i] = steps(view)
-        if newest is not None:
-            rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
-            k = self.guarded(lambda: self._batch_width(newest).decide(rows, self._observe(newest)))
-            for i in shared:
-                ks[i] = k
-        self.host_s += time.perf_counter() - started
-        self.calls += 1
-        return ks
+        return shared, newest
+
+    def _reuse_prepared(
+        self, views: Sequence[RequestView], shared: list[int], newest: ActivePolicy
+    ) -> int | None:
+        """The prepared k, if it was decided for (mostly) these rows under this policy."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared[2] != newest.version:
+            return None
+        k, ids, _ = prepared
+        known = sum(1 for i in shared if views[i].request_id in ids)
+        return k if known >= _REUSE_SHARE * len(shared) else None
+
+    def _decide_shared(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        shared: list[int],
+        newest: ActivePolicy,
+    ) -> int:
+        rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
+        return self.guarded(lambda: self._batch_width(newest).decide(rows, self._observe(newest)))
 
     def guarded(self, decide: Callable[..., int], *args: Any) -> int:
         """``decide(*args)``, or k = 0 (reported to the source) if it raises."""

@@ -23,6 +23,7 @@ from engines.embedded.events import (
     FailureStage,
     RequestFailed,
     RequestView,
+    SpecController,
     StepPlanner,
     StepReport,
     TokenEvent,
@@ -47,6 +48,9 @@ class Engine:
     ) -> None:
         self.runner = runner
         self.planner = planner
+        # This step's rows as the planner saw them, and their controllers.
+        self._planned: tuple[list[RequestView], list[SpecController]] = ([], [])
+        self._unrecorded: list[StepEvent] = []  # the last step's rows, not yet told to it
         self.block_size = runner.block_size
         self.max_seq_len = max_seq_len
         # What the loaded target can embed (the tokenizer's vocabulary may differ).
@@ -114,6 +118,8 @@ class Engine:
         if self.scheduler.running:
             events += self._decode()
         self._release_ended(events)
+        if not self.scheduler.running:
+            self._tell_planner()  # idle next: no step to hide it behind
         return events
 
     def _prefill(self, request: Request) -> StepEvent:
@@ -140,21 +146,34 @@ class Engine:
             spec_tokens = [plans[r.request_id][0] for r in rows]
             uniforms = torch.stack([plans[r.request_id][1] for r in rows])
             try:
-                result = self.runner.step(rows, spec_tokens, uniforms)
+                result = self.runner.step(rows, spec_tokens, uniforms, overlap=self._overlap)
             except Exception as exc:
                 culprit, error = self._find_culprit(rows, spec_tokens, uniforms, exc)
                 events.append((culprit, self._failed(culprit, "step", error)))
                 self._release(culprit)
                 continue
             stepped = [self._postprocess(r, i, spec_tokens[i], result) for i, r in enumerate(rows)]
-            self._tell_planner(stepped)
+            self._unrecorded = stepped  # told to the planner while the next step runs
             events += stepped
             break
         return events
 
-    def _tell_planner(self, stepped: list[StepEvent]) -> None:
-        """The planner learns what its step did (a planner that raises is logged, only)."""
+    def _overlap(self) -> None:
+        """Host work hidden behind the device's step (runner.step calls it before its sync):
+        the previous step's results to the planner, and the next step prepared from what is
+        known now (one step stale; the planner decides whether to use it)."""
+        self._tell_planner()
         if self.planner is None:
+            return
+        try:
+            self.planner.prepare(*self._planned)
+        except Exception:
+            logger.exception("step planner failed to prepare a step")
+
+    def _tell_planner(self) -> None:
+        """The planner learns what its last step did (a planner that raises is logged, only)."""
+        stepped, self._unrecorded = self._unrecorded, []
+        if self.planner is None or not stepped:
             return
         done = [(r.controller, e.report) for r, e in stepped if isinstance(e, TokenEvent)]
         reports = [report for _, report in done if report is not None]
@@ -246,6 +265,7 @@ class Engine:
         per request, counted in ``num_controller_failures``, never fatal): k only changes
         speed, not tokens."""
         views = [self._view(r, len(rows)) for r in rows]
+        self._planned = (views, [r.controller for r in rows])
         if self.planner is not None:
             try:
                 wanted = [int(k) for k in self.planner.plan(views, [r.controller for r in rows])]

@@ -104,8 +104,13 @@ class StepPlanner(Protocol):
     ) -> list[int]: ...
 
     def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
-        """What the step just planned did, row by row (engine thread, after the step): the k
-        each row ran, its accept length and the step's time."""
+        """What a planned step did, row by row: the k each row ran, its accept length and the
+        step's time (engine thread, while the next step runs on the device)."""
+        ...
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        """Work toward the next step while this one runs on the device: ``views`` are this
+        step's rows before its results (one step stale). ``plan`` may use it or not."""
         ...
 
 

@@ -207,12 +207,15 @@ class ModelRunner:
         spec_tokens: list[int],
         uniforms: torch.Tensor,
         eager: bool = False,
+        overlap: Callable[[], None] | None = None,
     ) -> StepResult:
         """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
 
         Writes each row's caches only at positions >= its ``position`` (scratch until the
         row advances), so a step whose result is dropped can be run again. ``eager``: see
-        ``_run`` (the engine's culprit search runs prefixes of a batch that way)."""
+        ``_run`` (the engine's culprit search runs prefixes of a batch that way).
+        ``overlap``: host work run once every kernel of the step is queued, before the one
+        sync, so on a GPU it takes no step time (the engine plans the next step there)."""
         started = self._clock()
         widest = max(spec_tokens)
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
@@ -258,7 +261,9 @@ class ModelRunner:
             eager=eager,
         )[:, : widest + 1]
         if self.synthetic is not None:
-            return self._synthetic_result(rows, spec_tokens, drafts, logits, params, u, started)
+            return self._synthetic_result(
+                rows, spec_tokens, drafts, logits, params, u, started, overlap
+            )
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
         else:
@@ -273,8 +278,10 @@ class ModelRunner:
                 u[:, self.block_size : self.block_size + widest],
                 u[:, -1],
             )
-        packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1).cpu()  # the sync
-        return self._unpack(packed, spec_tokens, widest, self._clock() - started)
+        packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1)
+        if overlap is not None:
+            overlap()
+        return self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
 
     def _synthetic_result(
         self,
@@ -285,6 +292,7 @@ class ModelRunner:
         params: tuple[torch.Tensor, ...] | None,
         u: torch.Tensor,
         started: float,
+        overlap: Callable[[], None] | None = None,
     ) -> StepResult:
         """Synthetic acceptance: a row accepts min(k, drawn run) drafts, then emits the target's
         own token at the first rejected position (its argmax, or a sample of its distribution
@@ -303,6 +311,8 @@ class ModelRunner:
             [len(r.accept_lengths) for r in rows],  # the step index the controller saw
             self.block_size - 1,
         )
+        if overlap is not None:
+            overlap()
         packed = torch.cat([drafts, targets], dim=1).cpu()  # the sync
         accepted, tokens = assemble_rows(
             packed.tolist(), spec_tokens, runs.tolist(), drafts.shape[1]

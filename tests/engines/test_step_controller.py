@@ -174,3 +174,22 @@ def test_rows_of_mixed_policies_decide_apart() -> None:
     goodput = controller.start(Task.MATH, 1.0, 7)
     ks = controller.plan([_view("a", 0, 2, []), _view("b", 0, 2, [])], [goodput, lambda v: 3])
     assert ks[1] == 3 and ks[0] > 0
+
+
+def test_a_prepared_step_is_used_only_for_mostly_the_same_rows() -> None:
+    controller = StepController(Source(_goodput()), 16, random.Random(1))
+    rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(4)]
+    views = [_view(f"r{i}", 0, 4, []) for i in range(4)]
+    controller.plan(views, rows)
+    width = controller.batch_width
+    assert width is not None
+    controller.prepare(views, rows)  # while the step runs
+    decided = width.steps
+    # The same rows next step: the prepared decision is used (no second decision).
+    controller.plan([_view(f"r{i}", 1, 4, [5]) for i in range(4)], rows)
+    assert width.steps == decided
+    # At batch 1, a new request after the last one finished: decided afresh (its own row).
+    controller.prepare([_view("r0", 1, 1, [5])], rows[:1])
+    decided = width.steps
+    controller.plan([_view("new", 0, 1, [])], [controller.start(Task.CHAT, 1.0, 7)])
+    assert width.steps == decided + 1

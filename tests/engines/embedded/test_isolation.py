@@ -140,12 +140,12 @@ def poison_step(
     real_step = engine.runner.step
     probes: list[int] = []
 
-    def step(rows, spec_tokens, uniforms, eager=False):
+    def step(rows, spec_tokens, uniforms, eager=False, overlap=None):
         if eager:
             probes.append(len(rows))
         if any(r.request_id in bad_ids and len(r.output_ids) >= after_tokens for r in rows):
             raise RuntimeError("injected step failure")
-        return real_step(rows, spec_tokens, uniforms, eager=eager)
+        return real_step(rows, spec_tokens, uniforms, eager=eager, overlap=overlap)
 
     monkeypatch.setattr(engine.runner, "step", step)
     return probes

@@ -56,12 +56,14 @@ def run_poisoned(engine: Engine, requests: list[Request], graph_probes: bool = F
     real_step = engine.runner.step
     probes: list[int] = []
 
-    def step(rows, spec_tokens, uniforms, eager=False):
+    def step(rows, spec_tokens, uniforms, eager=False, overlap=None):
         if eager:
             probes.append(len(rows))
         if any(r.request_id == BAD and len(r.output_ids) >= FAIL_AFTER for r in rows):
             raise RuntimeError("injected step failure")
-        return real_step(rows, spec_tokens, uniforms, eager=eager and not graph_probes)
+        return real_step(
+            rows, spec_tokens, uniforms, eager=eager and not graph_probes, overlap=overlap
+        )
 
     engine.runner.step = step  # type: ignore[method-assign]
     for request in requests:

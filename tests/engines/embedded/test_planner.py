@@ -22,6 +22,7 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[list[tuple[str, int, list[int], int]]] = []
         self.recorded: list[list[tuple[int, int]]] = []
+        self.prepared: list[int] = []
 
     def plan(
         self, views: Sequence[RequestView], controllers: Sequence[SpecController]
@@ -33,6 +34,9 @@ class Recording:
 
     def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
         self.recorded.append([(r.spec_tokens, r.batch_size) for r in reports])
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        self.prepared.append(len(views))
 
 
 def test_planner_is_asked_once_per_step_and_its_k_is_clamped_per_row(
@@ -55,8 +59,10 @@ def test_planner_is_asked_once_per_step_and_its_k_is_clamped_per_row(
     last_seen = {rid: ks for step in planner.calls for rid, _, ks, _ in step}
     assert last_seen["long"] == long.spec_tokens[: len(last_seen["long"])]
     assert len(long.spec_tokens) == len(long.accept_lengths)
-    # Every planned step is reported back, one report per row that stepped, at the k it ran.
+    # Every planned step is reported back, one report per row that stepped, at the k it ran,
+    # and the next step is prepared while each step runs.
     assert len(planner.recorded) == len(planner.calls)
+    assert planner.prepared == [len(step) for step in planner.calls]
     assert planner.recorded[0] == [(1, 2), (BLOCK_SIZE - 1, 2)] or planner.recorded[0] == [
         (BLOCK_SIZE - 1, 2),
         (1, 2),
@@ -72,6 +78,9 @@ def test_a_failing_planner_turns_drafting_off_for_the_step(
 
         def record(self, controllers: object, reports: object) -> None:
             raise RuntimeError("boom too")
+
+        def prepare(self, views: object, controllers: object) -> None:
+            raise RuntimeError("boom three")
 
     engine = make_engine(agreeing_pair)
     engine.planner = Broken()
