@@ -1,14 +1,15 @@
-"""Host time of the goodput controller per engine step: per-request decisions vs one per batch.
+"""Host time of the embedded engine's step controller per engine step (issue #13 item 3).
 
-The embedded engine asks its spec controller once per row before every step, on the engine
-thread; that time adds to every step's wall clock. This replays synthetic steps (rows of mixed
-tasks, random accept lengths, the measured Qwen3-8B H200 cost table) through
-``policies.step_controller.StepController`` both ways and prints microseconds per engine step
-(all rows' calls) and per row, and the time of feeding the step reports back (``record``, on
-the event loop in the engine; the same process). CPU time of this process (``process_time``,
-so other load on a shared machine does not count), the best of ``--repeats`` runs.
+Replays synthetic steps (rows of mixed tasks, random accept lengths, the measured Qwen3-8B H200
+cost table) through ``engines.step_controller.StepController`` exactly as the engine calls it:
+``plan`` (one call per step with every row), ``record`` (the step's reports) and ``prepare``
+(the next step, one step stale). Prints microseconds per step for each call at each batch
+size: on a GPU ``record`` and ``prepare`` run while the device computes the step (the engine
+calls them before its sync), so only ``plan`` adds to the step, and when the step was prepared
+``plan`` only looks the decision up. CPU time of this thread (``thread_time``: other load on a
+shared machine does not count), the best of ``--repeats`` runs.
 
-    .venv/bin/python bench/goodput_step_cost.py [--batch-sizes 1,8,64] [--steps 400] [--json]
+    .venv/bin/python bench/goodput_step_cost.py [--batch-sizes 1,8,64] [--steps 400] [--json F]
 """
 
 from __future__ import annotations
@@ -18,102 +19,77 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policies.step_controller import StepController
-
 from engines.cost_tables import load_cost_table
+from engines.embedded.events import RequestView, StepReport
+from engines.step_controller import FixedPolicySource, RequestSteps, StepController
 from policies.goodput import GoodputPolicy
-from policies.model import GoodputSpec
+from policies.model import GoodputSpec, PolicySpec
 from policies.online import OnlineModels
 from policies.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "cost_tables/qwen3-8b-h200.json"
 
 
-@dataclass
-class View:
-    request_id: str
-    step_index: int
-    accept_lengths: list[int]
-    batch_size: int
-    context: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Report:
-    spec_tokens: int
-    accept_length: int
-
-
-def measure(shared: bool, batch: int, steps: int, block: int, seed: int) -> dict[str, float]:
+def measure(batch: int, steps: int, seed: int) -> dict[str, float]:
     spec = GoodputSpec()
-    table = load_cost_table(ROOT / "cost_tables/qwen3-8b-h200.json")
-    models = OnlineModels(spec, block, table)
-    controller = StepController(
-        lambda: GoodputPolicy(spec), models, block, rng=random.Random(seed), shared=shared
+    models = OnlineModels(spec, 16, load_cost_table(TABLE))
+    source = FixedPolicySource(
+        PolicySpec(kind="goodput", goodput=spec), GoodputPolicy(spec), models
     )
+    controller = StepController(source, 16, random.Random(seed))
     rng = random.Random(seed)
-    tasks = list(Task)
-    rows: list[tuple[str, Task, list[int]]] = [(f"r{i}", tasks[i % 3], []) for i in range(batch)]
-    contexts: dict[str, dict[str, Any]] = {rid: {"task": t.value} for rid, t, _ in rows}
-    decide_s = record_s = 0.0
+    rows: list[tuple[str, RequestSteps, list[int], list[int]]] = [
+        (f"r{i}", controller.start(list(Task)[i % 3], 1.0, 0), [], []) for i in range(batch)
+    ]
+    spent = {"plan": 0.0, "record": 0.0, "prepare": 0.0}
+    warm = steps // 4
     for step in range(steps):
-        if step % 50 == 49:  # requests finish and new ones join
-            i = rng.randrange(batch)
-            rid = f"r{i}-{step}"
-            rows[i] = (rid, rows[i][1], [])
-            contexts[rid] = {"task": rows[i][1].value}
-        views = [View(rid, len(h), list(h), batch, contexts[rid]) for rid, _, h in rows]
-        started = time.process_time()
-        ks = [controller(v) for v in views]
-        decide_s += time.process_time() - started
-        lengths = [min(k, rng.randint(0, 6)) + 1 for k in ks]
-        started = time.process_time()
-        for (_, task, _), k, n in zip(rows, ks, lengths, strict=True):
-            controller.record(task, Report(k, n))
-        models.record_step_time(batch, 16.0 if max(ks) > 7 else 8.0, 1.0, 0.01)
-        record_s += time.process_time() - started
-        for (_, _, history), n in zip(rows, lengths, strict=True):
-            history.append(n)
-    return {
-        "decide_us_per_step": decide_s / steps * 1e6,
-        "decide_us_per_row": decide_s / steps / batch * 1e6,
-        "record_us_per_step": record_s / steps * 1e6,
-    }
+        views = [RequestView(rid, len(a), a, batch, 0, {}, ks, 15) for rid, _, a, ks in rows]
+        controllers = [steps_ for _, steps_, _, _ in rows]
+        t0 = time.thread_time()
+        ks_now = controller.plan(views, controllers)
+        t1 = time.thread_time()
+        reports = []
+        for (_, _, accepts, ks), k in zip(rows, ks_now, strict=True):
+            length = min(k, rng.randint(0, 15)) + 1
+            accepts.append(length)
+            ks.append(k)
+            reports.append(StepReport(k, length, [True] * (length - 1), 0.03, batch))
+        t2 = time.thread_time()
+        controller.record(controllers, reports)
+        controller.prepare(views, controllers)
+        t3 = time.thread_time()
+        if step >= warm:
+            spent["plan"] += t1 - t0
+            spent["record"] += t3 - t2  # record + prepare: behind the device's step
+    n = steps - warm
+    return {"plan_us": 1e6 * spent["plan"] / n, "record_prepare_us": 1e6 * spent["record"] / n}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", default="1,8,64")
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
-    results: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "batch": {}}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        for shared in (False, True):
-            runs = [
-                measure(shared, batch, args.steps, args.block_size, seed=batch)
-                for _ in range(args.repeats)
-            ]
-            row: dict[str, Any] = {key: min(r[key] for r in runs) for key in runs[0]}
-            row |= {"batch_size": batch, "mode": "per-batch" if shared else "per-request"}
-            results.append(row)
-    if args.json:
-        print(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
-        return 0
-    print(f"{'B':>4} {'mode':<12} {'decide us/step':>15} {'us/row':>8} {'record us/step':>15}")
-    for r in results:
+        runs = [measure(batch, args.steps, seed) for seed in range(args.repeats)]
+        best = {key: min(r[key] for r in runs) for key in runs[0]}
+        out["batch"][str(batch)] = best
         print(
-            f"{r['batch_size']:>4} {r['mode']:<12} {r['decide_us_per_step']:>15.1f} "
-            f"{r['decide_us_per_row']:>8.2f} {r['record_us_per_step']:>15.1f}"
+            f"batch {batch:3d}: plan {best['plan_us']:7.1f} us/step (on the step's path), "
+            f"record+prepare {best['record_prepare_us']:7.1f} us/step (behind the device)"
         )
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -5,11 +5,8 @@
 #      budget x TIME_SCALE) from the carried tokenizer and corpus;
 #   2. profiles this target's verify cost T(batch, tokens) (`draftctl profile-cost`, CUDA graphs)
 #      -> the goodput policy's cost table;
-#   3. runs bench/goodput_gpu.py over a shifting closed-loop trace (1 -> 64 -> 8 clients,
-#      math-heavy -> mixed -> chat-heavy; held-out prompts), phases shortened to fit BUDGET_S:
-#      no-spec, goodput (one k per engine step for the padded batch), goodput-per-request
-#      (PER_REQUEST=1: the policy asked per request, the earlier wiring) and static k, all on
-#      the same seeded request sequence.
+#   3. runs bench/gpu_decisions.py --arm real-pair with it (every policy on the same seeded
+#      requests: no-spec, static k, dsd-schedule, vllm-av, goodput; greedy exactness check).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
 # Results land in $OUT as they are made (a stopped run keeps what it finished):
 #   goodput_h200.log, train_testbed.json, cost_table_testbed.json, goodput_h200.json.
@@ -27,12 +24,7 @@ RECIPE=${RECIPE:-training/configs/testbed.yaml}
 TIME_SCALE=${TIME_SCALE:-0.3}
 DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-420}          # wall clock for this whole script
-PHASE_S=${PHASE_S:-12,20,14}       # seconds of the 1 / 64 / 8-client phases (shrunk to fit)
-STATIC=${STATIC:-15,7}
-PER_REQUEST=${PER_REQUEST:-1}
 TINY=${TINY:-0}
-WARMUP_S=${WARMUP_S:-2}
-OUTPUT_TOKENS=${OUTPUT_TOKENS:-128,320}
 COST_TABLE=${COST_TABLE:-}         # empty: profile this target (CUDA)
 WORK=${WORK:-/tmp/h200_testbed}
 PY=${PY:-python3}
@@ -65,7 +57,7 @@ d["draft"]["train"].update(batch_size=8, seq_len=128, warmup_steps=5, time_budge
 d["draft"]["block_sizes"] = [16]
 yaml.safe_dump(d, open(sys.argv[2], "w"), default_flow_style=None, sort_keys=False)
 EOF
-  RECIPE=$WORK/recipe_tiny.yaml TIME_SCALE=1 PHASE_S=2,3,2 WARMUP_S=1 OUTPUT_TOKENS=16,48
+  RECIPE=$WORK/recipe_tiny.yaml TIME_SCALE=1 SCALE=0.05 REPEATS=1
   COST_TABLE=${COST_TABLE:-cost_tables/qwen3-8b-h200.json}
 fi
 
@@ -90,58 +82,25 @@ print("trained: target", t["steps"], "steps, val_loss", t["val_loss"], "| draft1
       "steps,", b["final"], "| total", d["total_time_s"], "s")
 EOF
 
-# 2. this target's verify cost (the widths the engine captures: 1, 8, 16; its max_seq_len 1024)
-if [ -z "$COST_TABLE" ]; then
-  COST_TABLE=$OUT/cost_table_testbed.json
-  say "profiling verify cost"
-  if ! "$PY" bench/profile_cost.py profile-cost --target "$WORK/export/target" --out "$COST_TABLE" \
-      --context-len 1024 --batch-sizes 1,2,4,8,16,32,64 --tokens-per-request 1,8,16 \
-      --repeats 10 >>"$LOG" 2>&1; then
-    COST_TABLE=cost_tables/qwen3-8b-h200.json
-    say "profiling FAILED: falling back to $COST_TABLE (wrong shape; say so in the results)"
-  fi
-fi
-
-# 3. prompts: held-out sources -> tasks (else the bench's built-in prompts)
-PROMPTS=()
-if [ -f .train/eval_prompts.json ]; then
-  "$PY" - .train/eval_prompts.json "$WORK/prompts.jsonl" <<'EOF'
+# 3. prompts: held-out sources -> tasks (JSONL of {task, prompt} for the harness)
+"$PY" - .train/eval_prompts.json "$WORK/prompts.jsonl" <<'EOF'
 import json, sys
 tasks = {"gsm8k-test": "math", "math500": "math", "humaneval": "code", "mbpp-test": "code",
          "mt-bench": "chat", "sharegpt-heldout": "chat"}
 with open(sys.argv[2], "w") as out:
     for source, prompts in json.load(open(sys.argv[1])).items():
-        for p in prompts:  # the bench formats prompts with {n}: escape braces
-            text = p.replace("{", "{{").replace("}", "}}")
-            out.write(json.dumps({"task": tasks[source], "source": source, "prompt": text}) + "\n")
+        for p in prompts:
+            out.write(json.dumps({"task": tasks[source], "source": source, "prompt": p}) + "\n")
 EOF
-  PROMPTS=(--prompts "$WORK/prompts.jsonl")
-fi
 
-# 4. the comparison, phases scaled to the time left (engine load + warm-up + tails reserved)
-read -r P1 P2 P3 SCALE < <("$PY" - "$PHASE_S" "$STATIC" "$((BUDGET_S - $(date +%s) + T0))" "$PER_REQUEST" <<'EOF'
-import sys
-phases = [float(x) for x in sys.argv[1].split(",")]
-policies = 2 + int(sys.argv[4]) + len(sys.argv[2].split(","))
-left = float(sys.argv[3]) - 30.0          # engine load, graph capture, warm-up
-per_policy = left / policies - 2.0         # set-up of each policy run
-scale = max(0.2, min(1.0, per_policy / sum(phases)))
-print(*(f"{p * scale:.1f}" for p in phases), f"{scale:.2f}")
-EOF
-)
-PHASES="1:$P1:math=0.8,code=0.1,chat=0.1;64:$P2:math=0.4,code=0.2,chat=0.4;8:$P3:math=0.1,code=0.1,chat=0.8"
-say "bench: phases $PHASES (x$SCALE of $PHASE_S), static $STATIC, cost table $COST_TABLE"
-LEFT=$((BUDGET_S - $(date +%s) + T0 + 15))
-EXTRA=()
-[ "$PER_REQUEST" = 1 ] && EXTRA=(--per-request)
-timeout "$LEFT" "$PY" bench/goodput_gpu.py --target "$WORK/export/target" \
-  --draft "$WORK/export/draft16" --cost-table "$COST_TABLE" \
-  --goodput-config bench/h200_goodput_policy.yaml --device "$DEVICE" --phases "$PHASES" \
-  --static "$STATIC" --output-tokens "$OUTPUT_TOKENS" --warmup-s "$WARMUP_S" \
-  --max-seq-len 1024 "${PROMPTS[@]}" --out "$OUT/goodput_h200.json" "${EXTRA[@]}" \
-  >"$WORK/bench.stdout" 2>>"$LOG"
-RC=$?
+# 4. every policy on this pair (bench/gpu_decisions.py, real-pair arm: greedy exactness check,
+#    the pair's own acceptance, its profiled cost table), in the time left
+LEFT=$((BUDGET_S - $(date +%s) + T0 - 20))
+say "bench: real-pair arm, ${LEFT}s left"
+"$PY" bench/gpu_decisions.py --arm real-pair --target "$WORK/export/target" \
+  --draft "$WORK/export/draft16" --prompts "$WORK/prompts.jsonl" --device "$DEVICE" \
+  --scale "${SCALE:-0.5}" --repeats "${REPEATS:-3}" --budget-s "$LEFT" \
+  ${COST_TABLE:+--cost-table "$COST_TABLE"} --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
+RC=${PIPESTATUS[0]}
 say "bench exit $RC"
-grep -A20 '^policy ' "$WORK/bench.stdout" | tee -a "$LOG"
-say "done"
 exit $RC

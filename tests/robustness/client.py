@@ -103,5 +103,7 @@ class _Left(Exception):
 
 def session() -> aiohttp.ClientSession:
     # No connection limit: the canary and the companions must never queue behind the fuzz.
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # Idle connections are let go before the daemon closes them (keep_alive_timeout_s, 5 s):
+    # reusing one the server is closing at that moment would fail for no fault of the daemon.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2)
     return aiohttp.ClientSession(connector=connector, auto_decompress=False)

@@ -133,9 +133,7 @@ class Daemon:
         return self.process.popen.returncode
 
 
-def write_config(
-    directory: Path, backends: list[dict[str, Any]], port: int, **server: Any
-) -> Path:
+def write_config(directory: Path, backends: list[dict[str, Any]], port: int, **server: Any) -> Path:
     config = {
         "server": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 5, **server},
         "policy": {"path": "policy.yaml", "versions_dir": "policy-versions"},

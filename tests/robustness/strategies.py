@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,45 +103,47 @@ def wrong() -> S[Any]:
     return st.sampled_from(ADVERSARIAL_NUMBERS) | any_json()
 
 
-def either(valid: S[Any], weight_valid: int = 7) -> S[Any]:
-    return weighted((weight_valid, valid), (3, wrong()))
-
-
 # -- completion bodies --------------------------------------------------------------------
+# ``dirty``: any value may be of a wrong type or out of range. Clean bodies use every shape
+# and field the API defines with valid values, so that they reach the engine and run.
 
-def token_ids(max_size: int = 12) -> S[list[int]]:
+
+def bad(dirty: bool, valid: S[Any], *wrongs: tuple[int, S[Any]]) -> S[Any]:
+    """``valid``, or when ``dirty`` sometimes one of ``wrongs`` (default: any wrong value)."""
+    if not dirty:
+        return valid
+    return weighted((7, valid), *(wrongs or ((3, wrong()),)))
+
+
+def token_ids(dirty: bool, max_size: int = 12) -> S[list[int]]:
     in_vocab = st.integers(0, VOCAB_SIZE - 1)
-    bad = st.sampled_from([VOCAB_SIZE, 99999, -1, 2**31 - 1, 2**31, 2**63])
-    return weighted(
-        (6, st.lists(in_vocab, min_size=1, max_size=max_size)),
-        (1, st.lists(in_vocab | bad, min_size=0, max_size=max_size)),
+    out = st.sampled_from([VOCAB_SIZE, 99999, -1, 2**31 - 1, 2**31, 2**63])
+    ids = st.lists(in_vocab, min_size=1, max_size=max_size)
+    return bad(dirty, ids, (2, st.lists(in_vocab | out, min_size=0, max_size=max_size)))
+
+
+def prompts(dirty: bool) -> S[Any]:
+    one = weighted((4, texts()), (3, token_ids(dirty)))
+    many = st.lists(texts(), min_size=1, max_size=3) | st.lists(token_ids(dirty), max_size=2)
+    return bad(dirty, one | one.map(lambda p: [p]), (1, many), (1, wrong()))
+
+
+def content_parts(dirty: bool) -> S[list[Any]]:
+    text = st.builds(lambda t: {"type": "text", "text": t}, texts())
+    refusal = st.builds(lambda t: {"type": "refusal", "refusal": t}, texts())
+    media = st.sampled_from(
+        [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {"type": "file", "file": {"file_id": "f1"}},
+        ]
     )
+    unknown = st.builds(lambda t: {"type": t}, texts(10))
+    part = bad(dirty, weighted((5, text), (1, refusal)), (1, media), (1, unknown), (1, wrong()))
+    return st.lists(part, min_size=0 if dirty else 1, max_size=3)
 
 
-def prompts() -> S[Any]:
-    return weighted(
-        (4, texts()),
-        (3, token_ids()),
-        (1, st.lists(texts(), min_size=1, max_size=3)),
-        (1, st.lists(token_ids(), min_size=1, max_size=2)),
-        (1, wrong()),
-    )
-
-
-def content_parts() -> S[list[Any]]:
-    part = weighted(
-        (5, st.builds(lambda t: {"type": "text", "text": t}, texts())),
-        (1, st.builds(lambda t: {"type": "refusal", "refusal": t}, texts())),
-        (1, st.just({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})),
-        (1, st.just({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}})),
-        (1, st.just({"type": "file", "file": {"file_id": "f1"}})),
-        (1, st.builds(lambda t: {"type": t}, texts(10))),
-        (1, wrong()),
-    )
-    return st.lists(part, min_size=0, max_size=3)
-
-
-def tool_calls() -> S[list[Any]]:
+def tool_calls(dirty: bool) -> S[list[Any]]:
     call = st.builds(
         lambda name, arguments: {
             "id": "call_1",
@@ -150,100 +153,130 @@ def tool_calls() -> S[list[Any]]:
         texts(10),
         st.sampled_from(['{"a": 1}', "{}", "not json", '{"x": [1, {"y": null}]}']) | texts(),
     )
-    return st.lists(weighted((6, call), (1, wrong())), min_size=0, max_size=2)
+    return st.lists(bad(dirty, call), min_size=0, max_size=2)
 
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
 
 
-def messages() -> S[Any]:
-    role = weighted((8, st.sampled_from(ROLES)), (1, texts(10)), (1, wrong()))
-    content = weighted(
-        (6, texts()), (2, content_parts()), (1, st.none()), (1, wrong())
+def message(dirty: bool) -> S[Any]:
+    """Every shape the API defines: plain, content parts, null or missing content (assistant,
+    function), tool calls, tool results, names; dirty ones anything else too."""
+    content = weighted((6, texts()), (2, content_parts(dirty)))
+    plain = st.builds(lambda r, c: {"role": r, "content": c}, st.sampled_from(ROLES), content)
+    extras = {
+        "name": bad(dirty, texts(10)),
+        "tool_call_id": bad(dirty, texts(10)),
+        "tool_calls": bad(dirty, tool_calls(dirty)),
+    }
+    assistant = st.fixed_dictionaries(
+        {"role": st.sampled_from(["assistant", "function"])},
+        optional={"content": content | st.none(), **extras},
     )
-    optional = st.fixed_dictionaries(
-        {},
-        optional={
-            "content": content,
-            "name": either(texts(10)),
-            "tool_call_id": either(texts(10)),
-            "tool_calls": either(tool_calls()),
-        },
+    shaped = st.fixed_dictionaries(
+        {"role": st.sampled_from(ROLES), "content": content}, optional=extras
     )
-    plain = st.builds(lambda r, c: {"role": r, "content": c}, st.sampled_from(ROLES), texts())
-    shaped = st.builds(lambda r, rest: {"role": r, **rest}, role, optional)
-    message = weighted((5, plain), (4, shaped), (1, wrong()))
-    return weighted((9, st.lists(message, min_size=1, max_size=4)), (1, wrong()))
+    role = weighted((1, texts(10)), (1, wrong()))
+    odd = st.fixed_dictionaries({}, optional={"role": role, "content": content | wrong()})
+    return bad(dirty, weighted((5, plain), (2, assistant), (2, shaped)), (2, odd), (1, wrong()))
 
 
-def stops() -> S[Any]:
-    return weighted(
-        (3, texts(4)),
-        (3, st.lists(texts(4), max_size=4)),
+def messages(dirty: bool) -> S[Any]:
+    listed = st.lists(message(dirty), min_size=1, max_size=4)
+    return bad(dirty, listed, (1, wrong()), (1, st.just([])))
+
+
+def stops(dirty: bool) -> S[Any]:
+    valid = texts(4) | st.lists(texts(4), max_size=4)
+    return bad(
+        dirty,
+        valid,
         (1, st.lists(texts(4), min_size=5, max_size=6)),
         (1, st.lists(st.integers(), max_size=2)),
+        (1, wrong()),
     )
 
 
-SHARED_FIELDS: dict[str, S[Any]] = {
-    "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": either(st.booleans())}),
-    "max_tokens": weighted((9, st.integers(1, 12)), (1, st.integers(-5, 2**31))),
-    "n": weighted((8, st.just(1)), (2, st.integers(0, 200))),
-    "temperature": st.sampled_from([0, 0.0, 0.5, 1, 1.5, 2]) | st.floats(0, 2),
-    "top_p": st.floats(0, 1),
-    "top_k": st.integers(-1, 2**31 - 1) | st.sampled_from([-1, 0, 1, 50, VOCAB_SIZE + 1]),
-    "min_p": st.floats(0, 1),
-    "presence_penalty": st.floats(-2, 2),
-    "frequency_penalty": st.floats(-2, 2),
-    "repetition_penalty": st.floats(0, 100),
-    "seed": st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3),
-    "stop": stops(),
-    "logit_bias": st.dictionaries(st.integers(0, VOCAB_SIZE).map(str), st.floats(-100, 100)),
-    "user": texts(),
-    "ignore_eos": st.booleans(),
-    "min_tokens": st.integers(0, 4),
-}
-CHAT_FIELDS: dict[str, S[Any]] = {
-    **SHARED_FIELDS,
-    "max_completion_tokens": st.integers(1, 12),
-    "logprobs": st.booleans(),
-    "top_logprobs": st.integers(0, 20),
-    "tools": st.lists(st.just({"type": "function", "function": {"name": "f"}}), max_size=2),
-    "tool_choice": st.sampled_from(["auto", "none", {"type": "function"}]),
-    "parallel_tool_calls": st.booleans(),
-    "response_format": st.just({"type": "json_object"}),
-}
-COMPLETION_FIELDS: dict[str, S[Any]] = {
-    **SHARED_FIELDS,
-    "logprobs": st.integers(0, 20),
-    "best_of": st.integers(1, 2),
-    "echo": st.booleans(),
-    "suffix": texts(),
-}
+def shared_fields(dirty: bool) -> dict[str, S[Any]]:
+    def b(valid: S[Any]) -> S[Any]:
+        return bad(dirty, valid)
+
+    return {
+        "stream": b(st.booleans()),
+        "stream_options": b(
+            st.fixed_dictionaries({}, optional={"include_usage": b(st.booleans())})
+        ),
+        "max_tokens": bad(dirty, st.integers(1, 12), (2, st.integers(-5, 2**31)), (1, wrong())),
+        "n": bad(dirty, st.just(1), (2, st.integers(0, 200)), (1, wrong())),
+        "temperature": b(st.sampled_from([0, 0.0, 0.5, 1, 1.5, 2]) | st.floats(0, 2)),
+        "top_p": b(st.floats(0, 1, exclude_min=True)),
+        "top_k": b(st.integers(-1, 2**31 - 1) | st.sampled_from([-1, 0, 1, 50, VOCAB_SIZE + 1])),
+        "min_p": b(st.floats(0, 1)),
+        "presence_penalty": b(st.floats(-2, 2)),
+        "frequency_penalty": b(st.floats(-2, 2)),
+        "repetition_penalty": b(st.floats(0, 100, exclude_min=True)),
+        "seed": b(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3)),
+        "stop": stops(dirty),
+        "logit_bias": b(st.dictionaries(st.integers(0, VOCAB_SIZE).map(str), st.floats(-100, 100))),
+        "user": b(texts()),
+        "ignore_eos": b(st.booleans()),
+        "min_tokens": b(st.integers(0, 4)),
+    }
 
 
-def body(required: dict[str, S[Any]], fields: dict[str, S[Any]]) -> S[dict[str, Any]]:
-    """Required fields mostly present, a few known fields (right or wrong), maybe unknown ones."""
-    model = weighted((12, st.just(MODEL)), (1, texts(8)), (1, wrong()))
-    known = {name: either(value) for name, value in fields.items()}
-    # Nearly always a small max_tokens: without one the engine's default (256) exceeds the
-    # daemon's max_seq_len and the request is refused before it runs.
+def chat_fields(dirty: bool) -> dict[str, S[Any]]:
+    def b(valid: S[Any]) -> S[Any]:
+        return bad(dirty, valid)
+
+    return {
+        **shared_fields(dirty),
+        "max_completion_tokens": bad(dirty, st.integers(1, 12), (1, st.just(0)), (2, wrong())),
+        "logprobs": b(st.booleans()),
+        "top_logprobs": b(st.integers(0, 20)),
+        "tools": b(st.lists(st.just({"type": "function", "function": {"name": "f"}}), max_size=2)),
+        "tool_choice": b(st.sampled_from(["auto", "none", {"type": "function"}])),
+        "parallel_tool_calls": b(st.booleans()),
+        "response_format": b(st.just({"type": "json_object"})),
+    }
+
+
+def completion_fields(dirty: bool) -> dict[str, S[Any]]:
+    def b(valid: S[Any]) -> S[Any]:
+        return bad(dirty, valid)
+
+    return {
+        **shared_fields(dirty),
+        "logprobs": b(st.integers(0, 20)),
+        "best_of": b(st.just(1)),
+        "echo": b(st.booleans()),
+        "suffix": b(texts()),
+    }
+
+
+def body(dirty: bool, required: dict[str, S[Any]], fields: dict[str, S[Any]]) -> S[dict[str, Any]]:
+    """A small max_tokens (nearly always), the required fields (dirty: maybe missing), some
+    known fields, and (dirty) unknown ones."""
+    model = bad(dirty, st.just(MODEL), (1, texts(8)), (1, wrong()))
+    # Without max_tokens the engine's default (256) exceeds the daemon's max_seq_len and the
+    # request is refused before it runs.
     base = weighted(
         (19, st.fixed_dictionaries({"model": model, "max_tokens": st.integers(1, 12)})),
         (1, st.fixed_dictionaries({"model": model})),
     )
-    drawn = st.fixed_dictionaries({}, optional={**required, **known})
-    unknown = st.dictionaries(texts(10), any_json(), max_size=2)
-    return st.builds(lambda b, d, u: {**u, **b, **d}, base, drawn, unknown)
+    if dirty:
+        present = st.fixed_dictionaries({}, optional={**required, **fields})
+    else:
+        present = st.fixed_dictionaries(required, optional=fields)
+    unknown = st.dictionaries(texts(10), any_json(), max_size=2 if dirty else 0)
+    return st.builds(lambda b, d, u: {**u, **b, **d}, base, present, unknown)
 
 
-def chat_body() -> S[dict[str, Any]]:
-    return body({"messages": messages()}, CHAT_FIELDS)
+def chat_body(dirty: bool) -> S[dict[str, Any]]:
+    return body(dirty, {"messages": messages(dirty)}, chat_fields(dirty))
 
 
-def completion_body() -> S[dict[str, Any]]:
-    return body({"prompt": prompts()}, COMPLETION_FIELDS)
+def completion_body(dirty: bool) -> S[dict[str, Any]]:
+    return body(dirty, {"prompt": prompts(dirty)}, completion_fields(dirty))
 
 
 def encode(obj: Any, ensure_ascii: bool) -> bytes:
@@ -261,13 +294,19 @@ def mangled(data: bytes) -> S[bytes]:
     n = len(data)
     return weighted(
         (3, st.integers(0, n).map(lambda i: data[:i])),
-        (2, st.tuples(st.integers(0, n), st.binary(min_size=1, max_size=4)).map(
-            lambda t: data[: t[0]] + t[1] + data[t[0] + 1 :]
-        )),
+        (
+            2,
+            st.tuples(st.integers(0, n), st.binary(min_size=1, max_size=4)).map(
+                lambda t: data[: t[0]] + t[1] + data[t[0] + 1 :]
+            ),
+        ),
         (1, st.just(b"\xef\xbb\xbf" + data)),
-        (1, st.sampled_from(["utf-16", "utf-32", "latin-1"]).map(
-            lambda enc: data.decode("utf-8", "surrogatepass").encode(enc, "replace")
-        )),
+        (
+            1,
+            st.sampled_from(["utf-16", "utf-32", "latin-1"]).map(
+                lambda enc: data.decode("utf-8", "surrogatepass").encode(enc, "replace")
+            ),
+        ),
     )
 
 
@@ -301,6 +340,10 @@ def large_body(endpoint: str, num_bytes: int) -> bytes:
     return json.dumps({"model": MODEL, "max_tokens": 2, **obj}).encode()
 
 
+def large_body_of(endpoint: str) -> Callable[[int], bytes]:
+    return lambda num_bytes: large_body(endpoint, num_bytes)
+
+
 TASK_HEADERS = st.sampled_from(["math", "code", "chat", "MATH", "", "poetry", "\xe9"])
 
 
@@ -314,15 +357,16 @@ class Case:
 
 def completion_sent(endpoint: str) -> S[Sent]:
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-    obj = chat_body() if endpoint == "chat" else completion_body()
-    encoded = st.builds(encode, obj, st.booleans())
+    make = chat_body if endpoint == "chat" else completion_body
+    clean = st.builds(encode, make(False), st.just(True))
+    dirty = st.builds(encode, make(True), st.booleans())
     data = weighted(
-        (40, encoded),
-        (6, encoded.flatmap(mangled)),
-        (3, st.sampled_from(RAW_BODIES)),
-        (1, st.sampled_from([300_000, 4_000_000, 5_000_000]).map(
-            lambda n: large_body(endpoint, n)
-        )),
+        (100, clean),
+        # (hypothesis favours the first and last choice: the rare one sits between)
+        (1, st.sampled_from([300_000, 4_000_000, 5_000_000]).map(large_body_of(endpoint))),
+        (8, st.sampled_from(RAW_BODIES)),
+        (20, dirty.flatmap(mangled)),
+        (100, dirty),
     )
     headers = st.fixed_dictionaries(
         {"content-type": st.sampled_from(["application/json", "text/plain", ""])},
@@ -373,23 +417,27 @@ TASKS = ("math", "code", "chat")
 def goodput_policy(tables: dict[str, Path]) -> S[str]:
     table = st.sampled_from(sorted(str(p) for p in tables.values()))
     return st.builds(
-        lambda t, hysteresis: f"kind: goodput\ngoodput:\n  cost_table: {json.dumps(t)}\n"
-        f"  hysteresis: {hysteresis}\n",
+        lambda t, hysteresis: (
+            f"kind: goodput\ngoodput:\n  cost_table: {json.dumps(t)}\n  hysteresis: {hysteresis}\n"
+        ),
         table,
-        either(st.floats(0, 1)).map(json.dumps),
+        bad(True, st.floats(0, 1)).map(json.dumps),
     )
 
 
 def policy_text(tables: dict[str, Path]) -> S[bytes]:
     valid = static_policy() | goodput_policy(tables)
-    yaml_junk = st.builds(
-        lambda key, value: f"{key}: {json.dumps(value)}\n", texts(10), any_json()
-    )
+    yaml_junk = st.builds(lambda key, value: f"{key}: {json.dumps(value)}\n", texts(10), any_json())
     text = weighted(
         (10, valid),
         (3, valid.flatmap(lambda doc: yaml_junk.map(lambda junk: doc + junk))),
         (2, yaml_junk),
-        (1, st.sampled_from([ALIAS_BOMB, "", "   \n", "---\n---\n", "[" * 5000, "kind: " + "9" * 5000])),
+        (
+            1,
+            st.sampled_from(
+                [ALIAS_BOMB, "", "   \n", "---\n---\n", "[" * 5000, "kind: " + "9" * 5000]
+            ),
+        ),
         (1, st.text(max_size=200)),
     )
     data = text.map(lambda t: t.encode("utf-8", "surrogatepass"))
@@ -443,9 +491,7 @@ def admin_sent(token: str, tables: dict[str, Path]) -> S[Sent]:
         (1, st.just(("GET", "/admin/policy/versions", None))),
         (1, version_path.map(lambda v: ("GET", f"/admin/policy/versions/{v}", None))),
     )
-    return st.builds(
-        lambda c, h: Sent(c[0], c[1], c[2], h), call, auth_headers(token)
-    )
+    return st.builds(lambda c, h: Sent(c[0], c[1], c[2], h), call, auth_headers(token))
 
 
 def cases(token: str, tables: dict[str, Path]) -> S[Case]:

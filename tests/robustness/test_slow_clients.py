@@ -1,0 +1,95 @@
+"""Slow and silent clients against a real daemon: each gets a 408 in the OpenAI shape and its
+connection closed within the read timeouts (0.5 s here), idle keep-alive connections are
+closed, and well-formed requests sent meanwhile are served as usual."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from tests.robustness.client import Sent, exchange, session
+from tests.robustness.conftest import PoolStack
+from tests.robustness.daemon import MODEL
+from tests.robustness.report import record
+from tests.robustness.verdict import openai_error
+
+pytestmark = pytest.mark.slow
+
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+WHOLE_HEAD = HEAD + b"content-length: %d\r\n\r\n" % len(BODY)
+NUM_PER_KIND = 10
+SLOW = {
+    "silent": (b"", "header"),  # connects, sends nothing
+    "half_head": (HEAD, "header"),
+    "half_body": (WHOLE_HEAD + BODY[:10], "body"),
+}
+
+
+async def slow_client(port: int, sent: bytes, trickle: bool) -> tuple[bytes, float]:
+    """Send ``sent`` (a byte every 0.1 s when ``trickle``); return what came back by the time
+    the server closed the connection, and when."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+
+    async def send() -> None:
+        for i in range(0, len(sent), 1 if trickle else len(sent) or 1):
+            writer.write(sent[i : i + (1 if trickle else len(sent))])
+            await asyncio.sleep(0.1)
+
+    sending = asyncio.create_task(send())
+    try:
+        answer = await asyncio.wait_for(reader.read(), 5)
+    except ConnectionResetError:
+        answer = b"<reset>"
+    finally:
+        sending.cancel()
+        writer.close()
+    return answer, time.monotonic() - started
+
+
+def assert_408(answer: bytes, phase: str) -> None:
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    error = openai_error(answer.split(b"\r\n\r\n", 1)[1])
+    assert error is not None and error["code"] == "request_timeout", answer
+    assert f"server.{phase}_timeout_s = 0.5" in error["message"]
+
+
+async def test_slow_clients_get_408_and_others_are_served(pools: PoolStack) -> None:
+    port = int(pools.daemon.url.rsplit(":", 1)[1])
+    slow = [
+        (phase, slow_client(port, sent, trickle=False))
+        for sent, phase in SLOW.values()
+        for _ in range(NUM_PER_KIND)
+    ]
+    trickled = [("header", slow_client(port, WHOLE_HEAD, trickle=True)) for _ in range(3)]
+    normal = Sent("POST", "/v1/chat/completions", BODY, {"content-type": "application/json"})
+    async with session() as http:
+        answers, served = await asyncio.gather(
+            asyncio.gather(*(coro for _, coro in [*slow, *trickled])),
+            asyncio.gather(*(exchange(http, pools.daemon.url, normal, 10) for _ in range(20))),
+        )
+    for (phase, _), (answer, elapsed_s) in zip([*slow, *trickled], answers, strict=True):
+        assert_408(answer, phase)
+        assert elapsed_s < 3, elapsed_s
+    assert [a.status for a in served] == [200] * 20
+    # A keep-alive connection idle after its answer is closed without a word.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(WHOLE_HEAD + BODY)
+    idle_answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert idle_answer.startswith(b"HTTP/1.1 200 ") and idle_answer.endswith(b"}")
+    settled = await asyncio.to_thread(pools.daemon.wait_settled)
+    assert settled == (0.0, 0) and pools.daemon.readyz() == 200
+    record(
+        "slow_clients",
+        {
+            "slow_connections": len(answers),
+            "answered_408": len(answers),
+            "max_close_s": round(max(e for _, e in answers), 2),
+            "served_meanwhile": len(served),
+        },
+    )
