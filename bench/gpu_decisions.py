@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=Path, help="real-pair: JSONL of {task, prompt}")
     parser.add_argument("--exactness-prompts", type=int, default=64)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run every batch size, width and prompt length once before timing",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting runs after")
     args = parser.parse_args(argv)
@@ -72,12 +78,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    threads = torch.get_num_threads()
+    try:
+        return _main(parse_args(argv))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.merge:
         args.out.write_text(json.dumps(merge(args.merge), indent=2) + "\n")
         print(f"merged {len(args.merge)} files into {args.out}")
         return 0
     started = time.perf_counter()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # tiny CPU forwards: threads only contend (smoke runs)
     arm: Arm = load_arm(args)
     phases = parse_phases(args.phases, args.scale)
     span = tuple(int(x) for x in args.output_tokens.split(","))
@@ -96,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "arm_info": arm.info,
         "runs": [],
     }
-    arm.warm_up(prompt_span)  # type: ignore[arg-type]
+    if args.warm_up:
+        arm.warm_up(prompt_span)  # type: ignore[arg-type]
     if arm.context.synthetic is None and args.exactness_prompts:
         report["exactness"] = arm.exactness(args.exactness_prompts)
         _write(args.out, report, names)

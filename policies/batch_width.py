@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from policies import types
 from policies.acceptance import drafted_steps
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
@@ -206,7 +207,7 @@ class BatchWidth:
         rng_u: Callable[[], float] | None = None,
     ):
         self._spec = spec
-        self._positions = max(1, block_size - 1)
+        self._positions = max(1, types.max_spec_tokens(block_size))
         self._max_k = min(max_spec_tokens or self._positions, self._positions)
         self._min_k = min(min_spec_tokens, self._max_k)
         self._rng_u = rng_u or (lambda: 1.0)

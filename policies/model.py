@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from policies.types import TASKS, Task
+from policies.types import TASKS, Task, max_spec_tokens
 from policies.validation import validate_yaml
 
 SpecTokens = int | Literal["max"]
@@ -180,7 +180,7 @@ class PolicySpec(StrictModel):
 
     def bounds_for(self, block_size: int) -> tuple[int, int]:
         """The effective [min, max] k for a draft of ``block_size`` (k <= block_size - 1)."""
-        ceiling = block_size - 1
+        ceiling = max_spec_tokens(block_size)
         hi = ceiling if self.max_spec_tokens is None else min(self.max_spec_tokens, ceiling)
         lo = min(self.min_spec_tokens, hi)
         return lo, hi

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from bench.decisions.policies import Context
+from bench.engine_gpu import TINY  # the engine benchmark's CPU smoke shape
 from engines.cost_tables import load_cost_table
-from engines.embedded.checkpoint import ModelShape, target_shape
+from engines.embedded.checkpoint import target_shape
 from engines.embedded.engine import Engine
 from engines.embedded.events import SamplingParams, TokenEvent
 from engines.embedded.loader import build_models, load_runner
@@ -38,20 +39,6 @@ COST_TABLES = {
     "synthetic-32b": ROOT / "cost_tables/qwen3-32b-h200.json",
     "synthetic-tiny": ROOT / "cost_tables/qwen3-8b-h200.json",  # a stand-in: CPU smoke only
 }
-TINY = ModelShape(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=4,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    has_qk_norm=True,
-    attention_bias=False,
-    tie_word_embeddings=False,
-)
 SHAPES = {
     "synthetic-8b": TARGET_SHAPES["qwen3-8b"],
     "synthetic-32b": TARGET_SHAPES["qwen3-32b"],

@@ -6,6 +6,7 @@ planner's host time sits inside every measured step, as it does in the daemon.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections import defaultdict, deque
@@ -31,6 +32,9 @@ class PhaseTally:
     host: tuple[float, int] = (0.0, 0)
     # Pure decode steps (no admission) by (batch size, padded verify width): seconds each.
     by_shape: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Decode-only share: tokens and seconds of the steps that admitted no request.
+    decode_tokens: int = 0
+    decode_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         host_s, calls = self.host
@@ -45,6 +49,8 @@ class PhaseTally:
                 task: statistics.fmean(v) for task, v in self.accept_by_task.items() if v
             },
             "host_us_per_step": 1e6 * host_s / calls if calls else None,
+            # tok/s of the steps without a prefill: free of the prefill's run-to-run noise
+            "decode_tok_s": self.decode_tokens / self.decode_s if self.decode_s else None,
         }
 
 
@@ -56,15 +62,22 @@ def run_policy(
     multiple: int,
     on_phase: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> list[PhaseTally]:
-    """Every phase in turn, closed loop, each drained before the next starts."""
+    """Every phase in turn, closed loop, each drained before the next starts. The garbage
+    collector is off while a run is timed (a full collection mid-phase costs tens of ms that
+    would land on whichever policy happens to trigger it) and collects between runs."""
     engine.planner = built.planner
     tallies = []
-    for phase, phase_jobs in zip(phases, jobs, strict=True):
-        tally = _run_phase(engine, built, phase, phase_jobs, multiple)
-        tallies.append(tally)
-        if on_phase is not None:
-            on_phase(phase.name, tally.summary())
-    engine.planner = None
+    gc.collect()
+    gc.disable()
+    try:
+        for phase, phase_jobs in zip(phases, jobs, strict=True):
+            tally = _run_phase(engine, built, phase, phase_jobs, multiple)
+            tallies.append(tally)
+            if on_phase is not None:
+                on_phase(phase.name, tally.summary())
+    finally:
+        gc.enable()
+        engine.planner = None
     return tallies
 
 
@@ -99,6 +112,8 @@ def _run_phase(
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
             tally.by_shape[shape].append(step_s)
+            tally.decode_tokens += sum(len(e.token_ids) for _, e in events)  # type: ignore[union-attr]
+            tally.decode_s += step_s
     tally.elapsed_s = time.perf_counter() - started
     host_after = built.host()
     tally.host = (host_after[0] - host_before[0], host_after[1] - host_before[1])

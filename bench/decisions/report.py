@@ -37,6 +37,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
                 "mean_spec_tokens": _mean([c["mean_spec_tokens"] for c in cells]),
                 "step_ms_mean": _mean([c["step_ms_mean"] for c in cells]),
                 "host_us_per_step": _mean([c["host_us_per_step"] for c in cells]),
+                "decode_tok_s_mean": _mean([c.get("decode_tok_s") for c in cells]),
                 "accept_length_by_task": cells[-1]["accept_length_by_task"],
             }
         policies[name] = {

