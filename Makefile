@@ -51,8 +51,11 @@ typecheck: install-test
 
 # DRAFTCTL_REQUIRE_NATIVE=1: the classifier's C scorer must have been built by the install
 # (without a compiler draftctl falls back to numpy; CI must not hide that).
+# DRAFTCTL_STRICT_SKIPS=1: a skip that tests/ci_skips.py does not list fails the run (missing
+# data, browser, venv or dependency; tests/conftest.py).
 test: install-test vllm-venv browser-deps lint typecheck
-	DRAFTCTL_REQUIRE_NATIVE=1 DRAFTCTL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	DRAFTCTL_REQUIRE_NATIVE=1 DRAFTCTL_STRICT_SKIPS=1 \
+		DRAFTCTL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 		$(BIN)/pytest -q -ra
 
 clean:

@@ -1,25 +1,29 @@
 """Greedy speculation on the trained demo pair is exactly target-only greedy decoding.
 
-The pair in ``models/demo`` (block 8) runs through draftctl's engine on CPU (fp32, eager, so
-every step with mixed k is a packed ragged step) over 200 real prompts: GSM8K test questions,
-MBPP test-split tasks, MT-Bench first turns and GSM8K questions after two worked examples as
-earlier chat turns (held-out splits; 17 to ~390 tokens, through the pair's chat template), each
-generating 12-36 new tokens with no stop token. Every setting runs all 200 prompts with
-continuous batching (8 requests first, then 2 more before every step, at most 32 running, so
-requests join and leave mid-run): each fixed k = 1..7, and k drawn per step and request from a
-seeded controller in 0..7 (mixed k in almost every step: packed ragged verifies and drafts).
+The pair in ``models/demo`` (block 8) runs through draftctl's engine on CPU (fp32, eager) over
+200 real held-out prompts through the pair's chat template: 120 MBPP test-split tasks, 44 GSM8K
+test questions, 28 MT-Bench first turns and 8 GSM8K test questions after a worked example as an
+earlier turn (17 to 523 tokens, median 29, mean 57), each generating 10-24 new tokens (mean 17)
+with no stop token. Every setting runs all 200 prompts through one engine with continuous
+batching (16 requests first, then 4 more before every step, at most 32 running, so requests
+join and leave mid-run): each fixed k = 1..7, and k drawn per step and request from a seeded
+controller in 0..7. Steps whose rows run different k are packed ragged steps (CPU steps pack);
+they are 73-94% of the steps with fixed k (k is clamped near a request's end) and 90% with
+random k.
 
 The reference is target-only greedy decoding, checked token by token: the k = 7 outputs are
 teacher-forced through ``transformers``' Qwen3 (an implementation independent of the engine)
-and every generated token must be its argmax; every other setting must then emit the same
-tokens. A divergence names the prompt, the position and the logit margin there.
+and every generated token must be its argmax (the smallest top-2 logit margin met is 1.2e-3);
+every other setting must emit the same tokens. A divergence names the prompt, the position
+and the logit margin there.
 
-Measured on this 2-core machine (2026-12): the outputs hold 1,032 distinct token ids (of 6,144;
-~18 distinct per 24-token output, none a repeated single token); the share of verify steps with
-accept length > 1 is 0.53 at k = 1, 0.48-0.50 at k = 2..7 and 0.42 with random k (k = 0 steps
-included), mean accept length 1.5 (k = 1) to 1.9 (k = 7), and every k reaches its maximum
-accept length k + 1. The module takes ~90 s here (one engine load; eight runs of 200 prompts
-at ~10 s each; the teacher-forced check ~5 s).
+Measured (2026-12, this 2-core machine), to show the outputs are varied and drafts accepted:
+the outputs hold 725 distinct token ids (of 6,144), 14.4 distinct per output on average (at
+least 7); the share of verify steps with accept length > 1 is 0.49 at k = 1, 0.45-0.48 at
+k = 2..7 and 0.40 with random k (k = 0 steps included); mean accept length 1.49 (k = 1) to
+1.85 (k = 7); each fixed k reaches accept length k + 1. Time: ~10 s of CPU per run of 200
+prompts (one intra-op thread); the module took ~88 s at load average ~1 and about twice that
+while other jobs held the load average at ~5.
 """
 
 from __future__ import annotations
@@ -240,28 +244,32 @@ def share_multi_token(run: Run) -> float:
     return sum(a > 1 for a in accept) / len(accept)
 
 
-def test_outputs_are_varied_and_prompts_span_lengths(target_greedy, prompts) -> None:
+def test_outputs_are_varied_and_prompts_span_lengths(
+    target_greedy: list[list[int]], prompts: list[list[int]]
+) -> None:
     lengths = sorted(len(p) for p in prompts)
     assert lengths[0] < 32 and lengths[-1] > 300, (lengths[0], lengths[-1])
-    assert len({t for out in target_greedy for t in out}) > 800
+    assert len({t for out in target_greedy for t in out}) > 600
     distinct = [len(set(out)) for out in target_greedy]
     assert sum(distinct) / len(distinct) > 12 and min(distinct) > 1
 
 
 @pytest.mark.parametrize("k", range(1, BLOCK_SIZE))
-def test_fixed_k_equals_target_greedy(k, runs, target_greedy) -> None:
+def test_fixed_k_equals_target_greedy(k: int, runs: Runs, target_greedy: list[list[int]]) -> None:
     run = runs.get(k)
     assert_same_tokens(run, target_greedy, k)
     assert set(run.accept_lengths) == set(range(1, k + 2)), "every accept length 1..k+1"
     assert share_multi_token(run) > 0.4
-    assert len(set(run.rows_per_step)) > 8 and run.num_join_steps > 50, "joins/leaves"
+    assert len(set(run.rows_per_step)) > 8 and run.num_join_steps > 30, "joins/leaves"
 
 
-def test_random_k_per_step_with_ragged_steps_equals_target_greedy(runs, target_greedy) -> None:
+def test_random_k_per_step_with_ragged_steps_equals_target_greedy(
+    runs: Runs, target_greedy: list[list[int]]
+) -> None:
     assert runs.engine.runner.pack_ragged, "eager CPU steps pack ragged rows"
     run = runs.get("random")
     assert_same_tokens(run, target_greedy, "random k")
-    assert set(run.accept_lengths) == set(range(1, BLOCK_SIZE + 1))
+    assert set(run.accept_lengths) >= set(range(1, BLOCK_SIZE)), "accept lengths 1..7 at least"
     assert share_multi_token(run) > 0.35
-    assert run.num_mixed_k_steps > 0.9 * len(run.rows_per_step), "mixed-k (packed) steps"
-    assert len(set(run.rows_per_step)) > 8 and run.num_join_steps > 50, "joins/leaves"
+    assert run.num_mixed_k_steps > 0.8 * len(run.rows_per_step), "mixed-k (packed) steps"
+    assert len(set(run.rows_per_step)) > 8 and run.num_join_steps > 30, "joins/leaves"
