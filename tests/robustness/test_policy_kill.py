@@ -8,6 +8,7 @@ policy store is the same whatever the backends). ``DRAFTCTL_KILL_ROUNDS`` kills 
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import re
@@ -63,7 +64,7 @@ def write_until_killed(
         sent.add(text)
         try:
             status, _ = call(daemon, "PUT", "/admin/policy", text.encode())
-        except OSError:  # killed mid-request
+        except (OSError, http.client.HTTPException):  # killed mid-request
             return
         if status == 200:
             accepted.append(n)

