@@ -1,11 +1,11 @@
 """Property-based fuzzing of a real daemon: ``/v1/chat/completions``, ``/v1/completions`` and
 the admin API, with the embedded demo pair on CPU (issue 15's targets).
 
-Hypothesis draws each request (tests/robustness/strategies.py); a quarter of them run beside
+Hypothesis draws each request (tests/robustness/strategies.py); about one in ten runs beside
 a well-formed companion request, and a canary stream runs throughout. Per request: no status
 >= 500, no hang, no empty 200, every 4xx in the OpenAI error shape; every companion and canary
 request is a whole 200. At the end: ``/readyz`` 200, nothing in flight, RSS within 10% of its
-value after a warm-up that sent every heavy kind of request.
+value after a warm-up (every kind of request, then a short soak).
 
 CI size by default; ``DRAFTCTL_FUZZ_REQUESTS=10000`` for the full size (bench/robustness.py).
 Shrinking is off: a failing request is reported as sent, and the run's figures stay whole.
@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +29,7 @@ from tests.robustness.canary import COMPANION, TIMEOUT_S, Canary, check
 from tests.robustness.client import Sent, exchange, session
 from tests.robustness.daemon import TOKEN, Daemon
 from tests.robustness.report import record, size
+from tests.robustness.soak import soak
 from tests.robustness.strategies import (
     ALIAS_BOMB,
     RAW_BODIES,
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.slow
 
 NUM_REQUESTS = size("DRAFTCTL_FUZZ_REQUESTS")
 MAX_RSS_GROWTH = 0.10
+WARM_UP_SOAK = 100  # requests of the warm-up's short soak
 JSON = {"content-type": "application/json"}
 
 
@@ -85,18 +88,19 @@ def test_fuzzed_requests_never_hurt_the_daemon(
 ) -> None:
     http = loops.run(_open())
     try:
-        warm = Tally()
-        for _ in range(2):
-            for sent in warm_up_requests(cost_tables):
-                answer = loops.run(exchange(http, daemon.url, sent, TIMEOUT_S), TIMEOUT_S + 10)
-                warm.add(sent, answer, problem(answer, sent.path.startswith("/v1/")))
-        daemon.wait_settled()
+        warm = _warm_up(loops, http, daemon, cost_tables)
         rss_warm = daemon.rss_bytes()
         tally, companions = Tally(), Tally()
         fuzz_seed = int(os.environ.get("DRAFTCTL_FUZZ_SEED") or random.randrange(2**32))
+        rss_samples: list[int] = []  # after every tenth of the requests
+
+        def sample(num_sent: int) -> None:
+            if num_sent % max(1, NUM_REQUESTS // 10) == 0:
+                rss_samples.append(daemon.rss_bytes())
+
         canary = Canary(loops, http, daemon.url)
         try:
-            _fuzz(loops, http, daemon.url, cost_tables, fuzz_seed, tally, companions)
+            _fuzz(loops, http, daemon.url, cost_tables, fuzz_seed, tally, companions, sample)
         finally:
             canary_tally = canary.stop()
         settled = daemon.wait_settled()
@@ -113,6 +117,7 @@ def test_fuzzed_requests_never_hurt_the_daemon(
         "readyz_after": ready,
         "inflight_after": {"gauge": settled[0], "gateway": settled[1]},
         "rss_after_warm_up_bytes": rss_warm,
+        "rss_every_tenth_bytes": rss_samples,
         "rss_after_bytes": rss_end,
         "rss_growth": round(rss_end / rss_warm - 1, 4),
     }
@@ -126,6 +131,22 @@ def test_fuzzed_requests_never_hurt_the_daemon(
     assert rss_end <= rss_warm * (1 + MAX_RSS_GROWTH), (rss_warm, rss_end)
 
 
+def _warm_up(
+    loops: LoopThread, http: aiohttp.ClientSession, daemon: Daemon, tables: dict[str, Path]
+) -> Tally:
+    """Every kind of request twice, then a short soak (concurrent mixed requests, clients
+    leaving): the RSS baseline is taken once the daemon has seen all of it."""
+    warm = Tally()
+    for _ in range(2):
+        for sent in warm_up_requests(tables):
+            answer = loops.run(exchange(http, daemon.url, sent, TIMEOUT_S), TIMEOUT_S + 10)
+            warm.add(sent, answer, problem(answer, sent.path.startswith("/v1/")))
+    burst = loops.run(soak(http, daemon.url, WARM_UP_SOAK, 24, seed=0), 600)
+    assert not burst.problems, burst.report()
+    daemon.wait_settled()
+    return warm
+
+
 def _fuzz(
     loops: LoopThread,
     http: aiohttp.ClientSession,
@@ -134,6 +155,7 @@ def _fuzz(
     fuzz_seed: int,
     tally: Tally,
     companions: Tally,
+    on_sent: Callable[[int], None],
 ) -> None:
     @seed(fuzz_seed)
     @settings(
@@ -146,6 +168,7 @@ def _fuzz(
     @given(case=cases(TOKEN, tables))
     def one(case: Case) -> None:
         loops.run(send_case(http, base, case, tally, companions), 2 * TIMEOUT_S + 10)
+        on_sent(tally.num_requests)
 
     one()
 
