@@ -8,7 +8,8 @@ in, or a body that stops halfway. Here a new connection must start a request wit
 first byte and its body within ``body_timeout_s`` of the head; otherwise the client gets a
 408 OpenAI error and the connection is closed. A request whose head and body arrive in one
 read, the common case, arms no timer: one is armed only when a read ends mid-request, and
-it is re-armed, not replaced, when the deadline moves.
+it is re-armed, not replaced, when the deadline moves. Bytes that do not parse as HTTP get
+uvicorn's 400 with an OpenAI error body (code ``invalid_http``) instead of its plain text.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from controller.openai_errors import read_timeout
+from controller.openai_errors import ApiError, read_timeout
 
 Phase = Literal["header", "body"]
 
@@ -101,6 +102,14 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             return self.cycle is not None and not self.cycle.response_complete
         return bool(self.pipeline)  # this request's cycle waits behind another one
 
+    def send_400_response(self, msg: str) -> None:
+        """Bytes that do not parse as HTTP: uvicorn's 400, with an OpenAI error body instead of
+        its plain text (``msg`` is e.g. "Invalid HTTP request received.")."""
+        self._stop()
+        error = ApiError(400, f"{msg} Send a well-formed HTTP/1.1 request.", code="invalid_http")
+        self.transport.write(_response(b"400 Bad Request", error.body_bytes()))
+        self.transport.close()
+
     def _expire(self, phase: Phase) -> None:
         """Answer 408 unless this request's response already started (then just close)."""
         self._phase = None
@@ -108,15 +117,17 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         # disconnect, and what it sends after that is dropped by uvicorn.
         if phase == "header" or not self.cycle.response_started:
             limit_s = self.header_timeout_s if phase == "header" else self.body_timeout_s
-            self.transport.write(_response_408(read_timeout(phase, limit_s).body_bytes()))
+            body = read_timeout(phase, limit_s).body_bytes()
+            self.transport.write(_response(b"408 Request Timeout", body))
         self.transport.close()
 
 
-def _response_408(body: bytes) -> bytes:
+def _response(status: bytes, body: bytes) -> bytes:
+    """A whole response that closes the connection (written before any app runs)."""
     head = (
-        b"HTTP/1.1 408 Request Timeout\r\n"
+        b"HTTP/1.1 %s\r\n"
         b"content-type: application/json\r\n"
         b"content-length: %d\r\n"
         b"connection: close\r\n\r\n"
     )
-    return head % len(body) + body
+    return head % (status, len(body)) + body

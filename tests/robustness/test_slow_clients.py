@@ -1,6 +1,7 @@
-"""Slow and silent clients against a real daemon: each gets a 408 in the OpenAI shape and its
-connection closed within the read timeouts (0.5 s here), idle keep-alive connections are
-closed, and well-formed requests sent meanwhile are served as usual."""
+"""Slow, silent and malformed HTTP clients against a real daemon: each slow one gets a 408 in
+the OpenAI shape and its connection closed within the read timeouts (0.5 s here), idle
+keep-alive connections are closed, bytes that are not HTTP get an OpenAI-shaped 400, and
+well-formed requests sent meanwhile are served as usual."""
 
 from __future__ import annotations
 
@@ -93,3 +94,23 @@ async def test_slow_clients_get_408_and_others_are_served(pools: PoolStack) -> N
             "served_meanwhile": len(served),
         },
     )
+
+
+NOT_HTTP = [
+    b"GARBAGE\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/\x00completions HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS hello on the plain port
+]
+
+
+@pytest.mark.parametrize("sent", NOT_HTTP)
+async def test_bytes_that_are_not_http_get_an_openai_400(pools: PoolStack, sent: bytes) -> None:
+    """uvicorn answered these with a plain-text 400 ("Invalid HTTP request received.")."""
+    port = int(pools.daemon.url.rsplit(":", 1)[1])
+    answer, _ = await slow_client(port, sent, trickle=False)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    error = openai_error(answer.split(b"\r\n\r\n", 1)[1])
+    assert error is not None and error["code"] == "invalid_http", answer
