@@ -24,6 +24,10 @@ class ServerConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # After SIGTERM: keep listening and serving for drain_grace_s with /readyz answering 503
+    # (so a load balancer sees not-ready and stops routing), then stop accepting connections
+    # and drain in-flight requests for up to drain_timeout_s. SIGINT (Ctrl-C) skips the grace.
+    drain_grace_s: float = Field(default=5.0, ge=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
     # A new connection must start a request within header_timeout_s, a request's head must be

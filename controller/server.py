@@ -1,8 +1,9 @@
 """The daemon: one Server with startup, main loop and shutdown (the uvicorn shape).
 
-Signal handlers only set flags. SIGTERM/SIGINT stop accepting connections, report
-not-ready, and let in-flight requests finish for up to ``server.drain_timeout_s``; a second
-signal forces the exit.
+Signal handlers only set flags. SIGTERM reports not-ready at once and keeps serving for
+``server.drain_grace_s`` (so that a load balancer polling ``/readyz`` sees the 503 and stops
+routing here), then stops accepting connections and lets in-flight requests finish for up to
+``server.drain_timeout_s``. SIGINT skips the grace; a second signal forces the exit.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Server:
         self.port = config.server.port if port is None else port
         self.should_exit = False
         self.is_draining = False
+        self._grace_until: float | None = None
         self.started = asyncio.Event()
         self.metrics = Metrics()
         self.stats = LiveStats(config.stats.window_s, time.monotonic())
@@ -80,9 +82,19 @@ class Server:
         self._sock: socket.socket | None = None
 
     def handle_exit(self, sig: int) -> None:
-        if self.should_exit and self._uvicorn is not None:
-            self._uvicorn.force_exit = True
-        self.should_exit = True
+        if self.should_exit or self.is_draining:  # a second signal: no grace, no drain
+            self._grace_until = None
+            if self._uvicorn is not None:
+                self._uvicorn.force_exit = True
+            self.should_exit = True
+            return
+        self.is_draining = True  # /readyz answers 503 from now on
+        grace = self.config.server.drain_grace_s
+        if sig == signal.SIGTERM and grace > 0:
+            log.info("SIGTERM: not ready; serving %.1f s more before draining", grace)
+            self._grace_until = time.monotonic() + grace
+        else:
+            self.should_exit = True
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -171,6 +183,10 @@ class Server:
         assert self._uvicorn is not None, "startup() first"
         counter = 0
         while not self.should_exit:
+            if self._grace_until is not None and time.monotonic() >= self._grace_until:
+                self._grace_until = None
+                self.should_exit = True
+                break
             await self._uvicorn.on_tick(counter)
             if counter % _SAMPLE_EVERY_TICKS == 0:
                 inflight = self.gateway.num_inflight if self.gateway else 0

@@ -25,7 +25,7 @@ from typing import Any
 
 from controller.policy.build import DEFAULT_BLOCK_SIZE, BuiltPolicy, validate_and_build
 from controller.policy.document import DEFAULT_POLICY_TEXT, decode_policy
-from controller.policy.files import FileSignature, write_atomically
+from controller.policy.files import FileSignature, remove_stale_temp_files, write_atomically
 from controller.policy.running import RunningPolicy
 from controller.policy.versions import VersionLog, text_sha256
 from policies.model import PolicySpec
@@ -89,6 +89,7 @@ class PolicyStore:
         self.num_rejected_file_changes = 0
         # The live file as the store last wrote it (None: not written by this store yet).
         self.written: FileSignature | None = None
+        remove_stale_temp_files(path.parent, lambda name: name == path.name)
         self._active = self._load()
 
     # -- reading -------------------------------------------------------------------------

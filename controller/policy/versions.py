@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.policy.files import write_atomically
+from controller.policy.files import remove_stale_temp_files, write_atomically
 
 log = logging.getLogger(__name__)
 
 _VERSION_FILE = re.compile(r"^v(\d{6,})\.yaml$")
+_VERSION_OR_SIDECAR = re.compile(r"^v\d{6,}\.(yaml|json)$")
 
 
 def text_sha256(text: str) -> str:
@@ -57,6 +58,7 @@ class VersionLog:
         self._dir = versions_dir
         self._max_versions = max_versions
         self._dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(self._dir, lambda name: bool(_VERSION_OR_SIDECAR.match(name)))
 
     def numbers(self) -> list[int]:
         found = (_VERSION_FILE.match(p.name) for p in self._dir.iterdir())

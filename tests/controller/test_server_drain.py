@@ -39,15 +39,19 @@ async def _start_daemon(config: Path) -> tuple[asyncio.subprocess.Process, str]:
             return proc, found.group(1)
 
 
-async def test_sigterm_drains_in_flight_stream(
-    tmp_path: Path, start_upstream: StartUpstream
+@pytest.mark.parametrize(
+    ("sig", "grace_s"),
+    [(signal.SIGTERM, 0.0), (signal.SIGINT, 5.0)],  # SIGINT (Ctrl-C) skips the grace
+)
+async def test_signal_drains_in_flight_stream(
+    tmp_path: Path, start_upstream: StartUpstream, sig: signal.Signals, grace_s: float
 ) -> None:
     upstream = await start_upstream(num_chunks=20, chunk_delay_s=0.05)
     config = tmp_path / "config.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "server": {"drain_timeout_s": 10},
+                "server": {"drain_timeout_s": 10, "drain_grace_s": grace_s},
                 "backends": [pool("k7", upstream.url, 7)],
             }
         )
@@ -59,7 +63,7 @@ async def test_sigterm_drains_in_flight_stream(
             async with session.post(url + "/v1/chat/completions", json=body) as resp:
                 first = await resp.content.readany()
                 assert first.startswith(b"data: ")
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(sig)
                 await asyncio.sleep(0.3)
                 with pytest.raises(aiohttp.ClientConnectionError):  # no longer accepting
                     async with aiohttp.ClientSession() as other:

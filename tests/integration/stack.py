@@ -82,7 +82,7 @@ def write_gateway_files(directory: Path, fleet: Fleet, port: int) -> Path:
     """
     pool = {"model": MODEL, "block_size": BLOCK_SIZE, "health_interval_s": 0.5, "timeout_s": 120}
     config = {
-        "server": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 5},
+        "server": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 5, "drain_grace_s": 0},
         "policy": {"path": "policy.yaml", "versions_dir": "policy-versions"},
         "stats": {"window_s": 600, "scrape_interval_s": 0.5},
         "backends": [

@@ -135,7 +135,13 @@ class Daemon:
 
 def write_config(directory: Path, backends: list[dict[str, Any]], port: int, **server: Any) -> Path:
     config = {
-        "server": {"host": "127.0.0.1", "port": port, "drain_timeout_s": 5, **server},
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "drain_timeout_s": 5,
+            "drain_grace_s": 0,
+            **server,
+        },
         "policy": {"path": "policy.yaml", "versions_dir": "policy-versions"},
         "stats": {"window_s": 60, "scrape_interval_s": 0.5},
         "backends": backends,

@@ -1,7 +1,9 @@
 """Long requests on the real daemon (embedded demo pair, 1024-token context): a whole request
 whose client leaves stops generating at once, and SIGTERM with open streams gives every
 stream a clean end (``[DONE]``) or an SSE error event saying the drain cut it, a whole request
-still running a 503 ``shutting_down``; nothing is cut silently, and the process exits 0.
+still running a 503 ``shutting_down``; nothing is cut silently, and the process exits 0. During
+``drain_grace_s`` after the SIGTERM, ``/readyz`` answers 503 and new requests are still served;
+then new connections are refused.
 
 A greedy "Tell me a long story." runs to max_tokens on the demo pair (it reached 480 tokens
 without an end-of-text): 900 tokens are seconds of decoding here, however fast a step is.
@@ -25,6 +27,7 @@ from tests.robustness.verdict import openai_error, sse_events, stream_problem
 pytestmark = pytest.mark.slow
 
 DRAIN_TIMEOUT_S = 2.0
+DRAIN_GRACE_S = 1.5
 LONG = 900  # tokens: never done within the drain
 
 
@@ -33,7 +36,13 @@ def long_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     pytest.importorskip("torch")
     directory = tmp_path_factory.mktemp("long-requests")
     backends = [embedded_backend(max_seq_len=1024)]
-    daemon = start_daemon(directory, backends, drain_timeout_s=DRAIN_TIMEOUT_S, name="long")
+    daemon = start_daemon(
+        directory,
+        backends,
+        drain_timeout_s=DRAIN_TIMEOUT_S,
+        drain_grace_s=DRAIN_GRACE_S,
+        name="long",
+    )
     try:
         yield daemon
     finally:
@@ -99,13 +108,25 @@ async def test_sigterm_ends_every_open_stream_cleanly_or_with_an_error_event(
         await asyncio.sleep(0.2)  # the whole request is being decoded
         signalled = time.monotonic()
         long_daemon.process.kill(signal.SIGTERM)
-        bodies = await asyncio.wait_for(asyncio.gather(*streams), DRAIN_TIMEOUT_S + 10)
+        await asyncio.sleep(0.2)
+        # The grace: not ready, yet still listening and serving new requests.
+        ready = await exchange(http, long_daemon.url, Sent("GET", "/readyz", b""), 5)
+        late = await exchange(http, long_daemon.url, request(4, False), 5)
+        in_grace_s = time.monotonic() - signalled
+        bodies = await asyncio.wait_for(
+            asyncio.gather(*streams), DRAIN_GRACE_S + DRAIN_TIMEOUT_S + 10
+        )
         whole_answer: Answer = await whole
+        after = await exchange(http, long_daemon.url, Sent("GET", "/readyz", b""), 5)
     ended_s = time.monotonic() - signalled
     returncode = await asyncio.to_thread(long_daemon.process.popen.wait, 20)
+    assert in_grace_s < DRAIN_GRACE_S, "the checks below ran after the grace: inconclusive"
+    assert ready.status == 503 and json.loads(ready.body)["draining"] is True, ready
+    assert late.status == 200 and json.loads(late.body)["choices"], late
+    assert after.status is None, after  # listener closed once the grace was over
     assert [outcome(b) for b in bodies] == ["done"] * 2 + ["shutting_down"] * 3
     error = openai_error(whole_answer.body)
     assert whole_answer.status == 503 and error is not None, whole_answer
     assert error["code"] == "shutting_down"
-    assert ended_s < DRAIN_TIMEOUT_S + 5
+    assert ended_s < DRAIN_GRACE_S + DRAIN_TIMEOUT_S + 5
     assert returncode == 0

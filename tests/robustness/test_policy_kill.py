@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import re
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from controller.policy.document import DEFAULT_POLICY_TEXT
+from controller.policy.files import STALE_TEMP_AGE_S
 from tests.robustness.daemon import Daemon, pool_backend, start_daemon
 from tests.robustness.report import record, size
 from tests.robustness.verdict import openai_error
@@ -80,8 +82,12 @@ def assert_whole(directory: Path, sent: set[str]) -> int:
             assert path.read_text() in sent, path
         elif path.suffix == ".json" and VERSION_FILE.match(path.name):
             assert json.loads(path.read_text())["version"] >= 1
-    temps = [p for p in [*versions.iterdir(), *directory.iterdir()] if p.name.endswith(".tmp")]
-    return len(temps)
+    return len(temp_files(directory))
+
+
+def temp_files(directory: Path) -> list[Path]:
+    versions = directory / "policy-versions"
+    return [p for p in [*versions.iterdir(), *directory.iterdir()] if p.name.endswith(".tmp")]
 
 
 def test_sigkill_during_policy_writes_never_tears_the_file(tmp_path: Path) -> None:
@@ -111,14 +117,28 @@ def test_sigkill_during_policy_writes_never_tears_the_file(tmp_path: Path) -> No
         assert accepted, f"round {round_}: no write was accepted before the kill"
         num_accepted += len(accepted)
         num_temps = assert_whole(tmp_path, sent)
+    # A restart removes the temp files that kills left, once older than any write can take
+    # (STALE_TEMP_AGE_S); a real restart after a crash is later than that, here they are aged.
+    aged_s = time.time() - STALE_TEMP_AGE_S - 1
+    for leftover in temp_files(tmp_path):
+        os.utime(leftover, (aged_s, aged_s))
     daemon = start(tmp_path, "kill-final")
     try:
         status, text = call(daemon, "GET", "/admin/policy")
         assert status == 200 and text.decode() == (tmp_path / "policy.yaml").read_text()
+        assert temp_files(tmp_path) == []
     finally:
         daemon.stop()
     figures = {"rounds": NUM_ROUNDS, "restarts": NUM_ROUNDS, "accepted_writes": num_accepted}
-    record("policy_kill", {**figures, "torn_files": 0, "leftover_temp_files": num_temps})
+    record(
+        "policy_kill",
+        {
+            **figures,
+            "torn_files": 0,
+            "leftover_temp_files": num_temps,
+            "temp_files_after_restart": 0,
+        },
+    )
 
 
 def test_unbuildable_policies_change_nothing_and_the_daemon_restarts(tmp_path: Path) -> None:

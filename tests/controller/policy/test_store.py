@@ -6,12 +6,13 @@ import json
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
 from controller.policy.document import DEFAULT_POLICY_TEXT
-from controller.policy.files import FileSignature
+from controller.policy.files import STALE_TEMP_AGE_S, FileSignature
 from controller.policy.running import RunningPolicy
 from controller.policy.store import PolicyStore, PreconditionFailed, UnknownVersion
 from policies.types import Task
@@ -274,3 +275,30 @@ def test_an_accepted_change_clears_the_stale_file_error(tmp_path: Path) -> None:
     assert store.last_file_error is not None
     store.apply(CHAT_OFF)  # rewrites the file with an accepted policy
     assert store.last_file_error is None and store.num_rejected_file_changes == 1
+
+
+def test_start_removes_temp_files_left_by_killed_writes_but_not_young_or_foreign_ones(
+    tmp_path: Path,
+) -> None:
+    make_store(tmp_path).apply(CHAT_OFF)
+    versions = tmp_path / "versions"
+    stale = [
+        tmp_path / ".policy.yaml.0123456789ab.tmp",
+        versions / ".v000003.yaml.a1b2c3d4e5f6.tmp",
+        versions / ".v000002.json.ffffffffffff.tmp",
+    ]
+    young = versions / ".v000003.json.abcdefabcdef.tmp"  # maybe another process mid-write
+    foreign = [
+        tmp_path / ".other.yaml.0123456789ab.tmp",  # not a temp of the policy file
+        tmp_path / ".policy.yaml.notahexname.tmp",
+        versions / "notes.tmp",
+    ]
+    aged_s = time.time() - STALE_TEMP_AGE_S - 1
+    for path in [*stale, young, *foreign]:
+        path.write_text("partial")
+        if path is not young:
+            os.utime(path, (aged_s, aged_s))
+    store = make_store(tmp_path)
+    assert store.current()[1] == CHAT_OFF
+    assert [p.exists() for p in stale] == [False] * 3
+    assert young.exists() and all(p.exists() for p in foreign)
