@@ -49,7 +49,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--arm", choices=["synthetic-8b", "synthetic-32b", "synthetic-tiny", "real-pair"]
     )
     parser.add_argument("--out", type=Path, required=True, help="JSON, rewritten after each run")
-    parser.add_argument("--merge", type=Path, nargs="+", help="merge arm JSONs into --out")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="merge arm JSONs into --out (files of one arm pool their runs)",
+    )
     parser.add_argument("--policies", default=",".join((*NAMES, "oracle")))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phases", default=DEFAULT_PHASES, help="NAME:C:N:task=share,...;...")
@@ -61,7 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=Path, help="real-pair: target directory")
     parser.add_argument("--draft", type=Path, help="real-pair: draft directory")
     parser.add_argument("--prompts", type=Path, help="real-pair: JSONL of {task, prompt}")
-    parser.add_argument("--exactness-prompts", type=int, default=64)
+    parser.add_argument(
+        "--exactness-prompts", type=int, default=256, help="real-pair: greedy check (0: skip)"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",
@@ -69,7 +76,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=True,
         help="run every batch size, width and prompt length once before timing",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="requests and acceptance draws")
+    parser.add_argument(
+        "--order-seed",
+        default=None,
+        help="the policies' random order (default: --seed); another call adding repeats of the "
+        "same requests takes another",
+    )
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting runs after")
     args = parser.parse_args(argv)
     if args.merge is None and args.arm is None:
@@ -116,7 +129,7 @@ def _main(args: argparse.Namespace) -> int:
     if arm.context.synthetic is None and args.exactness_prompts:
         report["exactness"] = arm.exactness(args.exactness_prompts)
         _write(args.out, report, names)
-    rng = random.Random(f"order:{args.seed}")
+    rng = random.Random(f"order:{args.seed if args.order_seed is None else args.order_seed}")
     for repeat in range(args.repeats):
         order = rng.sample(names, len(names))
         for name in order:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from bench.decisions import exactness
 from bench.decisions.policies import Context
 from bench.engine_gpu import TINY  # the engine benchmark's CPU smoke shape
 from engines.cost_tables import load_cost_table
@@ -87,35 +88,11 @@ class Arm:
             _run_all(self.engine, requests)
 
     def exactness(self, num_prompts: int) -> dict[str, Any]:
-        """Greedy tokens at each k against k = 0, the whole set batched at once (real acceptance
-        only: synthetic mode is not lossless by design)."""
+        """bench/decisions/exactness.py on this engine (real acceptance only: synthetic mode is
+        not lossless by design)."""
+        target = self.info.get("target")
         prompts = self.exactness_prompts[:num_prompts]
-        outputs: dict[int, list[list[int]]] = {}
-        for k in sorted({0, 4, max_spec_tokens(self.context.block_size)}):
-            requests = [
-                Request(
-                    f"exact-{k}-{i}",
-                    ids,
-                    SamplingParams(max_new_tokens=128),
-                    lambda v, k=k: k,
-                    {"task": "chat"},
-                )
-                for i, ids in enumerate(prompts)
-            ]
-            _run_all(self.engine, requests)
-            outputs[k] = [list(r.output_ids) for r in requests]
-        plain = outputs[0]
-        result: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": 128}
-        for k, got in outputs.items():
-            if k == 0:
-                continue
-            diverged = [
-                {"prompt": i, "first_index": _first_difference(a, b)}
-                for i, (a, b) in enumerate(zip(plain, got, strict=True))
-                if a != b
-            ]
-            result[f"k{k}"] = {"identical": len(prompts) - len(diverged), "diverged": diverged}
-        return result
+        return exactness.check(self.engine, prompts, Path(target) if target else None)
 
 
 def load_arm(args: argparse.Namespace) -> Arm:
@@ -195,7 +172,9 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         "measured_rates": _rounded(rates),
         "accept_length_k_max": {t.value: 1 + sum(_cumprod(r)) for t, r in rates.items()},
     }
-    mixed = [ids for task in Task for ids in by_task[task][:32]]
+    # Tasks interleaved, so any prefix of the list (--exactness-prompts) mixes them.
+    lists = [by_task[task] for task in Task]
+    mixed = [p[i] for i in range(max(map(len, lists))) for p in lists if i < len(p)]
     return Arm(engine, context, prompt_for, _device_name(device), info, mixed)
 
 
@@ -285,12 +264,6 @@ def _run_all(engine: Engine, requests: list[Request]) -> None:
         for request, event in engine.step():
             if not isinstance(event, TokenEvent):
                 raise RuntimeError(f"request {request.request_id} failed: {event}")
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
 
 
 def _cumprod(rates: list[float]) -> list[float]:

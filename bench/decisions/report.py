@@ -1,7 +1,9 @@
 """Results: per policy mean and spread over repeats, per phase, and the results file that other
 checks read (issue #13): ``{"engine", "command", "arms": {ARM: {"policies": {NAME:
 {"tok_s_mean", "tok_s_spread", "repeats", "phases": {PHASE: {"tok_s_mean",
-"mean_spec_tokens", "step_ms_mean"}}}}}}}``. Spread = (max - min) / 2 over repeats."""
+"mean_spec_tokens", "step_ms_mean"}}}}}}}``. Spread = (max - min) / 2 over repeats; each
+ratio of goodput to a baseline carries its noise (``noise_vs_<name>``, per phase ``noise``):
+the sum of both sides' relative spreads."""
 
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(kept) if kept else None
 
 
+def _noise(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The ratio a/b's own noise: the sum of both cells' relative spreads over their repeats. A
+    ratio within 1 ± noise is no measured difference."""
+    return float(a["tok_s_spread"] / a["tok_s_mean"] + b["tok_s_spread"] / b["tok_s_mean"])
+
+
 def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for name in names:
@@ -34,6 +42,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
             phases[phase] = {
                 "tok_s_mean": _mean([c["tok_s"] for c in cells]),
                 "tok_s_spread": _spread([c["tok_s"] for c in cells]),
+                "tok_s_runs": [c["tok_s"] for c in cells],
                 "mean_spec_tokens": _mean([c["mean_spec_tokens"] for c in cells]),
                 "step_ms_mean": _mean([c["step_ms_mean"] for c in cells]),
                 "host_us_per_step": _mean([c["host_us_per_step"] for c in cells]),
@@ -61,16 +70,22 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
         best = max(static, key=lambda n: static[n]["tok_s_mean"])
         out["best_static_overall"] = best
         out["vs_best_static"] = goodput["tok_s_mean"] / static[best]["tok_s_mean"]
+        out["noise_vs_best_static"] = _noise(goodput, static[best])
     for name in ("static-k15", "vllm-av", "dsd-schedule", "no-spec", "oracle"):
         if name in policies:
             out[f"vs_{name}"] = goodput["tok_s_mean"] / policies[name]["tok_s_mean"]
+            out[f"noise_vs_{name}"] = _noise(goodput, policies[name])
     per_phase: dict[str, Any] = {}
     for phase, cell in goodput["phases"].items():
         statics = {n: p["phases"][phase]["tok_s_mean"] for n, p in static.items()}
         entry: dict[str, Any] = {}
         if statics:
             best = max(statics, key=lambda n: statics[n])
-            entry = {"best_static": best, "vs_best_static": cell["tok_s_mean"] / statics[best]}
+            entry = {
+                "best_static": best,
+                "vs_best_static": cell["tok_s_mean"] / statics[best],
+                "noise": _noise(cell, static[best]["phases"][phase]),
+            }
         if "no-spec" in policies:
             plain = policies["no-spec"]["phases"][phase]["tok_s_mean"]
             entry["vs_no_spec"] = cell["tok_s_mean"] / plain
@@ -80,16 +95,31 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
-    """The results file from one JSON per arm (each arm's own command kept with it)."""
-    arms: dict[str, Any] = {}
+    """The results file from one JSON per arm (each arm's own command kept with it). Several
+    files of one arm (calls that added repeats of the same requests) pool their runs; they must
+    agree on the phases and the arm."""
+    reports: dict[str, list[dict[str, Any]]] = {}
     for path in paths:
         report = json.loads(path.read_text())
-        arms[report["arm"]] = {
-            "command": report["command"],
-            "device": report["device"],
-            "policies": report["summary"]["policies"],
-            "ratios": report["summary"]["ratios"],
-            **({"exactness": report["exactness"]} if "exactness" in report else {}),
+        reports.setdefault(report["arm"], []).append(report)
+    arms: dict[str, Any] = {}
+    for arm, group in reports.items():
+        first = group[0]
+        for other in group[1:]:
+            if other["phases"] != first["phases"] or other["arm_info"] != first["arm_info"]:
+                raise ValueError(f"arm {arm}: the files differ in phases or arm; cannot pool")
+        runs = [
+            {**run, "call": call} for call, report in enumerate(group) for run in report["runs"]
+        ]
+        names = list(dict.fromkeys(run["policy"] for run in runs))
+        summary = summarise(runs, names) if len(group) > 1 else first["summary"]
+        arms[arm] = {
+            "command": "; ".join(r["command"] for r in group),
+            "device": first["device"],
+            "calls": len(group),
+            "policies": summary["policies"],
+            "ratios": summary["ratios"],
+            **({"exactness": first["exactness"]} if "exactness" in first else {}),
         }
     commands = "; ".join(a["command"] for a in arms.values())
     return {"engine": "padded", "command": commands, "arms": arms}

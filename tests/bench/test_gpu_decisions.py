@@ -62,3 +62,26 @@ def test_merged_results_file_has_the_documented_shape(arm_json: Path, tmp_path: 
         assert {"tok_s_mean", "tok_s_spread", "repeats", "phases"} <= set(cell)
         for phase in ("math", "mixed", "chat"):
             assert {"tok_s_mean", "mean_spec_tokens", "step_ms_mean"} <= set(cell["phases"][phase])
+
+
+def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> None:
+    """A second call adding repeats of the same requests: the merged arm holds both calls' runs
+    and every ratio carries its noise."""
+    data = json.loads(arm_json.read_text())
+    second = tmp_path / "second.json"
+    for run in data["runs"]:
+        run["tok_s"] *= 1.1
+    second.write_text(json.dumps(data))
+    merged = tmp_path / "gpu_decisions.json"
+    assert main(["--merge", str(arm_json), str(second), "--out", str(merged)]) == 0
+    arm = json.loads(merged.read_text())["arms"]["synthetic-tiny"]
+    assert arm["calls"] == 2
+    goodput = arm["policies"]["goodput"]
+    assert goodput["repeats"] == 2 and len(goodput["tok_s_runs"]) == 2
+    assert goodput["tok_s_spread"] == pytest.approx(goodput["tok_s_runs"][0] * 0.05)
+    assert arm["ratios"]["noise_vs_best_static"] == pytest.approx(0.1 / 2.1 * 2)
+    assert "noise" in arm["ratios"]["phases"]["math"]
+    data["phases"][0]["num_requests"] += 1
+    second.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="cannot pool"):
+        main(["--merge", str(arm_json), str(second), "--out", str(merged)])
