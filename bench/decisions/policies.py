@@ -88,6 +88,11 @@ class BaselinePlanner:
     def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
         return None  # baselines learn from the rows' histories in decide_step
 
+    def prepare(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> None:
+        return None  # nothing to prepare ahead: plan() decides on the step's own rows
+
     def _row(self, view: RequestView) -> StepRow:
         """A request's row, reused while its ceiling holds (its lists grow in place)."""
         row = self._rows.get(view.request_id)

@@ -4,6 +4,7 @@ file has the shape other checks read (issue #13), and every policy serves the sa
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,22 @@ from bench.gpu_decisions import main
 POLICIES = "no-spec,static-k7,dsd-schedule,vllm-av,goodput,oracle"
 
 
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+ENGINE_LOG = _Collect()
+
+
 @pytest.fixture(scope="module")
 def arm_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One CPU run of every policy; the engine's warnings (a planner that raises is logged and
+    drafting goes off for the step, so a broken planner would still "run") are collected."""
     out = tmp_path_factory.mktemp("gpu") / "synthetic-tiny.json"
     argv = [
         "--arm",
@@ -36,8 +51,17 @@ def arm_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--out",
         str(out),
     ]
-    assert main(argv) == 0
+    engine_logger = logging.getLogger("engines.embedded.engine")
+    engine_logger.addHandler(ENGINE_LOG)
+    try:
+        assert main(argv) == 0
+    finally:
+        engine_logger.removeHandler(ENGINE_LOG)
     return out
+
+
+def test_no_policy_failed_inside_the_engine(arm_json: Path) -> None:
+    assert [r.getMessage() for r in ENGINE_LOG.records] == []
 
 
 def test_every_policy_ran_on_the_same_requests(arm_json: Path) -> None:

@@ -4,6 +4,7 @@ OpenAI shapes with the official client, routing by the policy, acceptance statis
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,13 +41,29 @@ def vllm_outcome(body: dict[str, Any]) -> Outcome:
     return outcome
 
 
+# Scrapes every 0.5 s (stack.py), published to the stats every 1 s: a scrape taken while the
+# last request ran can still arrive this long after it ended.
+IDLE_SETTLE_S = 3.0
+
+
 def wait_idle(gateway: Gateway) -> None:
-    wait_for(
-        lambda: [backend_stats(gateway, name) for name in (K7, NOSPEC)],
-        lambda pools: all(p["inflight"] == 0 and not p["running"] for p in pools),
-        timeout_s=90,
-        what="both pools idle (draftctl in-flight and scraped running)",
-    )
+    """Both pools idle, and still idle IDLE_SETTLE_S later: a "running 0" published from a
+    scrape older than the last request would otherwise pass, and the stale "running 1" that
+    follows it count as load for the next request."""
+    deadline = time.monotonic() + 90
+    idle_since: float | None = None
+    while True:
+        pools = [backend_stats(gateway, name) for name in (K7, NOSPEC)]
+        now = time.monotonic()
+        if all(p["inflight"] == 0 and not p["running"] and not p["waiting"] for p in pools):
+            idle_since = now if idle_since is None else idle_since
+            if now - idle_since >= IDLE_SETTLE_S:
+                return
+        else:
+            idle_since = None
+        if now > deadline:
+            raise AssertionError(f"both pools idle (in-flight and scraped): last {pools!r}")
+        time.sleep(0.25)
 
 
 def test_models_lists_the_served_model(gateway: Gateway) -> None:
