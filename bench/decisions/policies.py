@@ -88,9 +88,7 @@ class BaselinePlanner:
     def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
         return None  # baselines learn from the rows' histories in decide_step
 
-    def prepare(
-        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
-    ) -> None:
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
         return None  # nothing to prepare ahead: plan() decides on the step's own rows
 
     def _row(self, view: RequestView) -> StepRow:

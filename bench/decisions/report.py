@@ -3,7 +3,9 @@ checks read (issue #13): ``{"engine", "command", "arms": {ARM: {"policies": {NAM
 {"tok_s_mean", "tok_s_spread", "repeats", "phases": {PHASE: {"tok_s_mean",
 "mean_spec_tokens", "step_ms_mean"}}}}}}}``. Spread = (max - min) / 2 over repeats; each
 ratio of goodput to a baseline carries its noise (``noise_vs_<name>``, per phase ``noise``):
-the sum of both sides' relative spreads."""
+the sum of both sides' relative spreads. Per phase also the decode-only ratio (steps that
+admitted no request: free of the prefills' run-to-run noise), and overall the controller's
+overhead: goodput's decode step time over a static k's at the same batch and width."""
 
 from __future__ import annotations
 
@@ -29,6 +31,30 @@ def _noise(a: dict[str, Any], b: dict[str, Any]) -> float:
     return float(a["tok_s_spread"] / a["tok_s_mean"] + b["tok_s_spread"] / b["tok_s_mean"])
 
 
+def _step_ms_by_shape(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean ms of the pure decode steps of each (batch x padded width), over all runs."""
+    seconds: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for run in runs:
+        for shape, (mean_s, count) in run.get("decode_step_s_by_shape", {}).items():
+            seconds[shape] = seconds.get(shape, 0.0) + mean_s * count
+            counts[shape] = counts.get(shape, 0) + int(count)
+    return {shape: 1e3 * seconds[shape] / counts[shape] for shape in sorted(seconds)}
+
+
+def _step_vs_static(goodput: dict[str, Any], static: dict[str, Any]) -> dict[str, float]:
+    """The controller's overhead: goodput's decode step time over the static runs' at the same
+    batch and width, for the shapes at batch 1, 8 and 64 that both ran."""
+    out = {}
+    for shape, ms in goodput["decode_step_ms_by_shape"].items():
+        if shape.split("x")[0] not in ("1", "8", "64"):
+            continue
+        same = [v for p in static.values() if (v := p["decode_step_ms_by_shape"].get(shape))]
+        if same:
+            out[shape] = ms / statistics.fmean(same)
+    return out
+
+
 def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for name in names:
@@ -50,6 +76,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
                 "accept_length_by_task": cells[-1]["accept_length_by_task"],
             }
         policies[name] = {
+            "decode_step_ms_by_shape": _step_ms_by_shape(mine),
             "tok_s_mean": statistics.fmean(totals),
             "tok_s_spread": _spread(totals),
             "tok_s_runs": totals,
@@ -75,6 +102,7 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
         if name in policies:
             out[f"vs_{name}"] = goodput["tok_s_mean"] / policies[name]["tok_s_mean"]
             out[f"noise_vs_{name}"] = _noise(goodput, policies[name])
+    out["decode_step_vs_static"] = _step_vs_static(goodput, static)
     per_phase: dict[str, Any] = {}
     for phase, cell in goodput["phases"].items():
         statics = {n: p["phases"][phase]["tok_s_mean"] for n, p in static.items()}
@@ -86,6 +114,12 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
                 "vs_best_static": cell["tok_s_mean"] / statics[best],
                 "noise": _noise(cell, static[best]["phases"][phase]),
             }
+        decode = {n: p["phases"][phase].get("decode_tok_s_mean") for n, p in static.items()}
+        decode = {n: v for n, v in decode.items() if v}
+        if decode and cell.get("decode_tok_s_mean"):
+            best = max(decode, key=lambda n: decode[n])
+            entry["decode_best_static"] = best
+            entry["decode_vs_best_static"] = cell["decode_tok_s_mean"] / decode[best]
         if "no-spec" in policies:
             plain = policies["no-spec"]["phases"][phase]["tok_s_mean"]
             entry["vs_no_spec"] = cell["tok_s_mean"] / plain
@@ -112,7 +146,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
             {**run, "call": call} for call, report in enumerate(group) for run in report["runs"]
         ]
         names = list(dict.fromkeys(run["policy"] for run in runs))
-        summary = summarise(runs, names) if len(group) > 1 else first["summary"]
+        summary = summarise(runs, names)
         arms[arm] = {
             "command": "; ".join(r["command"] for r in group),
             "device": first["device"],
