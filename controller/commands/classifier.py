@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,14 @@ def register(subparsers: Any) -> None:
         help="also print N misclassified real-source requests, drawn at random (seed 0)",
     )
     evaluate.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
+    evaluate.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also write the report as JSON (per source and label: counts, accuracy and its "
+        "noise; per class precision and recall; the confusion matrix)",
+    )
     evaluate.set_defaults(func=run_eval)
 
 
@@ -161,7 +170,12 @@ def run_eval(args: argparse.Namespace) -> int:
     from controller.classifier.artifact import ArtifactError, load_classifier
     from training.classifier.corpus import MissingDataError
     from training.classifier.dataset import load_dataset
-    from training.classifier.evaluation import evaluate, format_errors, format_report
+    from training.classifier.evaluation import (
+        evaluate,
+        format_errors,
+        format_report,
+        report_json,
+    )
 
     args = with_data_defaults(args)
     try:
@@ -173,7 +187,22 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.validation_percent:
         print(f"validation split: {args.validation_percent}% of the training groups")
     examples = [dataset.examples[i] for i in dataset.eval_rows(args.validation_percent)]
-    print(format_report(evaluate(classifier, examples), has_latency=False))
+    report = evaluate(classifier, examples)
+    print(format_report(report, has_latency=False))
+    if args.json is not None:
+        split = "validation" if args.validation_percent else "held-out"
+        document = {
+            "command": "draftctl " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d"),
+            "artifact": str(args.artifact or "built-in"),
+            "split": split,
+            "held_out_percent": args.held_out_percent,
+            "validation_percent": args.validation_percent,
+            **report_json(report),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {args.json}")
     if args.list_errors:
         print(format_errors(classifier, examples, args.list_errors))
     return 0 if args.no_latency else measure_latency(examples, args.artifact)

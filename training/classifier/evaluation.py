@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +79,60 @@ def long_prompt_latencies_s(
         classifier.classify(body)
         latencies_s.append(time.perf_counter() - start_s)
     return latencies_s
+
+
+def source_noise(correct: int, total: int) -> float:
+    """Two standard errors of an accuracy measured on ``total`` requests (Agresti-Coull: two
+    successes and two failures added, so 100% on n requests still has a width): how far the
+    figure would move on another sample of the same size."""
+    p = (correct + 2) / (total + 4)
+    return 2 * math.sqrt(p * (1 - p) / (total + 4))
+
+
+def by_source(report: EvalReport) -> dict[str, list[int]]:
+    """``per_source`` summed over labels: source -> [correct, total]."""
+    out: dict[str, list[int]] = {}
+    for key, (correct, total) in report.per_source.items():
+        tally = out.setdefault(key.rsplit(" (", 1)[0], [0, 0])
+        tally[0] += correct
+        tally[1] += total
+    return out
+
+
+def report_json(report: EvalReport) -> dict[str, Any]:
+    """The report as the committed evaluation JSON: per source (and per source and label)
+    the counts, the accuracy and its noise (``source_noise``), per class precision and recall,
+    the confusion matrix."""
+
+    def cells(tallies: dict[str, list[int]]) -> dict[str, dict[str, float | int]]:
+        return {
+            name: {
+                "correct": correct,
+                "total": total,
+                "accuracy": correct / total,
+                "noise": source_noise(correct, total),
+            }
+            for name, (correct, total) in sorted(tallies.items())
+        }
+
+    real = [t for name, t in by_source(report).items() if not name.startswith("synth")]
+    return {
+        "examples": report.num_examples,
+        "accuracy": report.accuracy,
+        "real_examples": sum(total for _, total in real),
+        "real_accuracy": sum(c for c, _ in real) / max(1, sum(t for _, t in real)),
+        "scorer": report.scorer,
+        "sources": cells(by_source(report)),
+        "sources_by_label": cells(report.per_source),
+        "classes": {
+            str(task): {"precision": report.precision(task), "recall": report.recall(task)}
+            for task in TASKS
+        },
+        "confusion": {
+            str(truth): {str(guess): report.confusion[(truth, guess)] for guess in TASKS}
+            for truth in TASKS
+        },
+    }
 
 
 def format_latency(label: str, latencies_s: Sequence[float]) -> str:

@@ -3,10 +3,12 @@
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from controller.classifier.base import TaskGuess
 from policies.types import Task
 from training.classifier.corpus import Example, user
-from training.classifier.evaluation import format_errors
+from training.classifier.evaluation import evaluate, format_errors, report_json, source_noise
 
 
 class AlwaysChat:
@@ -37,3 +39,35 @@ def test_errors_list_real_misses_with_label_guess_and_context() -> None:
     assert "answer:  'fn sort() {}'" in text
     assert "hello" not in text
     assert "1 of them" in format_errors(AlwaysChat(), examples, 1)
+
+
+def test_report_json_has_per_source_counts_accuracy_and_noise() -> None:
+    examples = [
+        Example(user("Solve 2x = 4"), Task.MATH, "gsm8k", "g1"),
+        Example(user("hello"), Task.CHAT, "sharegpt_first", "g2"),
+        Example(user("write a sort"), Task.CODE, "sharegpt_first", "g3"),
+        Example(user("hi there"), Task.CHAT, "synthetic_switch", "g4"),
+    ]
+    data = report_json(evaluate(AlwaysChat(), examples))
+    assert data["sources"]["sharegpt_first"] == {
+        "correct": 1,
+        "total": 2,
+        "accuracy": 0.5,
+        "noise": source_noise(1, 2),
+    }
+    assert set(data["sources_by_label"]) == {
+        "gsm8k (math)",
+        "sharegpt_first (chat)",
+        "sharegpt_first (code)",
+        "synthetic_switch (chat)",
+    }
+    assert (data["real_examples"], data["real_accuracy"]) == (3, 1 / 3)  # synthetic left out
+    assert data["confusion"]["code"] == {"math": 0, "code": 0, "chat": 1}
+    assert data["classes"]["chat"]["precision"] == 0.5
+
+
+def test_noise_is_two_standard_errors_and_never_zero() -> None:
+    # Agresti-Coull: p = (c + 2) / (n + 4); 2 * sqrt(p (1 - p) / (n + 4))
+    assert source_noise(98, 100) == pytest.approx(2 * (0.9615 * 0.0385 / 104) ** 0.5, rel=1e-3)
+    assert source_noise(609, 609) > 0.004  # 100% measured still has a width
+    assert source_noise(30, 38) > source_noise(300, 380)
