@@ -21,7 +21,7 @@ from bench.engine_gpu import TINY  # the engine benchmark's CPU smoke shape
 from engines.cost_tables import load_cost_table
 from engines.embedded.checkpoint import target_shape
 from engines.embedded.engine import Engine
-from engines.embedded.events import SamplingParams, TokenEvent
+from engines.embedded.events import SamplingParams
 from engines.embedded.loader import build_models, load_runner
 from engines.embedded.profiler import measure_cost_table
 from engines.embedded.request import Request
@@ -73,7 +73,7 @@ class Arm:
                     )
                     for i in range(batch)
                 ]
-                _run_all(self.engine, requests)
+                exactness.run_all(self.engine, requests)
         for start in range(0, len(lengths), MAX_BATCH):
             requests = [
                 Request(
@@ -85,7 +85,7 @@ class Arm:
                 )
                 for n in lengths[start : start + MAX_BATCH]
             ]
-            _run_all(self.engine, requests)
+            exactness.run_all(self.engine, requests)
 
     def exactness(self, num_prompts: int) -> dict[str, Any]:
         """bench/decisions/exactness.py on this engine (real acceptance only: synthetic mode is
@@ -218,7 +218,7 @@ def _measured_rates(engine: Engine, prompt_for: PromptFor) -> dict[Task, list[fl
             )
             for i in range(64)
         ]
-        _run_all(engine, requests)
+        exactness.run_all(engine, requests)
         runs = [
             length - 1
             for r in requests
@@ -255,15 +255,6 @@ def _max_seq_len(args: argparse.Namespace, block_size: int) -> int:
     prompt = int(args.prompt_tokens.split(",")[1])
     output = int(args.output_tokens.split(",")[1])
     return -(-(prompt + output + 2 * block_size) // 64) * 64
-
-
-def _run_all(engine: Engine, requests: list[Request]) -> None:
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        for request, event in engine.step():
-            if not isinstance(event, TokenEvent):
-                raise RuntimeError(f"request {request.request_id} failed: {event}")
 
 
 def _cumprod(rates: list[float]) -> list[float]:

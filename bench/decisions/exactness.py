@@ -68,13 +68,18 @@ def decode(
         )
         for i, ids in enumerate(prompts)
     ]
+    run_all(engine, requests)
+    return [list(r.output_ids) for r in requests]
+
+
+def run_all(engine: Engine, requests: Sequence[Request]) -> None:
+    """Add every request and step the engine until all are done; a failed request raises."""
     for request in requests:
         engine.add(request)
     while engine.has_work:
         for request, event in engine.step():
             if not isinstance(event, TokenEvent):
                 raise RuntimeError(f"request {request.request_id} failed: {event}")
-    return [list(r.output_ids) for r in requests]
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
