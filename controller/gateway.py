@@ -246,8 +246,11 @@ class Gateway:
             if is_timed_out:
                 response.error = "server.request_timeout_s exceeded"
             end_s = time.perf_counter()
-            # TPOT only from streams: first to last chunk spans the decode, not the prefill.
-            decode_s = end_s - first_s if first_s is not None else None
+            # TPOT from the backend's own decode time (embedded engine, streamed or not), else
+            # from streams: first to last chunk spans the decode, not the prefill.
+            decode_s = response.outcome.decode_s
+            if decode_s is None and first_s is not None:
+                decode_s = end_s - first_s
             try:
                 self._record(response, plan, backend, k, end_s - started_s, decode_s)
             except Exception:

@@ -2,7 +2,9 @@
 
 Method ``step-times`` (embedded engine): tokens per verify step (accept length, bonus
 included) times the median time of a step that drafted nothing (k = 0) divided by the
-median time of a step that drafted, both measured by the engine in the stats window.
+median time of a step that drafted, both measured by the engine in the stats window. The plain
+steps are those of every task on the engines the task ran on (a plain step's cost does not
+depend on the task), so a task that never ran at k = 0 still gets its speedup.
 
 Method ``tpot-vs-no-spec-pool``: the median time per output token of the task's requests
 on pools without speculation (k = 0) divided by the same on pools with k > 0, both over

@@ -207,7 +207,17 @@ class LiveStats:
     ) -> dict[str, Any]:
         cells = [c for (t, _), c in self._cells.items() if t == task]
         spec = [v for c in cells for v in c.spec_step.values(now_s)]
-        plain = [v for c in cells for v in c.plain_step.values(now_s)]
+        # A plain step costs the same whatever the task: the baseline is every k = 0 step of
+        # the engines this task ran on, so every task's card is computed the same way.
+        engines = {
+            b for (t, b), c in self._cells.items() if t == task and c.spec_step.values(now_s)
+        }
+        plain = [
+            v
+            for (_, b), c in self._cells.items()
+            if b in engines
+            for v in c.plain_step.values(now_s)
+        ]
         accept = self.task_accept_length(task, now_s)
         if spec and plain and accept is not None:
             return speedup_from_steps(accept, plain, spec)

@@ -51,6 +51,9 @@ class Outcome:
     # Times of this request's steps that drafted nothing (k = 0), embedded engine; with
     # ``step_times_s`` they give the measured step-time speedup.
     plain_step_times_s: list[float] = field(default_factory=list)
+    # Seconds from the first output token to the last as the backend saw them (embedded
+    # engine): the decode time behind TPOT, also for a request that was not streamed.
+    decode_s: float | None = None
     # The k of each step in ``accept_lengths`` (embedded engine: k may change every step).
     step_spec_tokens: list[int] = field(default_factory=list)
     # The backend already fed these steps to the running policy's online models, step by step

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,7 @@ class _Generation:
     ) -> AsyncIterator[bytes]:
         self.is_started = True
         finish: str | None = None
+        first_s = time.perf_counter()  # the first token (the prefill's) has just arrived
         try:
             event: TokenEvent | None = first
             is_first = True
@@ -345,6 +347,7 @@ class _Generation:
             self.backend.done()
             await events.aclose()  # aborts the request in the engine if it is still running
             self.outcome.num_output_tokens = len(self.detok.ids)
+            self.outcome.decode_s = time.perf_counter() - first_s
         if not self.request.stream:
             body = self.shape.body(self.detok.text, finish or "stop", self._usage())
             body["draftctl"] = self.annotate(self.outcome)

@@ -96,3 +96,38 @@ async def test_embedded_engine_through_openai_client(
     assert stats["tasks"]["math"]["accept_length_mean"] >= 1.0
     emb = stats["backends"][0]
     assert emb["kind"] == "embedded" and emb["spec_tokens"] is None and emb["block_size"] == 8
+
+
+async def test_tpot_of_whole_requests_comes_from_the_engine(
+    tmp_path: Path, pair: tuple[Path, Path], start_gateway: StartGateway
+) -> None:
+    """Non-streamed requests give TPOT too: the engine times its own decode (the gateway can
+    only time a stream's chunks)."""
+    target, draft = pair
+    backend = {
+        "name": "emb",
+        "kind": "embedded",
+        "model": MODEL,
+        "target": str(target),
+        "draft": str(draft),
+        "device": "cpu",
+        "max_batch_size": 4,
+        "max_seq_len": 256,
+    }
+    gateway = await start_gateway(make_config(tmp_path, [backend]))
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")
+    for task in ("math", "chat"):
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=12,
+            temperature=0,
+            extra_body={"draftctl": {"task": task}},
+        )
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gateway.url + "/api/stats") as r:
+            stats = await r.json()
+    for task in ("math", "chat"):
+        tpot = stats["tasks"][task]["tpot_p50_s"]
+        assert tpot is not None and 0 < tpot < 5, stats["tasks"][task]
+    assert stats["backends"][0]["tpot_p50_s"] is not None

@@ -99,3 +99,20 @@ def test_step_time_speedup_for_the_embedded_engine() -> None:
     speedup = view["tasks"]["code"]["speedup"]
     assert speedup["method"] == "step-times" and speedup["value"] == 1.5  # 3 x 10 ms / 20 ms
     assert view["tasks"]["chat"]["speedup"]["value"] is None
+
+
+def test_every_task_on_the_engine_shares_the_plain_step_baseline() -> None:
+    """Code ran only drafting steps; the k = 0 steps of chat on the same engine are its
+    baseline (a plain step costs the same for any task). Another engine's are not."""
+    stats = LiveStats(window_s=60, started_s=0.0)
+    code = Outcome(accept_lengths=[4, 4], step_times_s=[0.02, 0.02])
+    chat = Outcome(accept_lengths=[2], step_times_s=[0.02], plain_step_times_s=[0.01, 0.01])
+    other = Outcome(plain_step_times_s=[1.0, 1.0, 1.0])
+    stats.record_outcome(1.0, Task.CODE, "emb", code, None)
+    stats.record_outcome(1.0, Task.CHAT, "emb", chat, None)
+    stats.record_outcome(1.0, Task.MATH, "other", other, None)
+    view = stats.snapshot(2.0, 2.0, [], {"version": 1, "kind": "static"})
+    code_speedup = view["tasks"]["code"]["speedup"]
+    assert code_speedup["method"] == "step-times" and code_speedup["value"] == 2.0  # 4 x 10 / 20
+    assert view["tasks"]["chat"]["speedup"]["value"] == 1.0  # 2 x 10 / 20
+    assert view["tasks"]["math"]["speedup"]["value"] is None  # no drafting steps at all
