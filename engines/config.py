@@ -73,11 +73,18 @@ class EmbeddedConfig(Section):
     torch_compile: bool = False
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
+    # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price
+    # the goodput policy's steps with it when the policy names no cost_table; cached in
+    # cost_cache_dir by model and device (null: not cached).
+    cost_profile: bool = True
+    cost_cache_dir: Path | None = Field(
+        default=Path(".draftctl/cost-tables"), validate_default=True
+    )
 
-    @field_validator("target", "draft")
+    @field_validator("target", "draft", "cost_cache_dir")
     @classmethod
-    def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
-        return resolve_path(path, info)
+    def _relative_to_config(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        return None if path is None else resolve_path(path, info)
 
     @model_validator(mode="after")
     def _compile_needs_cuda(self) -> EmbeddedConfig:

@@ -142,10 +142,29 @@ class EmbeddedEngineBackend:
             c.max_seq_len,
             compile_forwards=c.torch_compile,
             planner=self.steps,
+            before_serving=self._profile_costs if c.cost_profile else None,
         )
         self.steps.block_size = self._engine.block_size
         self._max_prompt_chars = _max_prompt_chars(self._engine.tokenizer, c.max_seq_len)
         log.info("embedded engine %s loaded on %s", c.name, self._engine.device)
+
+    def _profile_costs(self, engine: Any) -> None:
+        """The engine's step costs, cached or measured now (engines/embedded/step_profile.py)."""
+        from engines.embedded.step_profile import cache_key, cached_or_profiled
+
+        c = self.config
+        device = str(engine.runner.device)
+        key = cache_key(c.target, c.draft, device, c.max_batch_size, c.max_seq_len)
+        describe = {"target": str(c.target), "draft": str(c.draft), "device": device}
+        table, origin = cached_or_profiled(
+            engine, key, c.cost_cache_dir, c.max_batch_size, describe
+        )
+        self.steps.cost_table = table
+        widths = ", ".join(
+            f"{w}: {1e3 * t:.1f} ms"
+            for w, t in zip(table.tokens_per_request, table.step_time_s[0], strict=True)
+        )
+        log.info("embedded engine %s step costs (%s); batch 1 by width: %s", c.name, origin, widths)
 
     async def close(self) -> None:
         if self._engine is not None:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from engines.embedded.events import RequestView, SpecController, StepReport
 from policies.batch_width import BatchWidth
-from policies.costmodel import padded_width
+from policies.costmodel import CostTable, padded_width
 from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
@@ -143,6 +143,9 @@ class StepController:
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
         self.calls = 0
+        # This engine's own step costs (its start-up profile): the running policy prices steps
+        # with them when it has online models and no cost table of its own.
+        self.cost_table: CostTable | None = None
 
     @property
     def batch_width(self) -> BatchWidth | None:
@@ -152,6 +155,12 @@ class StepController:
         """The spec controller of a request that starts now (call on the caller's thread)."""
         active = self._source.active()
         models = active.models
+        if models is not None and models.cost is None and self.cost_table is not None:
+            with self._lock:
+                if models.adopt_cost_table(self.cost_table):
+                    log.info(
+                        "policy version %d prices steps with this engine's profile", active.version
+                    )
         learned = models.observe(task) if models is not None else self._source.acceptance(task)
         return RequestSteps(self, task, confidence, first_spec_tokens, active, learned)
 

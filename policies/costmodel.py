@@ -5,7 +5,8 @@ with ``tokens_per_request`` new tokens for each of ``batch_sizes`` requests. A v
 with k drafted tokens has width k + 1; engines that replay captured shapes pad that width up
 to a multiple (``verify_width_multiple``, 8 on the H200 notes: T = 5 and 9 cost more than 8
 and 16). A step that drafts also pays the draft forward, modelled as ``draft_cost_fraction``
-of a target forward at the full block width when the table has no draft row.
+of a target forward at the full block width, unless the table's times are whole engine
+steps (``includes_draft``: the embedded engine's start-up profile).
 
 Online refinement, at two levels per batch size row of the table:
 
@@ -48,6 +49,9 @@ class CostTable:
     shape: str = ""
     device: str = ""
     source: str = ""
+    # True: each time is a whole engine step (draft forward, sampling and host work included,
+    # e.g. the embedded engine's start-up profile), so no draft term is added on top.
+    includes_draft: bool = False
 
     def __post_init__(self) -> None:
         _check_axis("batch_sizes", self.batch_sizes)
@@ -79,7 +83,20 @@ class CostTable:
             shape=str(data.get("shape", "")),
             device=str(data.get("device", "")),
             source=source,
+            includes_draft=bool(data.get("includes_draft", False)),
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cost table JSON format (what ``from_dict`` reads)."""
+        return {
+            "shape": self.shape,
+            "device": self.device,
+            "unit": "s",
+            "batch_sizes": list(self.batch_sizes),
+            "tokens_per_request": list(self.tokens_per_request),
+            "step_time_s": [list(row) for row in self.step_time_s],
+            "includes_draft": self.includes_draft,
+        }
 
     def time_s(self, batch_size: float, tokens: float) -> float:
         """Bilinear interpolation; linear extrapolation past the largest batch or width."""
@@ -249,7 +266,7 @@ class CostModel:
     def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
         """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
         target = self.table.time_s(batch_size, mean_width)
-        if drafting <= 0:
+        if drafting <= 0 or self.table.includes_draft:
             return target
         draft = self.table.time_s(max(1.0, batch_size * drafting), float(self.block_size))
         return target + self.draft_cost_fraction * draft

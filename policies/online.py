@@ -41,15 +41,23 @@ class OnlineModels:
         }
         self.cost: CostModel | None = None
         if cost_table is not None:
-            self.cost = CostModel(
-                table=cost_table,
-                block_size=block_size,
-                verify_width_multiple=spec.verify_width_multiple,
-                draft_cost_fraction=spec.draft_cost_fraction,
-                learning_rate=spec.cost_learning_rate,
-                prior_overhead_s=spec.step_overhead_s,
-                prior_overhead_per_request_s=spec.request_overhead_s,
-            )
+            self.adopt_cost_table(cost_table)
+
+    def adopt_cost_table(self, table: CostTable) -> bool:
+        """Price steps with ``table`` unless a cost model exists already (the policy's own
+        ``cost_table`` wins over an engine's start-up profile); True when adopted."""
+        if self.cost is not None:
+            return False
+        self.cost = CostModel(
+            table=table,
+            block_size=self.block_size,
+            verify_width_multiple=self.spec.verify_width_multiple,
+            draft_cost_fraction=self.spec.draft_cost_fraction,
+            learning_rate=self.spec.cost_learning_rate,
+            prior_overhead_s=self.spec.step_overhead_s,
+            prior_overhead_per_request_s=self.spec.request_overhead_s,
+        )
+        return True
 
     def record_step(self, task: Task, spec_tokens: int, accept_length: int) -> None:
         """One verify step of one request (embedded engine, per step)."""

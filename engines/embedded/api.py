@@ -80,10 +80,13 @@ class AsyncEngine:
         compile_forwards: bool = False,
         synthetic: SyntheticAcceptance | None = None,
         planner: StepPlanner | None = None,
+        before_serving: Callable[[Engine], None] | None = None,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
-        ``planner``: chooses k for all rows of each step (else each request's controller)."""
+        ``planner``: chooses k for all rows of each step (else each request's controller).
+        ``before_serving``: runs on the loaded, idle engine before its thread starts (the
+        start-up cost profile)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -99,6 +102,8 @@ class AsyncEngine:
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)
+        if before_serving is not None:
+            before_serving(engine)
         return cls(engine, tokenizer, str(torch_device))
 
     async def generate(

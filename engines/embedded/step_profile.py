@@ -1,0 +1,203 @@
+"""The embedded engine's own step cost T(batch, width), measured at start-up and cached.
+
+The goodput policy prices each k with a cost table. A table profiled on another machine (or
+none: the relative fallback fitted to an H200) can rank k wrongly on this one — on a CPU a
+width-8 verify costs several plain steps, on an H200 barely more than one. So when the policy
+names no ``cost_table``, the embedded backend measures its own: whole engine steps (draft
+forward, sampling and host work included, hence ``includes_draft``) for batch sizes 1, 2, 4, …
+up to ``max_batch_size`` and the widths the policy can choose (1 = drafting off, then the
+padded verify widths up to the block), a few timed steps each after an untimed first one. The
+table is cached by model and device (a hash of both configs, the weight files' sizes and
+modification times, the device, torch's version and the engine's limits), so a restart reads
+it in milliseconds; the online cost fit then refines it from live steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engines.embedded.engine import Engine
+from engines.embedded.events import RequestView, SamplingParams, TokenEvent
+from engines.embedded.request import Request
+from policies.costmodel import CostTable, padded_width
+from policies.types import max_spec_tokens
+
+log = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1  # part of the cache key: a change of method re-measures
+PROMPT_TOKENS = 32
+TIMED_STEPS = 3
+WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
+
+
+def batch_sizes_for(max_batch_size: int) -> list[int]:
+    """1, 2, 4, … and ``max_batch_size`` itself."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b *= 2
+    sizes.append(max_batch_size)
+    return sizes
+
+
+def widths_for(block_size: int, multiple: int = WIDTH_MULTIPLE) -> list[int]:
+    """1 (drafting off) and every padded verify width up to k = block - 1."""
+    k_max = max_spec_tokens(block_size)
+    return sorted({1, *(padded_width(k, multiple) for k in range(1, k_max + 1))})
+
+
+def profile_steps(
+    engine: Engine,
+    batch_sizes: Sequence[int],
+    widths: Sequence[int],
+    timed_steps: int = TIMED_STEPS,
+    on_point: Callable[[int, int, float], None] | None = None,
+) -> CostTable:
+    """Median wall time of ``timed_steps`` engine steps per (batch size, width): every row at
+    k = width - 1, no request admitted during the timed steps. The engine must be idle."""
+    if engine.has_work:
+        raise RuntimeError("profile an idle engine: requests are running")
+    vocab = engine.runner.target.shape.vocab_size
+    rng = random.Random(0)
+    planner, engine.planner = engine.planner, None  # fixed k per point, not the policy's
+    rows: list[list[float]] = []
+    try:
+        for batch in batch_sizes:
+            row = []
+            for width in widths:
+                seconds = _time_point(engine, batch, width - 1, timed_steps, vocab, rng)
+                row.append(seconds)
+                if on_point is not None:
+                    on_point(batch, width, seconds)
+            rows.append(row)
+    finally:
+        engine.planner = planner
+    batch_sizes = list(batch_sizes)
+    if len(batch_sizes) == 1:  # a table needs two rows; an engine of batch 1 never runs 2
+        batch_sizes.append(batch_sizes[0] + 1)
+        rows.append(list(rows[0]))
+    return CostTable(
+        batch_sizes=tuple(batch_sizes),
+        tokens_per_request=tuple(widths),
+        step_time_s=tuple(tuple(row) for row in rows),
+        shape="embedded engine steps",
+        device=str(engine.runner.device),
+        source="start-up profile",
+        includes_draft=True,
+    )
+
+
+def _time_point(
+    engine: Engine, batch: int, k: int, timed_steps: int, vocab: int, rng: random.Random
+) -> float:
+    block = engine.block_size
+
+    def fixed(view: RequestView) -> int:
+        return k
+
+    requests = [
+        Request(
+            f"profile-{batch}-{k}-{i}",
+            [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)],
+            # Long enough that k is never clamped near the end during the timed steps.
+            SamplingParams(max_new_tokens=(timed_steps + 2) * block + 2),
+            fixed,
+            {"task": "chat"},
+        )
+        for i in range(batch)
+    ]
+    for request in requests:
+        engine.add(request)
+    try:
+        _step(engine)  # admits and prefills every row, then the first decode: not timed
+        samples = []
+        for _ in range(timed_steps):
+            started = time.perf_counter()
+            _step(engine)
+            samples.append(time.perf_counter() - started)
+        if len(engine.scheduler.running) != batch:
+            raise RuntimeError(f"profile point {batch}x{k + 1}: a row left early")
+        return statistics.median(samples)
+    finally:
+        for request in requests:
+            engine.abort(request.request_id)
+
+
+def _step(engine: Engine) -> None:
+    for request, event in engine.step():
+        if not isinstance(event, TokenEvent):
+            raise RuntimeError(f"profile request {request.request_id} failed: {event}")
+
+
+def cache_key(
+    target_dir: Path, draft_dir: Path, device: str, max_batch_size: int, max_seq_len: int
+) -> str:
+    """What the measured costs depend on: the model files (configs by content, weights by size
+    and modification time), the device, torch, the engine's limits and the method."""
+    digest = hashlib.sha256()
+    parts: list[Any] = [PROFILE_VERSION, device, torch.__version__, max_batch_size, max_seq_len]
+    if device.startswith("cuda") and torch.cuda.is_available():
+        parts.append(torch.cuda.get_device_name(torch.device(device)))
+    digest.update(json.dumps(parts).encode())
+    for folder in (target_dir, draft_dir):
+        for path in sorted(folder.iterdir()):
+            if path.name == "config.json":
+                digest.update(path.read_bytes())
+            elif path.suffix in (".safetensors", ".bin", ".pt"):
+                status = path.stat()
+                digest.update(f"{path.name}:{status.st_size}:{status.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+def cached_or_profiled(
+    engine: Engine,
+    key: str,
+    cache_dir: Path | None,
+    max_batch_size: int,
+    describe: dict[str, Any],
+) -> tuple[CostTable, str]:
+    """The engine's cost table from ``cache_dir`` when one was measured for ``key``, else
+    profiled now (and written there; a cache that cannot be written is only logged). Returns
+    the table and where it came from."""
+    path = None if cache_dir is None else cache_dir / f"steps-{key}.json"
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            return CostTable.from_dict(data["table"], source=str(path)), f"cached {path}"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring the unreadable cost profile %s (%s); measuring again", path, exc)
+    started = time.perf_counter()
+    table = profile_steps(
+        engine,
+        batch_sizes_for(max_batch_size),
+        widths_for(engine.block_size),
+        on_point=lambda b, w, s: log.info(
+            "cost profile: batch %d, width %d: %.2f ms per step", b, w, 1e3 * s
+        ),
+    )
+    took_s = time.perf_counter() - started
+    if path is not None:
+        document = {
+            **describe,
+            "key": key,
+            "profiled_s": round(took_s, 2),
+            "table": table.to_dict(),
+        }
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(document, indent=1) + "\n")
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot cache the cost profile in %s: %s", cache_dir, exc)
+    return table, f"profiled in {took_s:.1f} s"

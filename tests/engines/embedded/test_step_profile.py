@@ -1,0 +1,136 @@
+"""The embedded engine's start-up step-cost profile (engines/embedded/step_profile.py): its
+table, its cache by model and device, an engine that still decodes exactly afterwards, and the
+running policy pricing steps with it only when it has no cost table of its own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.embedded.engine import Engine
+from engines.embedded.events import SamplingParams, TokenEvent
+from engines.embedded.loader import load_runner
+from engines.embedded.request import Request
+from engines.embedded.step_profile import (
+    batch_sizes_for,
+    cache_key,
+    cached_or_profiled,
+    profile_steps,
+    widths_for,
+)
+from engines.step_controller import FixedPolicySource, StepController
+from policies.costmodel import CostModel, CostTable
+from policies.goodput import GoodputPolicy
+from policies.model import GoodputSpec, PolicySpec
+from policies.online import OnlineModels
+from policies.types import Task
+from tests.tinymodels import write_tiny_pair
+
+MAX_BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_tiny_pair(tmp_path_factory.mktemp("tiny"), block_size=16)
+
+
+def engine_for(pair: tuple[Path, Path]) -> Engine:
+    runner = load_runner(pair[0], pair[1], torch.device("cpu"), MAX_BATCH, 256)
+    return Engine(runner, MAX_BATCH, 256)
+
+
+def greedy(engine: Engine, k: int) -> list[list[int]]:
+    requests = [
+        Request(f"r{i}", [5 + i, 9, 40 + i], SamplingParams(max_new_tokens=20), lambda v: k, {})
+        for i in range(3)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        for _, event in engine.step():
+            assert isinstance(event, TokenEvent)
+    return [r.output_ids for r in requests]
+
+
+def test_the_grid_covers_every_batch_and_the_widths_the_policy_can_choose() -> None:
+    assert batch_sizes_for(8) == [1, 2, 4, 8]
+    assert batch_sizes_for(6) == [1, 2, 4, 6]
+    assert batch_sizes_for(1) == [1]
+    assert widths_for(16) == [1, 8, 16]
+    assert widths_for(8) == [1, 8]
+
+
+def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
+    pair: tuple[Path, Path],
+) -> None:
+    engine = engine_for(pair)
+    before = greedy(engine_for(pair), 15)
+    points: list[tuple[int, int]] = []
+    table = profile_steps(
+        engine, [1, 2, 4], [1, 8, 16], timed_steps=2, on_point=lambda b, w, s: points.append((b, w))
+    )
+    assert (table.batch_sizes, table.tokens_per_request) == ((1, 2, 4), (1, 8, 16))
+    assert table.includes_draft and table.source == "start-up profile"
+    assert all(t > 0 for row in table.step_time_s for t in row)
+    assert points == [(b, w) for b in (1, 2, 4) for w in (1, 8, 16)]
+    assert not engine.has_work and engine.planner is None
+    assert greedy(engine, 15) == before  # the profile's steps left nothing a request reads
+    single = profile_steps(engine, [1], [1, 8], timed_steps=1)
+    assert single.batch_sizes == (1, 2) and single.step_time_s[0] == single.step_time_s[1]
+    with pytest.raises(RuntimeError, match="idle engine"):
+        engine.add(Request("busy", [1, 2], SamplingParams(max_new_tokens=4), lambda v: 0, {}))
+        profile_steps(engine, [1, 2], [1, 8])
+
+
+def test_the_cache_is_keyed_by_model_and_device(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    target, draft = pair
+    key = cache_key(target, draft, "cpu", MAX_BATCH, 256)
+    assert key == cache_key(target, draft, "cpu", MAX_BATCH, 256)
+    assert key != cache_key(target, draft, "cuda:0", MAX_BATCH, 256)
+    assert key != cache_key(target, draft, "cpu", MAX_BATCH * 2, 256)
+    engine = engine_for(pair)
+    first, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
+    assert origin.startswith("profiled") and (tmp_path / f"steps-{key}.json").is_file()
+    again, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
+    assert origin.startswith("cached") and again.step_time_s == first.step_time_s
+    assert again.includes_draft
+    weights = target / "model.safetensors"
+    status = weights.stat()
+    os.utime(weights, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))
+    assert cache_key(target, draft, "cpu", MAX_BATCH, 256) != key  # new weights: measure again
+    (tmp_path / f"steps-{key}.json").write_text("{not json")
+    _, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {})
+    assert origin.startswith("profiled")  # an unreadable cache is measured again
+
+
+def table(includes_draft: bool) -> CostTable:
+    return CostTable(
+        (1, 2), (1, 8, 16), ((1.0, 2.0, 3.0), (1.5, 2.5, 3.5)), includes_draft=includes_draft
+    )
+
+
+def test_a_whole_step_table_adds_no_draft_term() -> None:
+    whole = CostModel(table(True), block_size=16, draft_cost_fraction=0.5)
+    split = CostModel(table(False), block_size=16, draft_cost_fraction=0.5)
+    assert whole.base_step_time_s(1, 8, 1.0) == 2.0
+    assert split.base_step_time_s(1, 8, 1.0) == 2.0 + 0.5 * 3.0
+    assert CostTable.from_dict(table(True).to_dict()) == table(True)
+
+
+def test_the_policy_prices_steps_with_the_profile_only_without_a_table_of_its_own() -> None:
+    spec = PolicySpec(kind="goodput")
+    bare = OnlineModels(spec.goodput, 16)
+    controller = StepController(FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), bare), 16)
+    controller.start(Task.CHAT, 1.0, 0)
+    assert bare.cost is None  # no profile yet: the relative fallback prices steps
+    controller.cost_table = table(True)
+    controller.start(Task.CHAT, 1.0, 0)
+    assert bare.cost is not None and bare.cost.table.includes_draft
+    own = OnlineModels(spec.goodput, 16, table(False))
+    other = StepController(FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), own), 16)
+    other.cost_table = table(True)
+    other.start(Task.MATH, 1.0, 0)
+    assert own.cost is not None and not own.cost.table.includes_draft  # the policy's own wins
