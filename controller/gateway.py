@@ -339,6 +339,13 @@ class Gateway:
         accept = self.stats.record_outcome(
             time.monotonic(), plan.task, backend.name, outcome, tpot_s
         )
+        ran = outcome.mean_spec_tokens()
+        self.stats.record_k(
+            time.time(),
+            plan.task,
+            float(k) if ran is None else ran,
+            outcome.reason or plan.decision.reason,
+        )
         if accept is not None:
             self.metrics.set_accept_length(plan.task.value, backend.name, accept)
         try:

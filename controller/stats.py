@@ -17,6 +17,7 @@ from engines.base import Backend, Outcome, fixed_spec_tokens
 from policies.types import TASKS, Task
 
 _HISTORY_LEN = 600  # concurrency samples kept, one a second: ten minutes
+_K_HISTORY_LEN = 300  # finished requests per task in the k-over-time chart
 _MAX_TPOT_SAMPLES = 2000  # per (task, backend): bounds the cost of a quantile
 _ESTIMATE_TTL_S = 0.5  # policy inputs are recomputed at most this often, not per request
 
@@ -75,6 +76,11 @@ class LiveStats:
         self._classify = Window(window_s)
         self._history: deque[tuple[float, int]] = deque(maxlen=_HISTORY_LEN)
         self._estimates: dict[Task, TaskEstimates] = {}
+        # Per task: the k its finished requests ran (wall time, mean k) and why the last one.
+        self._k_history: dict[Task, deque[tuple[float, float]]] = {
+            t: deque(maxlen=_K_HISTORY_LEN) for t in TASKS
+        }
+        self._k_reason: dict[Task, str | None] = dict.fromkeys(TASKS)
 
     def _cell(self, task: Task, backend: str) -> _Cell:
         key = (task, backend)
@@ -94,6 +100,12 @@ class LiveStats:
         self._confidence_sum[task] += confidence
         self._chosen[task][k] += 1
         self._backend_requests[backend] += 1
+
+    def record_k(self, wall_s: float, task: Task, spec_tokens: float, reason: str | None) -> None:
+        """The k a finished request of ``task`` ran (its steps' mean on the embedded engine,
+        the admitted k on a pool) and why, for the dashboard's k-over-time chart."""
+        self._k_history[task].append((round(wall_s, 3), round(spec_tokens, 2)))
+        self._k_reason[task] = reason
 
     def record_outcome(
         self, now_s: float, task: Task, backend: str, outcome: Outcome, tpot_s: float | None
@@ -193,6 +205,8 @@ class LiveStats:
             "classified_confidence_mean": self._confidence_sum[task] / n if n else None,
             "accept_length_mean": self.task_accept_length(task, now_s),
             "spec_tokens_chosen": {str(k): c for k, c in sorted(self._chosen[task].items())},
+            "k_history": [list(point) for point in self._k_history[task]],
+            "k_reason": self._k_reason[task],
             "tpot_p50_s": quantile(merged, 0.5),
             "tpot_p95_s": quantile(merged, 0.95),
             "speedup": self._speedup(task, now_s, tpots, k_by_backend),

@@ -54,11 +54,19 @@ class Outcome:
     # Seconds from the first output token to the last as the backend saw them (embedded
     # engine): the decode time behind TPOT, also for a request that was not streamed.
     decode_s: float | None = None
+    # Why the k of the request's last step (embedded engine: the step planner's reason).
+    reason: str | None = None
     # The k of each step in ``accept_lengths`` (embedded engine: k may change every step).
     step_spec_tokens: list[int] = field(default_factory=list)
     # The backend already fed these steps to the running policy's online models, step by step
     # (the embedded engine's step controller): the daemon must not learn them again.
     is_learned: bool = False
+
+    def mean_spec_tokens(self) -> float | None:
+        """The k the request's steps ran on average, plain (k = 0) steps included (embedded
+        engine); None when the backend reports no steps."""
+        num_steps = len(self.step_spec_tokens) + len(self.plain_step_times_s)
+        return sum(self.step_spec_tokens) / num_steps if num_steps else None
 
     @property
     def mean_accept_length(self) -> float | None:

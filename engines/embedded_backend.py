@@ -159,7 +159,7 @@ class EmbeddedEngineBackend:
         table, origin = cached_or_profiled(
             engine, key, c.cost_cache_dir, c.max_batch_size, describe
         )
-        self.steps.cost_table = table
+        self.steps.offer_cost_table(table)
         widths = ", ".join(
             f"{w}: {1e3 * t:.1f} ms"
             for w, t in zip(table.tokens_per_request, table.step_time_s[0], strict=True)
@@ -367,6 +367,7 @@ class _Generation:
             await events.aclose()  # aborts the request in the engine if it is still running
             self.outcome.num_output_tokens = len(self.detok.ids)
             self.outcome.decode_s = time.perf_counter() - first_s
+            self.outcome.reason = self.backend.steps.last_reason or None
         if not self.request.stream:
             body = self.shape.body(self.detok.text, finish or "stop", self._usage())
             body["draftctl"] = self.annotate(self.outcome)

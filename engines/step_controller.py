@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.embedded.events import RequestView, SpecController, StepReport
-from policies.batch_width import BatchWidth
+from policies.batch_width import BatchWidth, describe
 from policies.costmodel import CostTable, padded_width
 from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
-from policies.types import Policy, StepRow, Task
+from policies.types import Policy, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +146,22 @@ class StepController:
         # This engine's own step costs (its start-up profile): the running policy prices steps
         # with them when it has online models and no cost table of its own.
         self.cost_table: CostTable | None = None
+        # Why the latest k: the batch planner's last decision for a step with a row that could
+        # draft a whole block (formatted only when read), or the per-request policy's last one.
+        self._batch_decision: tuple[str, int, int, float] | None = None
+        self._request_reason = ""
 
     @property
     def batch_width(self) -> BatchWidth | None:
         return self._width
 
-    def start(self, task: Task, confidence: float, first_spec_tokens: int) -> RequestSteps:
-        """The spec controller of a request that starts now (call on the caller's thread)."""
-        active = self._source.active()
+    def offer_cost_table(self, table: CostTable) -> None:
+        """This engine's measured step costs: the running policy (and every later version)
+        prices steps with them unless it has a cost table of its own."""
+        self.cost_table = table
+        self._adopt_cost_table(self._source.active())
+
+    def _adopt_cost_table(self, active: ActivePolicy) -> None:
         models = active.models
         if models is not None and models.cost is None and self.cost_table is not None:
             with self._lock:
@@ -161,6 +169,12 @@ class StepController:
                     log.info(
                         "policy version %d prices steps with this engine's profile", active.version
                     )
+
+    def start(self, task: Task, confidence: float, first_spec_tokens: int) -> RequestSteps:
+        """The spec controller of a request that starts now (call on the caller's thread)."""
+        active = self._source.active()
+        self._adopt_cost_table(active)
+        models = active.models
         learned = models.observe(task) if models is not None else self._source.acceptance(task)
         return RequestSteps(self, task, confidence, first_spec_tokens, active, learned)
 
@@ -272,7 +286,19 @@ class StepController:
         newest: ActivePolicy,
     ) -> int:
         rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
-        return self.guarded(lambda: self._batch_width(newest).decide(rows, self._observe(newest)))
+        width = self._batch_width(newest)
+        k = self.guarded(lambda: width.decide(rows, self._observe(newest)))
+        # Explain the decisions a whole block could follow: near its end a request drafts
+        # less or not at all whatever the policy thinks of its task.
+        if max(row.max_spec_tokens for row in rows) >= max_spec_tokens(self.block_size):
+            self._batch_decision = width.last
+        return k
+
+    @property
+    def last_reason(self) -> str:
+        """Why the latest step's k (for the dashboard; read from any thread)."""
+        decision = self._batch_decision
+        return describe(decision) if decision is not None else self._request_reason
 
     def guarded(self, decide: Callable[..., int], *args: Any) -> int:
         """``decide(*args)``, or k = 0 (reported to the source) if it raises."""
@@ -320,7 +346,9 @@ class StepController:
             now_s=self._clock(),
             rng_u=self._rng.random(),
         )
-        return steps.active.policy.decide(observation).spec_tokens
+        decision = steps.active.policy.decide(observation)
+        self._batch_decision, self._request_reason = None, decision.reason
+        return decision.spec_tokens
 
 
 @dataclass(frozen=True)

@@ -307,8 +307,12 @@ class BatchWidth:
     @property
     def reason(self) -> str:
         """Why the last step's k, e.g. ``batch[best] B=64 k=15 1.31x plain``."""
-        why, batch, k, gain = self._last
-        return f"batch[{why}] B={batch} k={k} {gain:.2f}x plain"
+        return describe(self._last)
+
+    @property
+    def last(self) -> tuple[str, int, int, float]:
+        """The last decision as (why, batch, k, gain over plain); ``describe`` formats it."""
+        return self._last
 
     def _probe(
         self, spec_tokens: int, ceiling: int, fields: Mapping[Task, Mapping[str, Any]]
@@ -324,3 +328,9 @@ class BatchWidth:
             if drafted_steps(rates, trials, spec_tokens, target) < self._spec.probe_min_steps:
                 return target
         return None
+
+
+def describe(last: tuple[str, int, int, float]) -> str:
+    """A decision of ``BatchWidth`` in words, e.g. ``batch[best] B=64 k=15 1.31x plain``."""
+    why, batch, k, gain = last
+    return f"batch[{why}] B={batch} k={k} {gain:.2f}x plain"

@@ -55,7 +55,7 @@ function kEntries(chosen) {
     .map(({ k, count }) => ({ label: k === 0 ? "off" : `k=${k}`, value: count, className: k === 0 ? "off" : "" }));
 }
 
-function taskCard(task, data) {
+function taskCard(task, data, nowS) {
   const card = el("article", `card ${task}`);
   card.id = `task-${task}`;
   const title = el("h3");
@@ -80,6 +80,13 @@ function taskCard(task, data) {
   const chart = el("div", "chart k-chart");
   barChart(chart, kEntries(data.spec_tokens_chosen), { emptyText: "no requests yet" });
   card.append(chart);
+  card.append(el("div", "chart-title", "k over time (each finished request: the mean k its steps ran)"));
+  const history = el("div", "chart k-history");
+  lineChart(history, data.k_history || [], { width: 320, height: 100, nowS, emptyText: "fewer than two requests yet" });
+  card.append(history);
+  const reason = el("p", "explain k-reason");
+  reason.textContent = data.k_reason ? `Why k now: ${data.k_reason}` : "Why k now: no request finished yet.";
+  card.append(reason);
   return card;
 }
 
@@ -124,7 +131,7 @@ export function renderStats(stats) {
   $("concurrency-now").textContent = String(stats.concurrency ? stats.concurrency.current : "–");
   $("classifier-p50").textContent = fmtSeconds(stats.classifier ? stats.classifier.latency_p50_s : null);
   const tasks = stats.tasks || {};
-  $("tasks").replaceChildren(...TASKS.map((task) => taskCard(task, tasks[task] || {})));
+  $("tasks").replaceChildren(...TASKS.map((task) => taskCard(task, tasks[task] || {}, stats.time_s)));
   $("pools").tBodies[0].replaceChildren(...(stats.backends || []).map(poolRow));
   const history = stats.concurrency ? stats.concurrency.history : [];
   lineChart($("concurrency-chart"), history, { nowS: stats.time_s });

@@ -13,8 +13,11 @@ MAX_POLICY_BYTES = 256 * 1024
 
 DEFAULT_POLICY_TEXT = """\
 # draftctl policy. k = drafted tokens verified per step; 0 = drafting off.
-kind: static
+# goodput: k from live acceptance (per task, per draft position) and the step cost, which the
+# embedded engine measures at start-up; static: the table below. docs/goodput.md has every key.
+kind: goodput
 min_spec_tokens: 4          # smallest non-zero k any decision may use
+goodput: {}                 # every key at its default
 static:
   # Inclusive upper edges of the concurrency bands: 1-8, 9-32, 33-64, >64.
   concurrency_bands: [8, 32, 64]

@@ -21,9 +21,10 @@ from controller.admin import AdminAuth, admin_routes
 from controller.admin_auth import forwarded_for, is_loopback
 from controller.policy.document import DEFAULT_POLICY_TEXT
 from controller.policy.store import PolicyStore
+from tests.policy_texts import STATIC_POLICY_TEXT
 
-CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
-CHAT_SMALL = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
+CHAT_OFF = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+CHAT_SMALL = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
 LOOPBACK = ("127.0.0.1", 50123)
 REMOTE = ("203.0.113.7", 50123)
 
@@ -72,7 +73,7 @@ def test_put_with_stale_if_match_is_412_and_changes_nothing(store: PolicyStore) 
 
 
 def test_put_invalid_is_422_with_paths_and_lines(store: PolicyStore) -> None:
-    bad = DEFAULT_POLICY_TEXT.replace("min_spec_tokens: 4", "min_spec_tokens: 0").replace(
+    bad = STATIC_POLICY_TEXT.replace("min_spec_tokens: 4", "min_spec_tokens: 0").replace(
         "concurrency_bands: [8, 32, 64]", "concurrency_bands: [8, 32, 64]\n  surprise: true"
     )
     response = client_for(store).put("/admin/policy", content=bad)

@@ -11,6 +11,7 @@ import pytest
 
 from controller.commands.config import check_command
 from controller.policy.document import DEFAULT_POLICY_TEXT
+from tests.policy_texts import STATIC_POLICY_TEXT
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """\
@@ -19,7 +20,7 @@ backends:
   - {name: k7, kind: vllm, urls: ["http://127.0.0.1:8101"], model: demo, spec_tokens: 7,
      block_size: 16}
 """
-BAD_BANDS = DEFAULT_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
+BAD_BANDS = STATIC_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
 
 
 def _check(

@@ -76,7 +76,7 @@ async def test_acceptance_reaches_client_metrics_and_stats(
     assert backend["name"] == "k7" and backend["healthy"] and backend["spec_tokens"] == 7
     # 8 drafts over two requests; vLLM's histogram [0,1,1,1,1,0,0,0] accepts position 1 4/4.
     assert backend["accept_rate_per_position"][:5] == [1.0, 0.75, 0.5, 0.25, 0.0]
-    assert stats["policy"] == {"version": 1, "kind": "static"}
+    assert stats["policy"] == {"version": 1, "kind": "goodput"}  # the default
 
 
 async def test_failing_policy_degrades_to_k0_and_is_counted(

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from tests.controller.conftest import MODEL, StartGateway, StartUpstream, make_config, pool
+from tests.policy_texts import STATIC_POLICY_TEXT
 
 USER = {"role": "user", "content": "hi"}
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
@@ -135,6 +136,7 @@ async def test_rejected_requests_leave_the_policys_concurrency_alone(
 ) -> None:
     """After ten `"stop": 5` requests the policy still sees one request (this one), not 11."""
     upstream = await start_upstream()
+    (tmp_path / "policy.yaml").write_text(STATIC_POLICY_TEXT)  # its reason names the load
     gateway = await start_gateway(make_config(tmp_path, [pool("k7", upstream.url, 7)]))
     async with aiohttp.ClientSession() as session:
         url = gateway.url + "/v1/chat/completions"

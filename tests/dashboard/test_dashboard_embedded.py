@@ -1,9 +1,11 @@
 """The dashboard on ``draftctl serve`` with the embedded default backend (the `make serve` setup).
 
-Runs the repository's demo model pair (models/demo) on CPU behind a real daemon, sends greedy
-streamed traffic for every task, and checks the page in headless Chromium: per-task
-requests and chosen-k bars, the embedded row with per-request k and per-position
-acceptance, and the speedup exactly as /api/stats reports it.
+Runs the repository's demo model pair (models/demo) on CPU behind a real daemon with the
+default policy (goodput, priced by the engine's start-up cost profile), sends greedy streamed
+traffic for every task, and checks the page in headless Chromium: per-task requests and
+chosen-k bars, k over time and why k is what it is now, a measured step-time speedup on every
+task's card (the same method for all three), TPOT, the embedded row with per-request k and
+per-position acceptance, each exactly as /api/stats reports it. The screenshot is README's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.dashboard.daemon import LoopThread, get_json, start_daemon, traffic, 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
-NUM_PER_TASK = 3
+NUM_PER_TASK = 8
 
 
 @pytest.fixture
@@ -68,18 +70,25 @@ def test_dashboard_on_the_embedded_default(
     page.goto(f"{base}/dashboard?interval_ms=500")
     page.wait_for_selector("#conn-status.ok")
     stats = get_json(f"{base}/api/stats")
+    assert stats["policy"]["kind"] == "goodput"  # the default
     for task in ("math", "code", "chat"):
         card = page.locator(f"#task-{task}")
+        data = stats["tasks"][task]
         expect(card.locator(".requests .value")).to_have_text(str(NUM_PER_TASK))
-        num_ks = len(stats["tasks"][task]["spec_tokens_chosen"])
+        num_ks = len(data["spec_tokens_chosen"])
         expect(card.locator(".k-chart rect.bar")).to_have_count(num_ks)
-        speedup = stats["tasks"][task]["speedup"]
-        if speedup["value"] is None:
-            expect(card.locator(".speedup .value")).to_have_text(re.compile("^–"))
-        else:
-            expect(card.locator(".speedup .value")).to_have_text(
-                re.compile(f"^{speedup['value']:.2f}×")
-            )
+        speedup = data["speedup"]
+        assert speedup["method"] == "step-times", (task, speedup)  # every card the same way
+        expect(card.locator(".speedup .value")).to_have_text(
+            re.compile(f"^{speedup['value']:.2f}×")
+        )
+        assert data["tpot_p50_s"] is not None
+        expect(card.locator(".tpot-p50 .value")).not_to_have_text("–")
+        assert len(data["k_history"]) == NUM_PER_TASK
+        expect(card.locator(".k-history svg polyline")).to_have_count(1)
+        expect(card.locator(".k-history svg")).to_have_attribute("data-points", str(NUM_PER_TASK))
+        assert data["k_reason"], data
+        expect(card.locator(".k-reason")).to_have_text(f"Why k now: {data['k_reason']}")
     row = page.locator('#pools tr[data-pool="embedded"]')
     expect(row.locator("td").nth(1)).to_have_text("embedded")
     expect(row.locator(".health")).to_have_text("● up")

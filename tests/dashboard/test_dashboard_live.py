@@ -20,13 +20,13 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from controller.policy.document import DEFAULT_POLICY_TEXT
 from tests.controller.fake_upstream import Behaviour, FakeUpstream, vllm_spec_metrics
 from tests.dashboard.daemon import MODEL, LoopThread, get_json, start_daemon, traffic, wait_ready
+from tests.policy_texts import STATIC_POLICY_TEXT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+CHAT_OFF = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
 
 
 def pool(name: str, url: str, k: int) -> dict[str, Any]:
@@ -55,6 +55,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[str, LoopThread]]:
     }
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
+    (tmp_path / "policy.yaml").write_text(STATIC_POLICY_TEXT)  # the edit below changes its table
     proc, base = start_daemon(config_path)
     try:
         wait_ready(base)

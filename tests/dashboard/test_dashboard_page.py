@@ -25,13 +25,14 @@ from starlette.routing import Route
 
 from controller.admin import AdminAuth, admin_routes
 from controller.dashboard import dashboard_routes
-from controller.policy.store import DEFAULT_POLICY_TEXT, PolicyStore
+from controller.policy.store import PolicyStore
+from tests.policy_texts import STATIC_POLICY_TEXT
 
 pytestmark = pytest.mark.browser
 
 SAMPLE = json.loads((Path(__file__).parent / "sample_stats.json").read_text())
-BAD_BANDS = DEFAULT_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
-CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+BAD_BANDS = STATIC_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
+CHAT_OFF = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
 
 
 def sample_app(store: PolicyStore, token: str | None = None) -> Starlette:
@@ -40,8 +41,13 @@ def sample_app(store: PolicyStore, token: str | None = None) -> Starlette:
         shift = now - SAMPLE["time_s"]
         history = [[t + shift, n] for t, n in SAMPLE["concurrency"]["history"]]
         policy = {"version": store.current()[0], "kind": store.current()[2].kind}
+        tasks = {
+            task: {**data, "k_history": [[t + shift, k] for t, k in data["k_history"]]}
+            for task, data in SAMPLE["tasks"].items()
+        }
         body = {
             **SAMPLE,
+            "tasks": tasks,
             "time_s": now,
             "policy": policy,
             "concurrency": {"current": SAMPLE["concurrency"]["current"], "history": history},
@@ -58,6 +64,8 @@ def sample_app(store: PolicyStore, token: str | None = None) -> Starlette:
 
 @pytest.fixture
 def store(tmp_path: Path) -> PolicyStore:
+    """Starts from the static table: the editor tests edit it and check its lines."""
+    (tmp_path / "policy.yaml").write_text(STATIC_POLICY_TEXT)
     return PolicyStore(tmp_path / "policy.yaml", tmp_path / "versions")
 
 
@@ -124,6 +132,16 @@ def test_page_renders_stats_with_no_console_errors(
         assert page.locator('#pools tr[data-pool="vllm-k7"] rect.bar').count() == 7
         assert page.locator("#policy-version").inner_text() == "v1"
         expect(page.locator("#policy-text")).to_have_value(re.compile("kind: static"))
+        # k over time and why k is what it is now
+        assert page.locator("#task-math .k-history svg").get_attribute("data-points") == "10"
+        assert page.locator("#task-chat .k-history svg polyline").count() == 1
+        assert page.locator("#task-chat .k-reason").inner_text() == (
+            "Why k now: static: task=chat concurrency=40 band 33-64 -> k=0"
+        )
+        assert "fewer than two requests" in page.locator("#task-code .k-history").inner_text()
+        assert (
+            page.locator("#task-code .k-reason").inner_text().endswith("no request finished yet.")
+        )
         screenshot(page, "sample-overview")
     assert all(url.startswith(dashboard) or url.startswith("data:") for url in page.watch.urls), (
         f"the page fetched something off-origin: {page.watch.urls}"
@@ -150,7 +168,7 @@ def test_invalid_edit_shows_errors_and_keeps_the_policy(
             " return t.value.slice(t.selectionStart, t.selectionEnd); })()"
         )
         assert "concurrency_bands: [8, 64, 32]" in selected
-    assert store.current()[0] == 1 and store.current()[1] == DEFAULT_POLICY_TEXT
+    assert store.current()[0] == 1 and store.current()[1] == STATIC_POLICY_TEXT
 
 
 def test_valid_edit_applies_then_rollback(page: Any, dashboard: str, store: PolicyStore) -> None:
@@ -165,8 +183,8 @@ def test_valid_edit_applies_then_rollback(page: Any, dashboard: str, store: Poli
         page.click('#versions tr[data-version="1"] button.rollback')
         page.wait_for_selector("#editor-status.ok >> text=now version 3")
         page.wait_for_selector("#policy-version >> text=v3")
-        assert store.current()[1] == DEFAULT_POLICY_TEXT
-        assert page.input_value("#policy-text") == DEFAULT_POLICY_TEXT
+        assert store.current()[1] == STATIC_POLICY_TEXT
+        assert page.input_value("#policy-text") == STATIC_POLICY_TEXT
 
 
 def test_editor_follows_a_change_made_elsewhere(

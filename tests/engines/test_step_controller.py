@@ -193,3 +193,20 @@ def test_a_prepared_step_is_used_only_for_mostly_the_same_rows() -> None:
     decided = width.steps
     controller.plan([_view("new", 0, 1, [])], [controller.start(Task.CHAT, 1.0, 7)])
     assert width.steps == decided + 1
+
+
+def test_the_reason_says_why_the_latest_k() -> None:
+    """The dashboard's "why k": the batch planner's last decision for a step in which some row
+    could draft a whole block, or a per-request policy's."""
+    controller = StepController(Source(_goodput()), 16, random.Random(0))
+    steps = controller.start(Task.MATH, 0.9, 15)
+    near_end = RequestView("z", 9, [16] * 9, 1, 9, {}, [15] * 9, 2)  # three tokens left
+    controller.plan([near_end], [steps])
+    assert controller.last_reason == ""  # a request's tail does not explain its task's k
+    [k] = controller.plan([_view("a", 3, 1, [16, 16, 16])], [steps])
+    assert controller.last_reason.startswith(f"batch[best] B=1 k={k} ")
+    assert controller.last_reason.endswith("x plain")
+    static = StepController(Source(_static()), 16, random.Random(0))
+    chat = static.start(Task.CHAT, 0.9, 4)
+    chat(_view("r", 1, 2, [3], [4]))
+    assert static.last_reason.startswith("static:")

@@ -24,6 +24,7 @@ import pytest
 
 from controller.policy.document import DEFAULT_POLICY_TEXT
 from controller.policy.files import STALE_TEMP_AGE_S
+from tests.policy_texts import STATIC_POLICY_TEXT
 from tests.robustness.daemon import Daemon, pool_backend, start_daemon
 from tests.robustness.report import record, size
 from tests.robustness.verdict import openai_error
@@ -53,7 +54,7 @@ def call(
 
 def document(writer: int, n: int) -> str:
     chat = [7, 4, 4, n % 5]
-    return DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", f"chat: {chat}  # {writer}-{n}")
+    return STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", f"chat: {chat}  # {writer}-{n}")
 
 
 def write_until_killed(

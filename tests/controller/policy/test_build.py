@@ -44,7 +44,12 @@ def _folder(tmp_path: Path) -> None:
 def test_valid_text_builds_its_policy_and_models(tmp_path: Path) -> None:
     _folder(tmp_path)
     built = validate_and_build(DEFAULT_POLICY_TEXT)
-    assert built.spec.kind == "static" and built.models is None
+    # The default is goodput without a cost table: models without a cost model until an
+    # embedded engine's start-up profile is adopted.
+    assert built.spec.kind == "goodput" and built.models is not None
+    assert built.models.cost is None
+    static = validate_and_build(DEFAULT_POLICY_TEXT.replace("kind: goodput", "kind: static"))
+    assert static.spec.kind == "static" and static.models is None
     goodput = validate_and_build(GOODPUT.format(table="cost.json"), base_dir=tmp_path)
     assert goodput.spec.kind == "goodput" and goodput.models is not None
     assert goodput.models.block_size == 16

@@ -17,11 +17,12 @@ from controller.policy.running import RunningPolicy
 from controller.policy.store import PolicyStore, PreconditionFailed, UnknownVersion
 from policies.types import Task
 from policies.validation import InvalidDocument
+from tests.policy_texts import STATIC_POLICY_TEXT
 
 ROOT = Path(__file__).resolve().parents[3]
-CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
-CHAT_SMALL = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
-BAD_BANDS = DEFAULT_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
+CHAT_OFF = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+CHAT_SMALL = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
+BAD_BANDS = STATIC_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
 GOODPUT = "kind: goodput\ngoodput:\n  cost_table: {table}\n"
 
 
@@ -217,7 +218,7 @@ def test_restart_with_unbuildable_file_runs_latest_good_version(tmp_path: Path) 
     make_store(tmp_path)
     (tmp_path / "policy.yaml").write_text(GOODPUT.format(table="missing.json"))
     store = make_store(tmp_path)
-    assert store.current()[0] == 1 and store.running().spec.kind == "static"
+    assert store.current()[0] == 1 and store.running().spec.kind == "goodput"  # the default
     assert store.last_file_error is not None
     assert store.last_file_error[0].path == "goodput.cost_table"
 

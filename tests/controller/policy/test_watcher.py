@@ -16,11 +16,12 @@ from controller.policy.document import DEFAULT_POLICY_TEXT
 from controller.policy.running import RunningPolicy
 from controller.policy.store import PolicyStore
 from controller.policy.watcher import PolicyWatcher
+from tests.policy_texts import STATIC_POLICY_TEXT
 
-CHAT_OFF = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
-CHAT_SMALL = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
-CHAT_LOW = DEFAULT_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 4, 0]")
-BAD_BANDS = DEFAULT_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
+CHAT_OFF = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [0, 0, 0, 0]")
+CHAT_SMALL = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 0, 0]")
+CHAT_LOW = STATIC_POLICY_TEXT.replace("chat: [7, 4, 4, 0]", "chat: [4, 4, 4, 0]")
+BAD_BANDS = STATIC_POLICY_TEXT.replace("[8, 32, 64]", "[8, 64, 32]")
 
 
 class FakeClock:

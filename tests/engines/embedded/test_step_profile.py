@@ -126,11 +126,10 @@ def test_the_policy_prices_steps_with_the_profile_only_without_a_table_of_its_ow
     controller = StepController(FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), bare), 16)
     controller.start(Task.CHAT, 1.0, 0)
     assert bare.cost is None  # no profile yet: the relative fallback prices steps
-    controller.cost_table = table(True)
-    controller.start(Task.CHAT, 1.0, 0)
+    controller.offer_cost_table(table(True))  # adopted at once, before any request
     assert bare.cost is not None and bare.cost.table.includes_draft
     own = OnlineModels(spec.goodput, 16, table(False))
     other = StepController(FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), own), 16)
-    other.cost_table = table(True)
+    other.offer_cost_table(table(True))
     other.start(Task.MATH, 1.0, 0)
     assert own.cost is not None and not own.cost.table.includes_draft  # the policy's own wins
