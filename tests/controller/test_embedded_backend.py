@@ -27,11 +27,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
 
 
-async def test_embedded_engine_through_openai_client(
-    tmp_path: Path, pair: tuple[Path, Path], start_gateway: StartGateway
-) -> None:
+def backend_for(pair: tuple[Path, Path]) -> dict[str, object]:
     target, draft = pair
-    backend = {
+    return {
         "name": "emb",
         "kind": "embedded",
         "model": MODEL,
@@ -41,7 +39,12 @@ async def test_embedded_engine_through_openai_client(
         "max_batch_size": 4,
         "max_seq_len": 256,
     }
-    gateway = await start_gateway(make_config(tmp_path, [backend]))
+
+
+async def test_embedded_engine_through_openai_client(
+    tmp_path: Path, pair: tuple[Path, Path], start_gateway: StartGateway
+) -> None:
+    gateway = await start_gateway(make_config(tmp_path, [backend_for(pair)]))
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")
     messages = [{"role": "user", "content": "hello"}]
 
@@ -103,18 +106,7 @@ async def test_tpot_of_whole_requests_comes_from_the_engine(
 ) -> None:
     """Non-streamed requests give TPOT too: the engine times its own decode (the gateway can
     only time a stream's chunks)."""
-    target, draft = pair
-    backend = {
-        "name": "emb",
-        "kind": "embedded",
-        "model": MODEL,
-        "target": str(target),
-        "draft": str(draft),
-        "device": "cpu",
-        "max_batch_size": 4,
-        "max_seq_len": 256,
-    }
-    gateway = await start_gateway(make_config(tmp_path, [backend]))
+    gateway = await start_gateway(make_config(tmp_path, [backend_for(pair)]))
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x")
     for task in ("math", "chat"):
         await client.chat.completions.create(
