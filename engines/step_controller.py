@@ -286,13 +286,18 @@ class StepController:
         newest: ActivePolicy,
     ) -> int:
         rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
-        width = self._batch_width(newest)
-        k = self.guarded(lambda: width.decide(rows, self._observe(newest)))
-        # Explain the decisions a whole block could follow: near its end a request drafts
-        # less or not at all whatever the policy thinks of its task.
-        if max(row.max_spec_tokens for row in rows) >= max_spec_tokens(self.block_size):
-            self._batch_decision = width.last
-        return k
+
+        def decide() -> int:
+            width = self._batch_width(newest)
+            k = width.decide(rows, self._observe(newest))
+            # Explain the decisions a whole block could follow: near its end a request drafts
+            # less or not at all whatever the policy thinks of its task.
+            full = max_spec_tokens(self.block_size)
+            if any(row.max_spec_tokens >= full for row in rows):  # usually the first row
+                self._batch_decision = width.last
+            return k
+
+        return self.guarded(decide)
 
     @property
     def last_reason(self) -> str:
