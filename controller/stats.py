@@ -223,9 +223,7 @@ class LiveStats:
         spec = [v for c in cells for v in c.spec_step.values(now_s)]
         # A plain step costs the same whatever the task: the baseline is every k = 0 step of
         # the engines this task ran on, so every task's card is computed the same way.
-        engines = {
-            b for (t, b), c in self._cells.items() if t == task and c.spec_step.values(now_s)
-        }
+        engines = {b for (t, b) in self._cells if t == task}
         plain = [
             v
             for (_, b), c in self._cells.items()
