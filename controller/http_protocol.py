@@ -22,6 +22,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from controller.openai_errors import ApiError, read_timeout
 
 Phase = Literal["header", "body"]
+# After an error response written before any app ran (408 in the header phase, 400 for bytes
+# that are not HTTP), how long the connection stays half-closed, discarding what the client
+# still sends, before it is closed (see ``_close_after_response``).
+LINGER_S = 2.0
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):
@@ -41,6 +45,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._phase: Phase | None = None  # what is being read; None between requests
         self._deadline_s = 0.0  # loop time by which the phase must end
         self._timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None  # set once the response is final
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -49,9 +54,13 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop()
+        if self._linger is not None:
+            self._linger.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # the error response is out: what the client still sends is dropped
         super().data_received(data)  # runs the parser callbacks below
         if self._phase is not None and self._timer is None:
             self._arm()
@@ -108,7 +117,7 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
         self._stop()
         error = ApiError(400, f"{msg} Send a well-formed HTTP/1.1 request.", code="invalid_http")
         self.transport.write(_response(b"400 Bad Request", error.body_bytes()))
-        self.transport.close()
+        self._close_after_response()
 
     def _expire(self, phase: Phase) -> None:
         """Answer 408 unless this request's response already started (then just close)."""
@@ -119,7 +128,21 @@ class ReadTimeoutProtocol(HttpToolsProtocol):
             limit_s = self.header_timeout_s if phase == "header" else self.body_timeout_s
             body = read_timeout(phase, limit_s).body_bytes()
             self.transport.write(_response(b"408 Request Timeout", body))
-        self.transport.close()
+        if phase == "header":
+            self._close_after_response()
+        else:  # the app waits for the body: the close wakes it with a disconnect
+            self.transport.close()
+
+    def _close_after_response(self) -> None:
+        """Close so that the client reads the response: half-close (FIN after it), drop what the
+        client still sends for up to LINGER_S, then close. A plain close while a client is still
+        sending (one trickling its head) makes the kernel answer its next bytes with a reset,
+        which can discard the unread response on the client's side."""
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._linger = self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _response(status: bytes, body: bytes) -> bytes:

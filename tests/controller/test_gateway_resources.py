@@ -172,6 +172,35 @@ async def test_slow_or_silent_clients_get_408_and_are_closed(
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"}")
 
 
+async def test_a_client_still_sending_after_its_408_reads_it_and_is_not_reset(
+    tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
+) -> None:
+    """A client trickling its head past the limit gets the 408 and an end of stream, and
+    what it keeps sending for a while after is dropped quietly. A plain close made the kernel
+    answer those bytes with a reset (the next write fails), and a reset can discard the unread
+    408 on the client's side: the robustness suite saw one as a reset instead of a 408."""
+    upstream = await start_upstream()
+    config = make_config(tmp_path, [pool("k7", upstream.url, 7)], server=TIMEOUTS)
+    running = await start_gateway(config)
+    reader, writer = await asyncio.open_connection("127.0.0.1", running.server.port)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+
+    async def trickle() -> None:
+        for i in range(len(head)):
+            writer.write(head[i : i + 1])
+            await asyncio.sleep(0.05)
+
+    sending = asyncio.create_task(trickle())
+    answer = await _read_all(reader)  # the 408, then the end of stream
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    for _ in range(3):  # still sending after the answer: no reset
+        writer.write(b"x" * 100)
+        await writer.drain()
+        await asyncio.sleep(0.2)
+    sending.cancel()
+    writer.close()
+
+
 async def test_a_request_sent_in_pieces_within_the_limits_is_served(
     tmp_path: Path, start_upstream: StartUpstream, start_gateway: StartGateway
 ) -> None:
