@@ -462,7 +462,15 @@ def auth_headers(token: str) -> S[dict[str, str]]:
         (12, st.just(f"Bearer {token}")),
         (2, st.none()),
         (1, st.sampled_from([f"bearer  {token} ", f"Basic {token}", "Bearer", "Bearer \xe9\xff"])),
-        (1, st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=40)),
+        # Latin-1 text the HTTP client can send: aiohttp refuses DEL (0x7f) in a header
+        # before it reaches the socket (raw header bytes: test_slow_clients.py).
+        (
+            1,
+            st.text(
+                st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"),
+                max_size=40,
+            ),
+        ),
     )
     forwarded = st.fixed_dictionaries(
         {},

@@ -114,3 +114,25 @@ async def test_bytes_that_are_not_http_get_an_openai_400(pools: PoolStack, sent:
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
     error = openai_error(answer.split(b"\r\n\r\n", 1)[1])
     assert error is not None and error["code"] == "invalid_http", answer
+
+
+CONTROL_IN_HEADERS = [
+    b"GET /admin/policy/versions HTTP/1.1\r\nhost: x\r\nauthorization: \x7f\r\n\r\n",
+    b"GET /admin/policy/versions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer \x01\x7f\xff\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-draftctl-task: ma\x7fth\r\n"
+    b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY,
+]
+
+
+@pytest.mark.parametrize("sent", CONTROL_IN_HEADERS)
+async def test_control_characters_in_a_header_get_an_openai_4xx(
+    pools: PoolStack, sent: bytes
+) -> None:
+    """What the HTTP client library refuses to send (the fuzzer cannot draw it): DEL and other
+    control bytes in a header value are answered with an OpenAI-shaped 4xx, never a 5xx."""
+    port = int(pools.daemon.url.rsplit(":", 1)[1])
+    answer, _ = await slow_client(port, sent, trickle=False)
+    status = int(answer.split(b" ", 2)[1])
+    assert 400 <= status < 500, answer[:300]
+    error = openai_error(answer.split(b"\r\n\r\n", 1)[1].split(b"\r\n0\r\n")[0])
+    assert error is not None and error["message"], answer
