@@ -227,6 +227,9 @@ class Engine:
                 accepted=result.accepted[index],
                 step_time_s=result.step_time_s,
                 batch_size=len(result.new_tokens),
+                draft_confidence=(
+                    () if result.draft_confidence is None else tuple(result.draft_confidence[index])
+                ),
             )
             request.accept_lengths.append(report.accept_length)
             request.spec_tokens.append(report.spec_tokens)

@@ -80,6 +80,9 @@ class StepReport:
     accepted: list[bool]  # per drafted position: accepted before the first rejection
     step_time_s: float  # device time of the whole batched step
     batch_size: int
+    # Per drafted position: the draft distribution's top-1 probability (the draft's own
+    # confidence; empty when the engine does not measure it, e.g. synthetic acceptance).
+    draft_confidence: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rounded up
+CONFIDENCE_SCALE = 1_000_000  # draft confidence crosses to the host as integers of this scale
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class StepResult:
     accepted: list[list[bool]]  # per row, length k of that row
     new_tokens: list[list[int]]  # per row: accepted drafts then the bonus token
     step_time_s: float
+    # Per row, length k of that row: the draft distribution's top-1 probability at each
+    # drafted position (temperature-scaled when the row samples); None in synthetic mode.
+    draft_confidence: list[list[float]] | None = None
 
 
 class ModelRunner:
@@ -247,11 +251,19 @@ class ModelRunner:
                 *self._draft_packings(spec_tokens),
                 eager=eager,
             )[:, :widest]
+            # top-1 probability without a [B, k, vocab] float copy: exp(max - logsumexp)
+            top = draft_logits.amax(dim=-1).float()
+            confidence = (top - torch.logsumexp(draft_logits, dim=-1).float()).exp()
             if params is None:
                 drafts = draft_logits.argmax(dim=-1)
             else:
                 draft_probs = sampling_probs(draft_logits, *params)
                 drafts = sample_from_probs(draft_probs, u[:, :widest])
+                # sampling rows: of the distribution they sample (greedy rows are one-hot)
+                sampled = (params[0] > 0)[:, None]
+                confidence = torch.where(sampled, draft_probs.amax(dim=-1), confidence)
+        else:
+            confidence = torch.zeros(len(rows), 0, device=self.device)
         ids = torch.cat([last[:, None], drafts], dim=1)
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
@@ -280,7 +292,9 @@ class ModelRunner:
                 u[:, self.block_size : self.block_size + widest],
                 u[:, -1],
             )
-        packed = torch.cat([accepted.long(), drafts, bonus[:, None]], dim=1)
+        # Confidence travels in the same device->host copy, as fixed point (1e-6 steps).
+        fixed = (confidence * CONFIDENCE_SCALE).round().long()
+        packed = torch.cat([accepted.long(), drafts, bonus[:, None], fixed], dim=1)
         if overlap is not None:
             overlap()
         return self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
@@ -352,10 +366,12 @@ class ModelRunner:
     def _unpack(
         packed: torch.Tensor, spec_tokens: list[int], widest: int, elapsed_s: float
     ) -> StepResult:
-        accepted_rows, token_rows = [], []
+        accepted_rows, token_rows, confidence_rows = [], [], []
+        bonus = 2 * widest  # [accepted (widest), drafts (widest), bonus, confidence (widest)]
         for row, k in zip(packed.tolist(), spec_tokens, strict=True):
             mask = [bool(x) for x in row[:k]]
             num_accepted = sum(mask)
             accepted_rows.append(mask)
-            token_rows.append([*row[widest : widest + num_accepted], row[-1]])
-        return StepResult(accepted_rows, token_rows, elapsed_s)
+            token_rows.append([*row[widest : widest + num_accepted], row[bonus]])
+            confidence_rows.append([x / CONFIDENCE_SCALE for x in row[bonus + 1 : bonus + 1 + k]])
+        return StepResult(accepted_rows, token_rows, elapsed_s, confidence_rows)
