@@ -10,6 +10,7 @@ from typing import Any
 from engines.cost_tables import load_cost_table
 from policies.costmodel import CostModel, CostTable
 from sim.choosers import FixedK, GoodputChooser, Informed, KChooser, Oracle
+from sim.ragged_choosers import ragged_choosers
 from sim.scenario import Scenario
 from sim.server import Progress, SimServer
 from sim.workload import Workload
@@ -57,6 +58,7 @@ def build_choosers(scenario: Scenario, table: CostTable) -> list[KChooser]:
     if chosen.include_informed:
         informed = Informed(chosen.goodput, table, scenario.block_size, min_k, padded)
         choosers.append(informed)
+    choosers.extend(ragged_choosers(scenario, table, engine_cost(scenario, table)))
     if chosen.include_oracle:
         oracle = Oracle(engine_cost(scenario, table), scenario.block_size, min_k, padded)
         choosers.append(oracle)

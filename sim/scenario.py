@@ -69,6 +69,9 @@ class Acceptance(Section):
     # Folder (or file) of traces/*.jsonl recorded at full block; missing -> parametric model.
     traces: Path | None = None
     parametric: dict[Task, ParametricTask] = Field(default_factory=_parametric_defaults)
+    # AUC of the draft's top-1 probability against acceptance, for the synthetic confidence
+    # the confidence-reading policies see (sim/ragged_choosers.py); None: they get none.
+    confidence_auc: float | None = Field(default=None, ge=0.5, lt=1.0)
 
 
 class Costs(Section):
@@ -101,6 +104,10 @@ class Policies(Section):
     # Also run "informed" (true per-request rates; parametric acceptance only).
     include_informed: bool = False
     min_spec_tokens: int = Field(default=4, ge=1)
+    # Ragged engines only: draftctl's per-slot allocator and vLLM's adaptive verification
+    # (per-row allocation), both reading the draft's confidence (sim/ragged_choosers.py).
+    include_allocator: bool = False
+    include_vllm_av: bool = False
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)
 

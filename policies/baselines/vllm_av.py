@@ -44,6 +44,7 @@ from policies.baselines.slot_budget import (
     sorted_scores,
 )
 from policies.baselines.survival_ema import SurvivalEma
+from policies.slot_allocator import RaggedChoice
 from policies.types import StepCost, StepRow, clamp_spec_tokens
 
 COLLAPSE_RULES = ("objective", "max")
@@ -144,6 +145,23 @@ class VllmAdaptiveVerification:
             f"budget={budget}/{len(scores)} est={source} {gain:.2f}x plain"
         )
         return StepChoice(k, reason)
+
+    def decide_rows(self, rows: Sequence[StepRow], batch_size: int) -> RaggedChoice:
+        """A ragged engine (each row at its own width): vLLM's own per-row allocation of its
+        budget, no collapse (what Model Runner V2 runs)."""
+        self._learn(rows)
+        self._scored = None
+        if not rows or batch_size < 1:
+            return RaggedChoice([], f"{self.name}: empty batch")
+        capacities = np.array([row_capacity(r, self._positions) for r in rows], dtype=np.int64)
+        survival = self._score(rows, capacities)
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(scores, len(rows), self._budget_costs(batch_size, len(scores)))
+        counts = allocate_slots(survival, capacities, budget)
+        assert self._scored is not None, "_score remembers what it scored"
+        source = "confidence" if self._scored.has_confidence.any() else "ema"
+        reason = f"{self.name}: B={batch_size} budget={budget}/{len(scores)} est={source}"
+        return RaggedChoice([int(c) for c in counts], reason)
 
     def _cost_by_k(self, batch_size: int) -> Floats:
         """[K + 1] step time per k at ``batch_size`` (the cost is fixed: memoised)."""

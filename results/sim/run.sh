@@ -4,7 +4,7 @@
 set -euo pipefail
 out=results/sim
 for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mixed-shift-ragged mixed-shift-host-overhead \
-    mixed-shift-parametric mixed-shift-parametric-heterogeneous task-split; do
+    mixed-shift-parametric mixed-shift-parametric-heterogeneous task-split mixed-shift-ragged-8b; do
   .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
     --out "$out/$name.json" --plot "$out" > "$out/$name.txt"
 done

@@ -1,0 +1,265 @@
+"""Per-slot allocator: each row of a ragged step gets its own k (issue 16).
+
+An engine that verifies every row at its own width pays for the step's total tokens, not the
+widest row's, so k is chosen per (request, position) slot. Per step:
+
+1. learn: each row's outcome of the step it was last scored for labels its verified slots
+   (accepted: 1; the first rejection: 0; later positions are censored) and updates the
+   confidence calibration of its task;
+2. score: slot (r, j) survives with probability ``prod_{i<=j} p[r, i]``, where
+
+       logit p[r, i] = logit prior[task_r, i] + offset_r + g[task_r, bin(c[r, i])]
+
+   ``prior``: the task's per-position conditional acceptance (the goodput policy's online
+   models); ``offset_r``: the request's own history against that prior (log-odds, shrunk
+   toward 0 by ``request_strength`` steps); ``g``: the online calibration of the draft's
+   confidence ``c`` (top-1 draft probability), per task and confidence bin (logit-spaced),
+   shrunk toward 0 by ``prior_strength`` labels and forgetting at ``decay`` per step. A row
+   without confidence gets g = 0;
+3. budget: every eligible slot sorted best first; the step verifies the ``d`` best with
+   ``d* = argmax_d (B + sum of the d best survivals) / cost(B, d)`` (vLLM's rule, over our
+   survival), ``cost`` the ragged step time of B rows plus d drafts;
+4. bounds: a row given 0 < k < ``min_spec_tokens`` is raised to the minimum when its first
+   ``min_spec_tokens`` slots survive on average at least as well as the step's marginal slot,
+   else dropped to 0 (drafting off, its draft context still updated by the engine).
+
+Pure and deterministic: numpy over [rows, K] arrays, no clock, no I/O. The prior comes from
+the caller (``rates(task)``), so the same object serves the embedded engine and the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.baselines.ragged_cost import RaggedCost
+from policies.baselines.slot_budget import (
+    Floats,
+    Ints,
+    allocate_slots,
+    draft_budget,
+    eligible,
+    sorted_scores,
+)
+from policies.types import TASKS, StepRow, Task
+
+Rates = Callable[[Task], Sequence[float]]
+_EPS = 1e-4
+
+
+def logit(p: Floats) -> Floats:
+    q = np.clip(p, _EPS, 1 - _EPS)
+    return np.log(q) - np.log1p(-q)
+
+
+def sigmoid(x: Floats) -> Floats:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@dataclass(frozen=True)
+class AllocatorSettings:
+    max_spec_tokens: int
+    min_spec_tokens: int = 4
+    confidence_bins: int = 12  # over logit(c) in [-4, 8] (top-1 probability 0.02 .. 0.9997)
+    prior_strength: float = 30.0  # labels per bin before its calibration counts half
+    decay: float = 0.998  # per step: calibration counts forget (follows a drifting workload)
+    request_strength: float = 8.0  # verify steps of a request's own history that count half
+    request_window: int = 16  # verify steps of a request's own history that count
+
+    def __post_init__(self) -> None:
+        if self.max_spec_tokens < 1:
+            raise ValueError(f"max_spec_tokens must be >= 1, got {self.max_spec_tokens}")
+        if not 1 <= self.min_spec_tokens <= self.max_spec_tokens:
+            raise ValueError(
+                f"min_spec_tokens must be in [1, {self.max_spec_tokens}], "
+                f"got {self.min_spec_tokens}"
+            )
+        if self.confidence_bins < 1 or not 0 < self.decay <= 1:
+            raise ValueError("confidence_bins must be >= 1 and decay in (0, 1]")
+
+
+@dataclass(frozen=True)
+class RaggedChoice:
+    """Per row k (same order as the rows) and a reason a person can read."""
+
+    spec_tokens: list[int]
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Scored:
+    index: dict[Hashable, int]
+    seen: list[int]  # per row: len(accept_lengths) when scored
+    tasks: Ints  # [rows] task index
+    bins: Ints  # [rows, K] confidence bin, -1 without confidence
+    base: Floats  # [rows, K] probability before calibration
+
+
+class SlotAllocator:
+    name = "allocator"
+
+    def __init__(self, settings: AllocatorSettings, cost: RaggedCost):
+        self.settings = settings
+        self._cost = cost
+        self._k = settings.max_spec_tokens
+        shape = (len(TASKS), settings.confidence_bins)
+        self._labels = np.zeros(shape)  # decayed label count per (task, bin)
+        self._hits = np.zeros(shape)  # decayed accepted labels
+        self._predicted = np.zeros(shape)  # decayed sum of base predictions
+        self._scored: _Scored | None = None
+        self._budget_costs: dict[int, Floats] = {}
+
+    # -- calibration -------------------------------------------------------------------------
+
+    def calibration(self) -> Floats:
+        """[tasks, bins] log-odds correction of each confidence bin (0 where unlearned)."""
+        n = self._labels
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_predicted = np.where(n > 0, self._predicted / n, 0.5)
+        m = self.settings.prior_strength
+        shrunk = (self._hits + m * mean_predicted) / (n + m)
+        return np.where(n > 0, logit(shrunk) - logit(mean_predicted), 0.0)
+
+    def _bins(self, confidence: Floats) -> Ints:
+        edges = np.linspace(-4.0, 8.0, self.settings.confidence_bins + 1)[1:-1]
+        return np.searchsorted(edges, logit(confidence)).astype(np.int64)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def decide_rows(self, rows: Sequence[StepRow], batch_size: int, rates: Rates) -> RaggedChoice:
+        self._learn(rows)
+        self._scored = None
+        if not rows:
+            return RaggedChoice([], "allocator: empty batch")
+        k = self._k
+        capacities = np.array([max(0, min(k, r.max_spec_tokens)) for r in rows], dtype=np.int64)
+        survival = self._score(rows, rates)
+        n = len(rows)
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(scores, n, self._costs(batch_size, len(scores)))
+        counts = allocate_slots(survival, capacities, budget)
+        counts = self._bounded(counts, survival, capacities, scores, budget)
+        drafts = int(counts.sum())
+        expected = float(np.where(eligible(survival, counts), survival, 0.0).sum())
+        gain = (n + expected) / self._cost.step_time_s(batch_size, drafts)
+        gain *= self._cost.step_time_s(batch_size, 0) / n
+        drafting = int((counts > 0).sum())
+        reason = (
+            f"allocator: B={batch_size} {drafts} drafts over {drafting}/{n} rows "
+            f"(k {int(counts.min())}-{int(counts.max())}), est {expected:.1f} accepted, "
+            f"{gain:.2f}x plain"
+        )
+        return RaggedChoice([int(c) for c in counts], reason)
+
+    def _bounded(
+        self, counts: Ints, survival: Floats, capacities: Ints, scores: Floats, budget: int
+    ) -> Ints:
+        """k in {0} U [min, capacity]: short rows go up to the minimum or down to 0."""
+        low = self.settings.min_spec_tokens
+        short = np.flatnonzero((counts > 0) & (counts < low))
+        if short.size == 0:
+            return counts
+        marginal = scores[budget - 1] if budget > 0 else 1.0
+        out = counts.copy()
+        for r in short:
+            width = min(low, int(capacities[r]))
+            keep = survival[r, :width].mean() >= marginal
+            out[r] = width if keep else 0
+        return out
+
+    def _costs(self, batch_size: int, max_drafts: int) -> Floats:
+        costs = self._budget_costs.get(batch_size)
+        if costs is None or len(costs) <= max_drafts:
+            top = max(max_drafts, batch_size * self._k)
+            step = self._cost.step_time_s
+            costs = np.array([step(batch_size, d) for d in range(top + 1)])
+            self._budget_costs[batch_size] = costs
+        return costs[: max_drafts + 1]
+
+    def _score(self, rows: Sequence[StepRow], rates: Rates) -> Floats:
+        k = self._k
+        task_index = {t: i for i, t in enumerate(TASKS)}
+        tasks = np.array([task_index[r.task] for r in rows], dtype=np.int64)
+        priors = np.empty((len(TASKS), k))
+        for t, i in task_index.items():
+            if (tasks == i).any():
+                values = list(rates(t))[:k]
+                values += [values[-1] if values else 0.5] * (k - len(values))
+                priors[i] = values
+        prior_logit = logit(priors)[tasks]
+        offsets = np.array([self._offset(r, priors[tasks[i]]) for i, r in enumerate(rows)])
+        base_logit = prior_logit + offsets[:, None]
+        confidence = np.full((len(rows), k), np.nan)
+        for i, r in enumerate(rows):
+            if r.draft_confidence is not None and len(r.draft_confidence):
+                given = np.asarray(r.draft_confidence[:k], dtype=np.float64)
+                confidence[i, : len(given)] = given
+        has = ~np.isnan(confidence)
+        bins = np.where(has, self._bins(np.nan_to_num(confidence, nan=0.5)), -1)
+        correction = self.calibration()[tasks[:, None], np.maximum(bins, 0)]
+        p = sigmoid(base_logit + np.where(has, correction, 0.0))
+        self._scored = _Scored(
+            index={r.row_id: i for i, r in enumerate(rows)},
+            seen=[len(r.accept_lengths) for r in rows],
+            tasks=tasks,
+            bins=bins,
+            base=sigmoid(base_logit),
+        )
+        survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
+        return survival
+
+    def _offset(self, row: StepRow, prior: Floats) -> float:
+        """The request's own log-odds against its task's prior, over its recent steps."""
+        window = self.settings.request_window
+        lengths = row.accept_lengths[-window:]
+        ks = row.spec_tokens[-window:]
+        hits = trials = 0.0
+        expected = 0.0
+        for length, ran in zip(lengths, ks, strict=False):
+            ran = min(ran, self._k)
+            if ran <= 0:
+                continue
+            accepted = min(length - 1, ran)
+            labelled = min(accepted + 1, ran)
+            hits += accepted
+            trials += labelled
+            expected += float(prior[:labelled].sum())
+        if trials <= 0:
+            return 0.0
+        steps = len([k for k in ks if k > 0])
+        weight = steps / (steps + self.settings.request_strength)
+        rate = (hits + 1.0) / (trials + 2.0)
+        predicted = (expected + 1.0) / (trials + 2.0)
+        return float(weight * (logit(np.array(rate)) - logit(np.array(predicted))))
+
+    def _learn(self, rows: Sequence[StepRow]) -> None:
+        scored = self._scored
+        decay = self.settings.decay
+        self._labels *= decay
+        self._hits *= decay
+        self._predicted *= decay
+        if scored is None:
+            return
+        for row in rows:
+            j = scored.index.get(row.row_id)
+            if j is None:
+                continue
+            i = scored.seen[j]
+            if i >= len(row.accept_lengths) or i >= len(row.spec_tokens):
+                continue
+            ran = min(row.spec_tokens[i], self._k)
+            if ran <= 0:
+                continue
+            accepted = max(0, min(row.accept_lengths[i] - 1, ran))
+            labelled = min(accepted + 1, ran)
+            bins = scored.bins[j, :labelled]
+            mask = bins >= 0
+            if not mask.any():
+                continue
+            t = scored.tasks[j]
+            labels = (np.arange(labelled) < accepted).astype(np.float64)
+            np.add.at(self._labels[t], bins[mask], 1.0)
+            np.add.at(self._hits[t], bins[mask], labels[mask])
+            np.add.at(self._predicted[t], bins[mask], scored.base[j, :labelled][mask])

@@ -1,0 +1,175 @@
+"""Choosers for a ragged engine (each row verified at its own width) that read the draft's
+confidence: draftctl's per-slot allocator and vLLM's adaptive verification without collapse.
+
+The simulator has no draft model, so confidence is synthetic (``synthetic_confidence``): per
+drafted position, ``c = sigmoid(bias + separation * (y - 1/2) + e)``, ``e ~ N(0, 1)``, ``y`` =
+whether the position survives this step (from the request's trace: positions before its
+accepted run survive, the rest do not). With unit noise the AUC of c against y is
+``Phi(separation / sqrt(2))``, so ``separation = sqrt(2) * Phi^-1(auc)``; the scenario sets
+``acceptance.confidence_auc`` from what a trained pair measured (bench/draft_confidence.py).
+Deterministic per (seed, request, step).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import Any
+
+from policies.baselines.ragged_cost import TableRaggedCost
+from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
+from policies.costmodel import CostModel, CostTable
+from policies.model import GoodputSpec
+from policies.online import OnlineModels
+from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.types import StepRow, Task, max_spec_tokens
+from sim.request import SimRequest
+
+CONFIDENCE_BIAS = 1.0  # log-odds of a position's confidence halfway between the two classes
+
+
+def separation(auc: float) -> float:
+    if not 0.5 <= auc < 1.0:
+        raise ValueError(f"confidence AUC must be in [0.5, 1), got {auc}")
+    return math.sqrt(2.0) * NormalDist().inv_cdf(auc)
+
+
+def synthetic_confidence(
+    request: SimRequest, positions: int, gap: float, seed: int
+) -> tuple[float, ...]:
+    """The draft's top-1 probability at positions 1..``positions`` of this step (see module)."""
+    survives = request.peek_accepted(positions)
+    key = f"{seed}:{request.spec.key}:{request.num_steps}".encode()
+    rng = random.Random(zlib.crc32(key))
+    out = []
+    for j in range(positions):
+        y = 1.0 if j < survives else 0.0
+        z = CONFIDENCE_BIAS + gap * (y - 0.5) + rng.gauss(0.0, 1.0)
+        out.append(1.0 / (1.0 + math.exp(-z)))
+    return tuple(out)
+
+
+class _RaggedBase:
+    """Rows with synthetic confidence for every step; the task prior from OnlineModels."""
+
+    def __init__(
+        self, spec: GoodputSpec, table: CostTable, block_size: int, auc: float | None, seed: int
+    ):
+        self._models = OnlineModels(spec, block_size, table)
+        self._block_size = block_size
+        self._k = max_spec_tokens(block_size)
+        self._gap = None if auc is None else separation(auc)
+        self._seed = seed
+
+    def _rows(self, batch: Sequence[SimRequest]) -> list[StepRow]:
+        rows = []
+        for r in batch:
+            confidence = (
+                None
+                if self._gap is None
+                else synthetic_confidence(r, self._k, self._gap, self._seed)
+            )
+            rows.append(
+                StepRow(r.spec.key, r.spec.task, r.accept_history, r.k_history, self._k, confidence)
+            )
+        return rows
+
+    def _rates(self, task: Task) -> Sequence[float]:
+        rates: Sequence[float] = self._models.observe(task)["accept_rates"]
+        return rates
+
+    def record(
+        self,
+        batch: Sequence[SimRequest],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+        step: tuple[float, float, float],
+    ) -> None:
+        for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
+            self._models.record_step(request.spec.task, k, length)
+        seconds, mean_width, drafting = step
+        self._models.record_step_time(len(batch), mean_width, drafting, seconds)
+
+
+class AllocatorChooser(_RaggedBase):
+    """draftctl's per-slot allocator (policies.slot_allocator) with the goodput policy's
+    online models as its per-task prior and a fixed ragged cost from the table."""
+
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        cost: CostModel,
+        block_size: int,
+        min_k: int,
+        auc: float | None,
+        seed: int,
+    ):
+        super().__init__(spec, table, block_size, auc, seed)
+        self.name = "allocator" if auc is not None else "allocator-no-confidence"
+        settings = AllocatorSettings(max_spec_tokens=self._k, min_spec_tokens=min_k)
+        self._allocator = SlotAllocator(settings, TableRaggedCost(cost))
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        choice = self._allocator.decide_rows(self._rows(batch), len(batch), self._rates)
+        return choice.spec_tokens
+
+
+class VllmAvRaggedChooser(_RaggedBase):
+    """vLLM's adaptive verification on a ragged engine: its per-row allocation, its logistic
+    confidence estimator (EMA survival without confidence), its budget over the same cost."""
+
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        cost: CostModel,
+        block_size: int,
+        auc: float | None,
+        seed: int,
+    ):
+        super().__init__(spec, table, block_size, auc, seed)
+        self.name = "vllm-av" if auc is not None else "vllm-av-no-confidence"
+        ragged = TableRaggedCost(cost)
+        self._policy = VllmAdaptiveVerification(
+            VllmAvSettings(max_spec_tokens=self._k), RaggedStepCost(ragged), ragged
+        )
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        return self._policy.decide_rows(self._rows(batch), len(batch)).spec_tokens
+
+
+class RaggedStepCost:
+    """T(B, k) as B rows of k drafts each on the ragged cost (vLLM's padded-width table)."""
+
+    def __init__(self, ragged: TableRaggedCost):
+        self._ragged = ragged
+
+    def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+        return self._ragged.step_time_s(batch_size, batch_size * spec_tokens)
+
+
+def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[Any]:
+    """The confidence-reading choosers a ragged scenario asks for (``policies``)."""
+    chosen = scenario.policies
+    if scenario.cost.batch_verify != "ragged":
+        return []
+    auc = scenario.acceptance.confidence_auc
+    min_k = min(chosen.min_spec_tokens, max_spec_tokens(scenario.block_size))
+    out: list[Any] = []
+    if chosen.include_allocator:
+        out.append(
+            AllocatorChooser(
+                chosen.goodput, table, cost, scenario.block_size, min_k, auc, scenario.seed
+            )
+        )
+    if chosen.include_vllm_av:
+        out.append(
+            VllmAvRaggedChooser(
+                chosen.goodput, table, cost, scenario.block_size, auc, scenario.seed
+            )
+        )
+    return out

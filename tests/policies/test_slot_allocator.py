@@ -1,0 +1,133 @@
+"""The per-slot allocator of a ragged step (issue 16): survival from the task prior, the
+request's own history and the calibrated draft confidence; vLLM's budget rule over it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
+from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.types import StepRow, Task
+
+K = 15
+
+
+class TokenCost:
+    """B rows plus d drafts: ``per_draft`` seconds per draft on top of a 1 s step."""
+
+    def __init__(self, per_draft: float):
+        self.per_draft = per_draft
+
+    def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
+        return 1.0 + self.per_draft * num_draft_tokens
+
+
+def rates_of(table: dict[Task, float]):  # type: ignore[no-untyped-def]
+    return lambda task: [table.get(task, 0.5)] * K
+
+
+def allocator(per_draft: float = 0.01, min_k: int = 4) -> SlotAllocator:
+    return SlotAllocator(AllocatorSettings(K, min_spec_tokens=min_k), TokenCost(per_draft))
+
+
+def row(rid: str, task: Task, confidence: Sequence[float] | None = None, cap: int = K) -> StepRow:
+    return StepRow(rid, task, [], [], cap, None if confidence is None else tuple(confidence))
+
+
+def test_the_easier_task_gets_more_drafts_and_bounds_hold() -> None:
+    rows = [row("m", Task.MATH), row("c", Task.CHAT), row("x", Task.CODE, cap=2)]
+    choice = allocator().decide_rows(rows, 3, rates_of({Task.MATH: 0.9, Task.CHAT: 0.6}))
+    math, chat, capped = choice.spec_tokens
+    assert math > chat
+    assert capped <= 2
+    for k in choice.spec_tokens:
+        assert k == 0 or 4 <= k <= K or k == capped
+    assert "allocator: B=3" in choice.reason
+
+
+def test_expensive_drafts_turn_drafting_off_and_cheap_ones_fill_the_block() -> None:
+    rows = [row("m", Task.MATH)]
+    rates = rates_of({Task.MATH: 0.9})
+    assert allocator(per_draft=5.0).decide_rows(rows, 1, rates).spec_tokens == [0]
+    assert allocator(per_draft=1e-4).decide_rows(rows, 1, rates).spec_tokens == [K]
+
+
+def test_a_row_short_of_the_minimum_goes_up_or_to_zero() -> None:
+    # Survival 0.5, 0.25, ...: the budget admits about two slots; with min 4 the row either
+    # verifies 4 or nothing, never 1-3.
+    for per_draft in (0.05, 0.2, 0.4, 0.8):
+        k = allocator(per_draft=per_draft).decide_rows(
+            [row("a", Task.CHAT)], 1, rates_of({Task.CHAT: 0.5})
+        )
+        assert k.spec_tokens[0] in (0, *range(4, K + 1)), (per_draft, k)
+
+
+def test_the_calibration_learns_what_confidence_says_and_moves_the_allocation() -> None:
+    """Confident slots (0.95) are always accepted, doubtful ones (0.2) always rejected: the
+    calibration of those bins moves up and down, and a confident row then gets more drafts
+    than a doubtful one of the same task."""
+    policy = allocator(per_draft=0.02)
+    rates = rates_of({Task.CHAT: 0.6})
+    history: dict[str, tuple[list[int], list[int]]] = {"hi": ([], []), "lo": ([], [])}
+    for step in range(200):
+        rows = [
+            StepRow(f"hi{step}", Task.CHAT, history["hi"][0], history["hi"][1], K, (0.95,) * K),
+            StepRow(f"lo{step}", Task.CHAT, history["lo"][0], history["lo"][1], K, (0.2,) * K),
+        ]
+        ks = policy.decide_rows(rows, 2, rates).spec_tokens
+        # the outcome of this step arrives with the next call, on the same row ids
+        hi = StepRow(f"hi{step}", Task.CHAT, [ks[0] + 1], [ks[0]], K, (0.95,) * K)
+        lo = StepRow(f"lo{step}", Task.CHAT, [1], [ks[1]], K, (0.2,) * K)
+        policy._learn([hi, lo])
+        policy._scored = None
+    calibration = policy.calibration()[list(Task).index(Task.CHAT)]
+    assert calibration.max() > 0.5 and calibration.min() < -0.2
+    fresh = [row("a", Task.CHAT, (0.95,) * K), row("b", Task.CHAT, (0.2,) * K)]
+    ks = policy.decide_rows(fresh, 2, rates).spec_tokens
+    assert ks[0] > ks[1]
+
+
+def test_a_request_that_keeps_accepting_gets_more_than_its_task_prior() -> None:
+    rates = rates_of({Task.CHAT: 0.6})
+    good = StepRow("g", Task.CHAT, [8] * 12, [7] * 12, K)  # every draft accepted
+    bad = StepRow("b", Task.CHAT, [1] * 12, [7] * 12, K)  # none accepted
+    ks = allocator(per_draft=0.03).decide_rows([good, bad], 2, rates).spec_tokens
+    assert ks[0] > ks[1]
+
+
+def test_vllm_av_on_a_ragged_engine_allocates_per_row() -> None:
+    class Flat:
+        def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+            return 1.0 + 0.01 * batch_size * spec_tokens
+
+    class Ragged:
+        def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
+            return 1.0 + 0.01 * num_draft_tokens
+
+    policy = VllmAdaptiveVerification(VllmAvSettings(K), Flat(), Ragged())
+    rows = [
+        StepRow("a", Task.MATH, (), (), K, (0.99,) * K),
+        StepRow("b", Task.MATH, (), (), K, (0.01,) * K),
+    ]
+    choice = policy.decide_rows(rows, 2)
+    assert choice.spec_tokens[0] > choice.spec_tokens[1]
+    assert "budget=" in choice.reason
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(max_spec_tokens=0), dict(max_spec_tokens=4, min_spec_tokens=5)]
+)
+def test_settings_refuse_impossible_bounds(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="spec_tokens"):
+        AllocatorSettings(**bad)
+
+
+def test_survival_is_non_increasing_along_the_block() -> None:
+    policy = allocator()
+    rng = np.random.default_rng(0)
+    rows = [row(str(i), Task.CODE, tuple(rng.uniform(0.01, 0.99, K))) for i in range(8)]
+    survival = policy._score(rows, rates_of({Task.CODE: 0.8}))
+    assert (np.diff(survival, axis=1) <= 1e-12).all()
