@@ -36,6 +36,7 @@ import numpy as np
 
 from policies.baselines.ragged_cost import RaggedCost
 from policies.baselines.slot_budget import (
+    Bools,
     Floats,
     Ints,
     allocate_slots,
@@ -128,13 +129,36 @@ class SlotAllocator:
 
     # -- one step ----------------------------------------------------------------------------
 
-    def decide_rows(self, rows: Sequence[StepRow], batch_size: int, rates: Rates) -> RaggedChoice:
+    def drafting_rows(self, rows: Sequence[StepRow], batch_size: int, rates: Rates) -> Bools:
+        """Before the draft forward: which rows are worth drafting at all. The same budget
+        over survival from the task prior and the request's history alone (no confidence
+        yet); a row the budget gives no slot does not draft this step, so the step saves its
+        share of the draft forward (vLLM drafts every row). Learns nothing, remembers nothing."""
+        if not rows:
+            return np.zeros(0, dtype=np.bool_)
+        capacities = self._capacities(rows)
+        survival = self._survival(rows, rates, use_confidence=False)[0]
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(scores, len(rows), self._costs(batch_size, len(scores)))
+        drafted: Bools = allocate_slots(survival, capacities, budget) > 0
+        return drafted
+
+    def decide_rows(
+        self,
+        rows: Sequence[StepRow],
+        batch_size: int,
+        rates: Rates,
+        drafted: Bools | None = None,
+    ) -> RaggedChoice:
+        """k per row. ``drafted``: the rows that ran the draft this step (default: all); the
+        others get k = 0."""
         self._learn(rows)
         self._scored = None
         if not rows:
             return RaggedChoice([], "allocator: empty batch")
-        k = self._k
-        capacities = np.array([max(0, min(k, r.max_spec_tokens)) for r in rows], dtype=np.int64)
+        capacities = self._capacities(rows)
+        if drafted is not None:
+            capacities = np.where(drafted, capacities, 0)
         survival = self._score(rows, rates)
         n = len(rows)
         scores = sorted_scores(survival, capacities)
@@ -178,7 +202,18 @@ class SlotAllocator:
             self._budget_costs[batch_size] = costs
         return costs[: max_drafts + 1]
 
+    def _capacities(self, rows: Sequence[StepRow]) -> Ints:
+        k = self._k
+        return np.array([max(0, min(k, r.max_spec_tokens)) for r in rows], dtype=np.int64)
+
     def _score(self, rows: Sequence[StepRow], rates: Rates) -> Floats:
+        survival, scored = self._survival(rows, rates, use_confidence=True)
+        self._scored = scored
+        return survival
+
+    def _survival(
+        self, rows: Sequence[StepRow], rates: Rates, use_confidence: bool
+    ) -> tuple[Floats, _Scored]:
         k = self._k
         task_index = {t: i for i, t in enumerate(TASKS)}
         tasks = np.array([task_index[r.task] for r in rows], dtype=np.int64)
@@ -193,14 +228,14 @@ class SlotAllocator:
         base_logit = prior_logit + offsets[:, None]
         confidence = np.full((len(rows), k), np.nan)
         for i, r in enumerate(rows):
-            if r.draft_confidence is not None and len(r.draft_confidence):
+            if use_confidence and r.draft_confidence is not None and len(r.draft_confidence):
                 given = np.asarray(r.draft_confidence[:k], dtype=np.float64)
                 confidence[i, : len(given)] = given
         has = ~np.isnan(confidence)
         bins = np.where(has, self._bins(np.nan_to_num(confidence, nan=0.5)), -1)
         correction = self.calibration()[tasks[:, None], np.maximum(bins, 0)]
         p = sigmoid(base_logit + np.where(has, correction, 0.0))
-        self._scored = _Scored(
+        scored = _Scored(
             index={r.row_id: i for i, r in enumerate(rows)},
             seen=[len(r.accept_lengths) for r in rows],
             tasks=tasks,
@@ -208,7 +243,7 @@ class SlotAllocator:
             base=sigmoid(base_logit),
         )
         survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
-        return survival
+        return survival, scored
 
     def _offset(self, row: StepRow, prior: Floats) -> float:
         """The request's own log-odds against its task's prior, over its recent steps."""

@@ -64,12 +64,18 @@ class _RaggedBase:
         self._gap = None if auc is None else separation(auc)
         self._seed = seed
 
-    def _rows(self, batch: Sequence[SimRequest]) -> list[StepRow]:
+    # Share of the last step's rows that ran the draft forward (the simulator charges the
+    # draft for them: confidence comes from the draft, so a row that sees it has drafted).
+    last_drafted_share: float | None = None
+
+    def _rows(
+        self, batch: Sequence[SimRequest], drafted: Sequence[bool] | None = None
+    ) -> list[StepRow]:
         rows = []
-        for r in batch:
+        for i, r in enumerate(batch):
             confidence = (
                 None
-                if self._gap is None
+                if self._gap is None or (drafted is not None and not drafted[i])
                 else synthetic_confidence(r, self._k, self._gap, self._seed)
             )
             rows.append(
@@ -107,14 +113,26 @@ class AllocatorChooser(_RaggedBase):
         min_k: int,
         auc: float | None,
         seed: int,
+        gated: bool = False,
     ):
         super().__init__(spec, table, block_size, auc, seed)
         self.name = "allocator" if auc is not None else "allocator-no-confidence"
+        self._gated = gated and auc is not None
+        if self._gated:
+            self.name += "-gated"
         settings = AllocatorSettings(max_spec_tokens=self._k, min_spec_tokens=min_k)
         self._allocator = SlotAllocator(settings, TableRaggedCost(cost))
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
-        choice = self._allocator.decide_rows(self._rows(batch), len(batch), self._rates)
+        if not self._gated:
+            self.last_drafted_share = 1.0 if self._gap is not None else None
+            rows = self._rows(batch)
+            return self._allocator.decide_rows(rows, len(batch), self._rates).spec_tokens
+        plain = self._rows(batch, [False] * len(batch))  # what is known before drafting
+        drafted = self._allocator.drafting_rows(plain, len(batch), self._rates)
+        self.last_drafted_share = float(drafted.mean())
+        rows = self._rows(batch, [bool(d) for d in drafted])
+        choice = self._allocator.decide_rows(rows, len(batch), self._rates, drafted)
         return choice.spec_tokens
 
 
@@ -139,6 +157,7 @@ class VllmAvRaggedChooser(_RaggedBase):
         )
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        self.last_drafted_share = 1.0 if self._gap is not None else None  # every row drafts
         return self._policy.decide_rows(self._rows(batch), len(batch)).spec_tokens
 
 
@@ -160,12 +179,20 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
     auc = scenario.acceptance.confidence_auc
     min_k = min(chosen.min_spec_tokens, max_spec_tokens(scenario.block_size))
     out: list[Any] = []
-    if chosen.include_allocator:
-        out.append(
-            AllocatorChooser(
-                chosen.goodput, table, cost, scenario.block_size, min_k, auc, scenario.seed
+    for gated in (False, True):
+        if chosen.include_allocator and (not gated or chosen.include_allocator_gated):
+            out.append(
+                AllocatorChooser(
+                    chosen.goodput,
+                    table,
+                    cost,
+                    scenario.block_size,
+                    min_k,
+                    auc,
+                    scenario.seed,
+                    gated,
+                )
             )
-        )
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(

@@ -108,6 +108,9 @@ class Policies(Section):
     # (per-row allocation), both reading the draft's confidence (sim/ragged_choosers.py).
     include_allocator: bool = False
     include_vllm_av: bool = False
+    # Also the allocator that decides from the task prior which rows draft at all before the
+    # draft forward (``SlotAllocator.drafting_rows``), as "allocator-gated".
+    include_allocator_gated: bool = False
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)
 

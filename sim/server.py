@@ -108,6 +108,11 @@ class SimServer:
         size = len(batch)
         ks = self._chooser.choose(batch, self.now_s)
         mean_width, drafting = batch_shape(ks, self._scenario.cost)
+        # A policy that read the draft's confidence drafted before it chose k: rows it then
+        # gave k = 0 still paid for their draft.
+        drafted = getattr(self._chooser, "last_drafted_share", None)
+        if drafted is not None:
+            drafting = max(drafting, drafted)
         seconds = self._cost.base_step_time_s(size, mean_width, drafting)
         self.now_s += seconds
         emitted = [r.advance(k) for r, k in zip(batch, ks, strict=True)]
