@@ -172,6 +172,9 @@ def request_line(
         "accept_lengths": outcome.accept_lengths,
         "step_spec_tokens": outcome.step_spec_tokens,
         "num_plain_steps": len(outcome.plain_step_times_s),
+        # Measured step times (embedded engine): replay calibrates its step costs with them.
+        "step_ms": [round(1e3 * t, 2) for t in outcome.step_times_s],
+        "plain_step_ms": [round(1e3 * t, 2) for t in outcome.plain_step_times_s],
         "num_drafts": outcome.num_drafts,
         "num_accepted_tokens": outcome.num_accepted_tokens,
         "policy_version": plan.running.version,

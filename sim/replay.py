@@ -31,7 +31,7 @@ from typing import Any
 
 from controller.recording import trace_files
 from engines.cost_tables import goodput_cost_table
-from policies.costmodel import CostTable
+from policies.costmodel import CostTable, padded_width
 from policies.model import PolicySpec
 from policies.registry import build_policy
 from policies.types import Task
@@ -146,6 +146,8 @@ def _requests(lines: list[dict[str, Any]], block_size: int) -> list[ReplayReques
                 gap_s=gap,
                 recorded_k=_mean_k(line),
                 recorded_accept=_mean_accept(line),
+                concurrency=int(line.get("concurrency") or 1),
+                step_times=_step_times(line),
             )
         )
     return requests
@@ -176,6 +178,14 @@ def _summary_steps(
     length = max(1, min(k + 1, round(mean)))
     steps = max(1, (num_output - 1) // length)
     return [length] * steps, [k] * steps
+
+
+def _step_times(line: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """(k, seconds) of every recorded step that has a measured time."""
+    ks = line.get("step_spec_tokens") or []
+    drafted = zip(ks, line.get("step_ms") or [], strict=False)
+    plain = ((0, ms) for ms in line.get("plain_step_ms") or [])
+    return tuple((int(k), ms / 1e3) for k, ms in [*drafted, *plain])
 
 
 def _mean_k(line: dict[str, Any]) -> float:
@@ -238,8 +248,40 @@ def chooser_for(spec: PolicySpec, table: CostTable, block_size: int, seed: int) 
     return ReplayChooser(spec, build_policy(spec), block_size, seed)
 
 
+@dataclass
+class ScaledCost(EngineCost):
+    """The engine's true step cost: the profile's times times ``scale`` (see
+    ``step_time_scale``); the policy still prices k with the unscaled profile, as it does in
+    the daemon."""
+
+    scale: float = 1.0
+
+    def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
+        return self.scale * super().base_step_time_s(batch_size, mean_width, drafting)
+
+
+def step_time_scale(trace: Trace, cost: EngineCost) -> float:
+    """Measured step time over the profile's, summed over the recorded steps.
+
+    A step's batch size is not recorded: the request's concurrency when it started stands in
+    for it (capped at the batch limit); its width is the k it ran, padded.
+    """
+    measured = predicted = 0.0
+    for request in trace.requests:
+        batch = max(1, min(trace.engine.max_batch_size, request.concurrency))
+        for k, step_s in request.step_times:
+            width = float(padded_width(k, cost.verify_width_multiple)) if k else 1.0
+            predicted += cost.base_step_time_s(batch, width, 1.0 if k else 0.0)
+            measured += step_s
+    return measured / predicted if predicted > 0 and measured > 0 else 1.0
+
+
 def simulate(
-    trace: Trace, spec: PolicySpec, policy_dir: Path = Path("."), seed: int = 0
+    trace: Trace,
+    spec: PolicySpec,
+    policy_dir: Path = Path("."),
+    seed: int = 0,
+    calibrate: bool = True,
 ) -> dict[str, Any]:
     """The trace's requests under ``spec`` on the simulated engine; returns its figures."""
     table = goodput_cost_table(spec.goodput, policy_dir) if spec.kind == "goodput" else None
@@ -260,9 +302,13 @@ def simulate(
     )
     block_size = trace.engine.block_size
     cost = EngineCost(table=table, block_size=block_size, verify_width_multiple=multiple)
+    scale = step_time_scale(trace, cost) if calibrate else 1.0
+    cost = ScaledCost(table=table, block_size=block_size, verify_width_multiple=multiple)
+    cost.scale = scale
     chooser = chooser_for(spec, table, block_size, seed)
     server = ReplayServer(trace.requests, chooser, cost, costs, trace.engine.max_batch_size)
     out = figures(server.run())
+    out["step_time_scale"] = round(scale, 4)
     out["mean_spec_tokens"] = server.mean_spec_tokens()
     out["mean_accept_length"] = server.mean_accept_length()
     return out
@@ -273,6 +319,7 @@ def compare(
     what_if: tuple[str, PolicySpec],
     recorded_policy: tuple[str, PolicySpec] | None,
     policy_dir: Path = Path("."),
+    calibrate: bool = True,
 ) -> dict[str, Any]:
     """Recorded figures, the what-if policy's and (given) the recorded policy's replay.
 
@@ -282,11 +329,14 @@ def compare(
     report: dict[str, Any] = {
         "trace": {"files": trace.files, "backend": trace.engine.backend},
         "recorded": recorded_figures(trace),
-        "what_if": {"policy": what_if[0], **simulate(trace, what_if[1], policy_dir)},
+        "what_if": {
+            "policy": what_if[0],
+            **simulate(trace, what_if[1], policy_dir, calibrate=calibrate),
+        },
     }
     base = report["recorded"]
     if recorded_policy is not None:
-        replayed = simulate(trace, recorded_policy[1], policy_dir)
+        replayed = simulate(trace, recorded_policy[1], policy_dir, calibrate=calibrate)
         report["recorded_policy_replayed"] = {"policy": recorded_policy[0], **replayed}
         report["reproduction_error"] = replayed["output_tok_s"] / base["output_tok_s"] - 1.0
         base = replayed

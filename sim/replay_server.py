@@ -45,6 +45,8 @@ class ReplayRequest:
     gap_s: float  # seconds after that end
     recorded_k: float
     recorded_accept: float | None
+    concurrency: int = 1  # the load the gateway saw when it arrived
+    step_times: tuple[tuple[int, float], ...] = ()  # (k, seconds) of its measured steps
 
     @property
     def recorded_tpot_s(self) -> float | None:

@@ -34,6 +34,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--last", type=float, metavar="SECONDS", help="only the trace's last SECONDS"
     )
+    group.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="price steps with the engine's start-up profile as it is, not scaled to the "
+        "step times the trace measured",
+    )
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -51,7 +57,8 @@ def run_replay(args: argparse.Namespace) -> int:
         if args.recorded_policy is not None:
             text = args.recorded_policy.read_text()
             recorded = (str(args.recorded_policy), parse_policy(text))
-        report = compare(trace, what_if, recorded, args.policy.resolve().parent)
+        folder = args.policy.resolve().parent
+        report = compare(trace, what_if, recorded, folder, calibrate=not args.no_calibrate)
     except InvalidDocument as exc:
         for problem in exc.problems:
             logger.error("policy: %s", problem)
