@@ -19,7 +19,7 @@ from typing import Any, cast
 import uvicorn
 from starlette.routing import BaseRoute
 
-from controller.admin import admin_routes
+from controller.admin import AdminAPI, admin_routes
 from controller.admin_auth import AdminAuth
 from controller.app import Probes, build_app
 from controller.backends import build_backend
@@ -37,6 +37,7 @@ from controller.recording import TraceRecorder, engine_header
 from controller.scraping import Scraping
 from controller.stats import LiveStats
 from controller.step_source import DaemonStepSource
+from controller.whatif import WhatIf, whatif_routes
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,13 @@ class Server:
 
     def _extra_routes(self) -> list[BaseRoute]:
         auth = AdminAuth.from_env(self.config.admin.token_env)
-        return [*admin_routes(self.policy.store, auth), *dashboard_routes()]
+        api = AdminAPI(self.policy.store, auth)
+        whatif = WhatIf(self.config.recording, lambda: self.policy.store.current()[1])
+        return [
+            *admin_routes(self.policy.store, auth, api),
+            *whatif_routes(api, whatif),
+            *dashboard_routes(),
+        ]
 
     async def main_loop(self) -> None:
         assert self._uvicorn is not None, "startup() first"
