@@ -90,17 +90,32 @@ class TraceRecorder:
                 self._write(entries)
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
-        data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
         try:
-            if self._size < 0 or self._size + len(data) > self.max_bytes:
-                self._open_new()
-            with self.path.open("ab") as handle:
-                handle.write(data)
-            self._size += len(data)
-            self.num_written += len(entries)
-        except (OSError, TypeError, ValueError) as exc:
-            self._size = -1  # reopen (and rewrite the header) next time
-            self._dropped(len(entries), f"cannot write {self.path}: {exc}")
+            lines = [orjson.dumps(e) + b"\n" for e in entries]
+        except (TypeError, ValueError) as exc:
+            self._dropped(len(entries), f"a record is not JSON: {exc}")
+            return
+        while lines:
+            try:
+                lines = lines[self._append(lines) :]
+            except OSError as exc:
+                self._size = -1  # reopen (and rewrite the header) next time
+                self._dropped(len(lines), f"cannot write {self.path}: {exc}")
+                return
+
+    def _append(self, lines: list[bytes]) -> int:
+        """Append the lines that fit in the current file (a new one when none fits)."""
+        if self._size < 0 or self._size + len(lines[0]) > self.max_bytes:
+            self._open_new()
+        count, size = 0, self._size
+        while count < len(lines) and (count == 0 or size + len(lines[count]) <= self.max_bytes):
+            size += len(lines[count])
+            count += 1
+        with self.path.open("ab") as handle:
+            handle.write(b"".join(lines[:count]))
+        self._size = size
+        self.num_written += count
+        return count
 
     def _open_new(self) -> None:
         """Rotate the current file away (when it has content) and start one with headers."""
