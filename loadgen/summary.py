@@ -37,6 +37,7 @@ def run_row(dataset: str, concurrency: int, policy: str, run: Run) -> dict[str, 
         "tpot_ms": {"p50": percentile_ms(tpots, 0.5), "p99": percentile_ms(tpots, 0.99)},
         "mean_accept_length": statistics.fmean(accepts) if accepts else None,
         "speedup": None,
+        "first_error": next((s.error for s in run.samples if not s.ok), None),
     }
 
 
