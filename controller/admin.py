@@ -7,6 +7,8 @@
     GET  /admin/policy/versions        {"current": N, "versions": [...newest first], "file": {...}}
     GET  /admin/policy/versions/{n}    that version's YAML
     POST /admin/policy/rollback        {"version": N}; 200 {"version": new, "rolled_back_to": N}
+    POST /admin/policy/whatif          YAML body; the edit replayed on the recorded traffic
+                                       (controller/whatif.py; needs recording.enabled)
 
 PUT and validate answer from the same ``validate_and_build`` as the file watcher and
 ``draftctl config check``: a policy that cannot be built (e.g. a goodput ``cost_table`` that
@@ -80,7 +82,7 @@ async def _read_body(request: Request) -> bytes:
     return bytes(data)
 
 
-async def _read_text(request: Request) -> str:
+async def read_text(request: Request) -> str:
     try:
         return (await _read_body(request)).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -105,7 +107,7 @@ def _parse_json(text: str) -> Any:
 
 
 async def _read_version_json(request: Request) -> int:
-    body = _parse_json(await _read_text(request))
+    body = _parse_json(await read_text(request))
     version = body.get("version") if isinstance(body, dict) else None
     if not isinstance(version, int) or isinstance(version, bool):
         shown = repr(body)
@@ -157,7 +159,7 @@ class AdminAPI:
         return Response(text, media_type=YAML_MEDIA_TYPE, headers=self._version_headers())
 
     async def put_policy(self, request: Request) -> Response:
-        text = await _read_text(request)
+        text = await read_text(request)
         if_match = request.headers.get("if-match")
         try:
             version = await asyncio.to_thread(self._store.apply, text, if_match)
@@ -170,7 +172,7 @@ class AdminAPI:
 
     async def validate_policy(self, request: Request) -> Response:
         # 200 either way: the question "is this valid?" was answered. Only PUT refuses (422).
-        text = await _read_text(request)
+        text = await read_text(request)
         try:
             built = await asyncio.to_thread(self._store.build, text)
         except InvalidDocument as exc:
@@ -215,9 +217,11 @@ class AdminAPI:
         return _json(body, headers=self._version_headers())
 
 
-def admin_routes(store: PolicyStore, auth: AdminAuth) -> list[BaseRoute]:
+def admin_routes(
+    store: PolicyStore, auth: AdminAuth, api: AdminAPI | None = None
+) -> list[BaseRoute]:
     """The admin API's routes, ready to mount on the daemon's Starlette app."""
-    api = AdminAPI(store, auth)
+    api = api or AdminAPI(store, auth)
     g = api.guarded
     return [
         Route("/admin/policy", g(api.get_policy), methods=["GET"]),

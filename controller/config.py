@@ -73,6 +73,23 @@ class StatsConfig(Section):
     scrape_interval_s: float = Field(default=5.0, gt=0)
 
 
+class RecordingConfig(Section):
+    """A trace of the requests served (controller/recording.py): one JSON line per finished
+    request with its arrival time, task and task probabilities, token counts, the k chosen
+    and each step's accept length where the backend reports them. No prompt or output text."""
+
+    enabled: bool = False
+    path: Path = Field(default=Path(".draftctl/traces/served.jsonl"), validate_default=True)
+    # The file is rotated past max_bytes (path.1, path.2, ...); max_files are kept in all.
+    max_bytes: int = Field(default=16 * 1024 * 1024, ge=4096)
+    max_files: int = Field(default=4, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_config(cls, path: Path, info: ValidationInfo) -> Path:
+        return resolve_path(path, info)
+
+
 BackendConfig = Annotated[PoolConfig | EmbeddedConfig, Field(discriminator="kind")]
 
 
@@ -83,6 +100,7 @@ class Config(Section):
     policy: PolicyConfig = Field(default={}, validate_default=True)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
+    recording: RecordingConfig = Field(default={}, validate_default=True)
     backends: list[BackendConfig] = Field(min_length=1)
 
     @field_validator("backends")

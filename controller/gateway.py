@@ -35,6 +35,7 @@ from controller.openai_errors import (
 )
 from controller.planner import Plan, Planner
 from controller.policy.running import RunningPolicy
+from controller.recording import TraceRecorder, request_line
 from controller.request_parse import OFF_LOOP_BYTES, TASK_HEADER, ParsedRequest, parse_request
 from controller.stats import LiveStats
 from engines.base import (
@@ -63,8 +64,10 @@ class Gateway:
         metrics: Metrics,
         policy: Callable[[], RunningPolicy],
         allow_hint: bool,
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.config = config
+        self.recorder = recorder  # the served-traffic trace (recording.enabled), or None
         self.fleet = fleet
         self.planner = planner
         self.stats = stats
@@ -255,6 +258,12 @@ class Gateway:
                 self._record(response, plan, backend, k, end_s - started_s, decode_s)
             except Exception:
                 log.exception("recording a finished request failed")
+            if self.recorder is not None:
+                try:
+                    line = request_line(plan, backend, k, response, started_s, first_s, end_s)
+                    self.recorder.record(line)
+                except Exception:
+                    log.exception("tracing a finished request failed")
 
     def _count(self, plan: Plan, backend: str, k: int) -> None:
         self.metrics.count_request(plan.task.value, backend, k)

@@ -37,6 +37,7 @@ class Plan:
     running: RunningPolicy  # the policy that decided (learns from the outcome)
     concurrency: int  # the load the decision saw
     views: list[PoolView]  # what the policy saw of ``pools``, same order
+    task_scores: dict[Task, float] | None = None  # the classifier's probabilities, if it ran
 
 
 class Planner:
@@ -56,19 +57,27 @@ class Planner:
         self._rng = random.Random()
 
     def classify(self, parsed: ParsedRequest) -> tuple[Task, float, str]:
+        task, confidence, source, _ = self.classify_scored(parsed)
+        return task, confidence, source
+
+    def classify_scored(
+        self, parsed: ParsedRequest
+    ) -> tuple[Task, float, str, dict[Task, float] | None]:
+        """(task, confidence, source, every task's probability when the classifier ran)."""
         if parsed.task_hint is not None:
-            return parsed.task_hint, 1.0, "hint"
+            return parsed.task_hint, 1.0, "hint", None
         if self.classifier is None:
-            return self.config.fallback_task, 0.0, "fallback"
+            return self.config.fallback_task, 0.0, "fallback", None
         try:
             guess = self.classifier.classify(parsed.body)
         except Exception:
             log.exception("classifier failed; using the fallback task")
             self.metrics.degraded.labels("classifier").inc()
-            return self.config.fallback_task, 0.0, "fallback"
+            return self.config.fallback_task, 0.0, "fallback", None
         after_first_byte(self._record_classify, guess.latency_s)
         final = apply_threshold(guess, self.config.min_confidence, self.config.fallback_task)
-        return final.task, final.confidence, "fallback" if final.is_fallback else "classifier"
+        source = "fallback" if final.is_fallback else "classifier"
+        return final.task, final.confidence, source, guess.scores
 
     def _record_classify(self, latency_s: float) -> None:
         self.metrics.classify_seconds.observe(latency_s)
@@ -91,7 +100,7 @@ class Planner:
             return Decision(0, reason), observation
 
     def plan(self, parsed: ParsedRequest, fleet: Sequence[Backend], running: RunningPolicy) -> Plan:
-        task, confidence, source = self.classify(parsed)
+        task, confidence, source, scores = self.classify_scored(parsed)
         decision, observation = self.decide(task, confidence, fleet, running)
         if observation is None:
             views: Sequence[PoolView] = [pool_view(b) for b in fleet]
@@ -101,4 +110,4 @@ class Planner:
         by_name = {b.name: b for b in fleet}
         ranked = rank_pools(views, decision)
         pools = [by_name[v.name] for v in ranked]
-        return Plan(task, confidence, source, decision, pools, running, concurrency, ranked)
+        return Plan(task, confidence, source, decision, pools, running, concurrency, ranked, scores)

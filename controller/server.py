@@ -14,12 +14,12 @@ import logging
 import signal
 import socket
 import time
-from typing import cast
+from typing import Any, cast
 
 import uvicorn
 from starlette.routing import BaseRoute
 
-from controller.admin import admin_routes
+from controller.admin import AdminAPI, admin_routes
 from controller.admin_auth import AdminAuth
 from controller.app import Probes, build_app
 from controller.backends import build_backend
@@ -33,9 +33,11 @@ from controller.http_protocol import ReadTimeoutProtocol
 from controller.metrics import Metrics
 from controller.planner import Planner
 from controller.policy.source import PolicySource
+from controller.recording import TraceRecorder, engine_header
 from controller.scraping import Scraping
 from controller.stats import LiveStats
 from controller.step_source import DaemonStepSource
+from controller.whatif import WhatIf, whatif_routes
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,20 @@ class Server:
         self.policy = PolicySource(config.policy, self.metrics, block_size)
         self.scraper = Scraping(config, self.stats)
         self.gateway: Gateway | None = None
+        self.recorder = self._recorder()
         self._uvicorn: uvicorn.Server | None = None
         self._sock: socket.socket | None = None
+
+    def _recorder(self) -> TraceRecorder | None:
+        """The served-traffic trace when ``recording.enabled`` (started with the server)."""
+        if not self.config.recording.enabled:
+            return None
+        batch_limits = {b.name: getattr(b, "max_batch_size", None) for b in self.config.backends}
+
+        def headers() -> list[dict[str, Any]]:
+            return [engine_header(b, batch_limits.get(b.name)) for b in self.fleet.backends]
+
+        return TraceRecorder(self.config.recording, headers)
 
     def handle_exit(self, sig: int) -> None:
         if self.should_exit or self.is_draining:  # a second signal: no grace, no drain
@@ -119,6 +133,9 @@ class Server:
         except Exception as exc:
             await self.shutdown()
             raise StartupError(f"a backend failed to start: {exc}") from exc
+        if self.recorder is not None:
+            self.recorder.start()
+            log.info("recording served requests to %s", self.recorder.path)
         app = build_app(*self._components(), self._extra_routes())
         server = self.config.server
         config = uvicorn.Config(
@@ -158,6 +175,7 @@ class Server:
             self.metrics,
             self.policy.current,
             cfg.classifier.allow_client_hint,
+            self.recorder,
         )
         probes = Probes(
             self.fleet, self.stats, self.metrics, self.policy.current, lambda: self.is_draining
@@ -177,7 +195,13 @@ class Server:
 
     def _extra_routes(self) -> list[BaseRoute]:
         auth = AdminAuth.from_env(self.config.admin.token_env)
-        return [*admin_routes(self.policy.store, auth), *dashboard_routes()]
+        api = AdminAPI(self.policy.store, auth)
+        whatif = WhatIf(self.config.recording, lambda: self.policy.store.current()[1])
+        return [
+            *admin_routes(self.policy.store, auth, api),
+            *whatif_routes(api, whatif),
+            *dashboard_routes(),
+        ]
 
     async def main_loop(self) -> None:
         assert self._uvicorn is not None, "startup() first"
@@ -207,5 +231,7 @@ class Server:
             self._sock.close()
         await self.policy.close()
         await self.scraper.close()
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.close)
         await asyncio.gather(*(b.close() for b in self.fleet.backends), return_exceptions=True)
         log.info("stopped")

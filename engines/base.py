@@ -40,6 +40,7 @@ class Outcome:
     """What a backend reports once a request is done (None: not reported)."""
 
     num_output_tokens: int | None = None
+    num_prompt_tokens: int | None = None
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
     num_accepted_tokens: int | None = None

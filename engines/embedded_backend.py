@@ -285,7 +285,11 @@ class _Generation:
         self.annotate = annotate
         # The engine's step controller feeds the policy's online models step by step.
         self.outcome = Outcome(
-            num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, is_learned=True
+            num_prompt_tokens=num_prompt,
+            num_drafts=0,
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            is_learned=True,
         )
         self.shape = ResponseShape(request.endpoint, request.body["model"])
         stop = request.body.get("stop") or ()

@@ -37,6 +37,8 @@ def merge_outcome(into: Outcome, found: Outcome | None, body: dict[str, Any]) ->
     usage = body.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         into.num_output_tokens = usage["completion_tokens"]
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        into.num_prompt_tokens = usage["prompt_tokens"]
 
 
 # Byte patterns that mark an event draftctl must look into: a finish_reason that is a string,

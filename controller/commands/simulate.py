@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from controller.commands.whatif import add_replay_arguments, run_replay
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,11 +23,12 @@ def register(subparsers: Any) -> None:
             "runs on the same requests; prints goodput, TPOT and TTFT per policy per phase."
         ),
     )
-    parser.add_argument("--scenario", required=True, type=Path, help="scenario YAML file")
+    parser.add_argument("--scenario", type=Path, help="scenario YAML file")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--out", type=Path, help="also write the JSON report to this file")
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots into DIR")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_replay_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -33,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from policies.validation import InvalidDocument
     from sim.scenario import load_scenario
 
+    if args.replay is not None:
+        return run_replay(args)
+    if args.scenario is None:
+        logger.error("give --scenario FILE, or --replay TRACE --policy FILE")
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except InvalidDocument as exc:

@@ -18,6 +18,7 @@ export class PolicyEditor {
     this.text.addEventListener("input", () => this.edited());
     $("btn-apply").addEventListener("click", () => this.guard(() => this.apply()));
     $("btn-validate").addEventListener("click", () => this.guard(() => this.validate()));
+    $("btn-whatif").addEventListener("click", () => this.guard(() => this.whatIf()));
     $("btn-reload").addEventListener("click", () => this.guard(() => this.load(true)));
     $("btn-unlock").addEventListener("click", () => this.guard(() => this.load(true)));
   }
@@ -47,7 +48,7 @@ export class PolicyEditor {
   setLocked(isLocked, message) {
     this.isLocked = isLocked;
     this.text.disabled = isLocked;
-    for (const id of ["btn-apply", "btn-validate"]) $(id).disabled = isLocked;
+    for (const id of ["btn-apply", "btn-validate", "btn-whatif"]) $(id).disabled = isLocked;
     $("btn-unlock").hidden = !isLocked;
     if (isLocked) this.status(message, "error");
   }
@@ -102,6 +103,26 @@ export class PolicyEditor {
     } else {
       this.status(body.error ? body.error.message : `validation failed (${response.status})`, "error");
     }
+  }
+
+  // The edit replayed on the recorded traffic, against the running policy's replay.
+  async whatIf() {
+    this.showWhatIf("replaying the recorded traffic under this edit…", "");
+    const response = await this.admin.request("POST", "/admin/policy/whatif", {
+      body: this.text.value, headers: { "Content-Type": "application/yaml" },
+    });
+    const body = await response.json();
+    if (!response.ok) {
+      return this.showWhatIf(body.error ? body.error.message : `what-if failed (${response.status})`, "error");
+    }
+    this.showWhatIf(describeWhatIf(body), "ok");
+  }
+
+  showWhatIf(message, kind) {
+    const node = $("whatif");
+    node.hidden = !message;
+    node.textContent = message;
+    node.className = kind;
   }
 
   async apply() {
@@ -198,4 +219,15 @@ export class PolicyEditor {
     row.append(action);
     return row;
   }
+}
+
+const percent = (x) => (x === null || x === undefined ? "n/a" : `${x >= 0 ? "+" : ""}${(100 * x).toFixed(1)}%`);
+
+// "on the last hour: +4.2% tok/s, TPOT p50 -3.1%, TTFT p50 +0.5% (120 requests) ..."
+export function describeWhatIf(report) {
+  const window = report.window_s >= 3600 ? `${(report.window_s / 3600).toFixed(report.window_s % 3600 ? 1 : 0)} h` : `${Math.round(report.window_s / 60)} min`;
+  const d = report.delta;
+  const recorded = report.recorded;
+  const replay = report.reproduction_error === undefined ? "" : `; the running policy's replay is ${percent(report.reproduction_error)} off the recorded ${recorded.output_tok_s.toFixed(1)} tok/s`;
+  return `on the last ${window === "1 h" ? "hour" : window}: ${percent(d.output_tok_s)} tok/s, TPOT p50 ${percent(d.tpot_p50)}, TTFT p50 ${percent(d.ttft_p50)} (${recorded.requests} requests, simulated against the running policy${replay})`;
 }

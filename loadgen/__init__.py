@@ -1,0 +1,5 @@
+"""``draftctl bench``: drive an OpenAI-compatible endpoint with real prompts, closed loop.
+
+An offline tool beside the daemon (like sim/): it may import controller, engines and policies;
+the daemon never imports it.
+"""
