@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
 import sys
@@ -85,7 +86,7 @@ def summarise(rows: list[tuple[int, float, int]], positions: int) -> dict[str, A
             }
         )
     reliability = []
-    for lo, hi in zip(BINS[:-1], BINS[1:], strict=True):
+    for lo, hi in itertools.pairwise(BINS):
         mask = (conf >= lo) & (conf < hi)
         if mask.any():
             reliability.append(
