@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.embedded.events import RequestView, SpecController, StepReport
+from policies.baselines.ragged_cost import TableRaggedCost
 from policies.batch_width import BatchWidth, describe
 from policies.costmodel import CostTable, padded_width
 from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
+from policies.slot_allocator import AllocatorSettings, SlotAllocator
 from policies.types import Policy, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
@@ -150,6 +152,10 @@ class StepController:
         # draft a whole block (formatted only when read), or the per-request policy's last one.
         self._batch_decision: tuple[str, int, int, float] | None = None
         self._request_reason = ""
+        # Two-phase steps (goodput ``step_mode: slots``): the policy and the rows the step just
+        # planned will allocate after drafting, and the allocator of that policy version.
+        self._slots: tuple[ActivePolicy, list[int]] | None = None
+        self._allocator: tuple[int, SlotAllocator] | None = None
 
     @property
     def batch_width(self) -> BatchWidth | None:
@@ -206,12 +212,14 @@ class StepController:
             if newest is None or newest.models is None or not reports:
                 return
             widest = max(report.spec_tokens for report in reports)
-            multiple = newest.models.spec.verify_width_multiple
+            if _allocates(newest):  # every row drafted; each verified its own k + 1
+                width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
+                drafting = 1.0
+            else:
+                width = float(padded_width(widest, newest.models.spec.verify_width_multiple))
+                drafting = float(widest > 0)
             newest.models.record_step_time(
-                reports[0].batch_size,
-                float(padded_width(widest, multiple)),
-                float(widest > 0),
-                reports[0].step_time_s,
+                reports[0].batch_size, width, drafting, reports[0].step_time_s
             )
 
     def plan(
@@ -221,7 +229,14 @@ class StepController:
         started = time.perf_counter()
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
-        if newest is not None:
+        self._slots = None
+        if newest is not None and _allocates(newest):
+            # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
+            hi = newest.spec.bounds_for(self.block_size)[1]
+            for i in shared:
+                ks[i] = min(hi, views[i].max_spec_tokens)
+            self._slots = (newest, shared)
+        elif newest is not None:
             k = self._reuse_prepared(views, shared, newest)
             if k is None:
                 k = self._decide_shared(views, controllers, shared, newest)
@@ -231,6 +246,71 @@ class StepController:
         self.calls += 1
         return ks
 
+    def allocates(self) -> bool:
+        """Whether the step just planned is two-phase (the engine then calls ``allocate``)."""
+        return self._slots is not None
+
+    def allocate(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[Sequence[float]],
+    ) -> list[int]:
+        """k per row once the draft has run (``policies.slot_allocator``); rows the policy
+        does not decide together keep what they drafted."""
+        started = time.perf_counter()
+        try:
+            ks = [len(c) for c in confidence]
+            slots = self._slots
+            if slots is None:
+                return ks
+            newest, _ = slots
+            shared = [
+                i
+                for i, steps in enumerate(controllers)
+                if isinstance(steps, RequestSteps) and steps.active.models is not None
+            ]
+            rows = [
+                controllers[i]  # type: ignore[attr-defined]
+                .step_row(views[i])
+                ._replace(draft_confidence=tuple(confidence[i]))
+                for i in shared
+            ]
+            observe = self._observe(newest)
+
+            def rates(task: Task) -> Sequence[float]:
+                values: Sequence[float] = observe(task)["accept_rates"]
+                return values
+
+            def decide() -> int:
+                choice = self._slot_allocator(newest).decide_rows(rows, len(views), rates)
+                for i, k in zip(shared, choice.spec_tokens, strict=True):
+                    ks[i] = k
+                self._batch_decision = None
+                self._request_reason = choice.reason
+                return 1
+
+            if not self.guarded(decide):  # the policy raised: drafting off for this step
+                for i in shared:
+                    ks[i] = 0
+            return ks
+        finally:
+            self.host_s += time.perf_counter() - started
+
+    def _slot_allocator(self, active: ActivePolicy) -> SlotAllocator:
+        """Rebuilt when a newer policy version arrives; prices steps with its cost model."""
+        held = self._allocator
+        if held is None or held[0] != active.version:
+            models = active.models
+            assert models is not None and models.cost is not None, "checked by _allocates"
+            lo, hi = active.spec.bounds_for(self.block_size)
+            settings = AllocatorSettings(max_spec_tokens=hi, min_spec_tokens=min(lo, hi))
+            held = self._allocator = (
+                active.version,
+                SlotAllocator(settings, TableRaggedCost(models.cost)),
+            )
+        return held[1]
+
     def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
         """Decide the next step's shared k now, while the device runs this step, from this
         step's rows and what is known before its results (one step stale). ``plan`` uses it
@@ -238,7 +318,7 @@ class StepController:
         started = time.perf_counter()
         self._prepared = None
         shared, newest = self._split(views, controllers, None)
-        if newest is not None:
+        if newest is not None and not _allocates(newest):
             k = self._decide_shared(views, controllers, shared, newest)
             ids = frozenset(views[i].request_id for i in shared)
             self._prepared = (k, ids, newest.version)
@@ -380,3 +460,14 @@ class FixedPolicySource:
 
     def policy_failed(self) -> None:
         self.failures += 1
+
+
+def _allocates(active: ActivePolicy) -> bool:
+    """The policy asks for two-phase steps and can price them (a cost model)."""
+    models = active.models
+    return (
+        models is not None
+        and models.cost is not None
+        and active.spec.kind == "goodput"
+        and active.spec.goodput.step_mode == "slots"
+    )

@@ -139,6 +139,12 @@ class GoodputSpec(StrictModel):
     # online fit of observed step times separates an overhead of its own (then the fit's).
     step_overhead_s: float = Field(default=0.0, ge=0, le=1)
     request_overhead_s: float = Field(default=0.0, ge=0, le=0.1)
+    # Embedded engine, how a step's k are chosen: "shared" (one k for the batch, which the
+    # engine's CUDA-graph path verifies padded) or "slots" (a two-phase step: every row drafts,
+    # then policies.slot_allocator gives each row its own k from the draft's confidence, the
+    # task prior and the request's history; the eager path verifies each row at its own
+    # width). Pools ignore it. See docs/allocator.md.
+    step_mode: Literal["shared", "slots"] = "shared"
 
     @field_validator("prior_accept_rates")
     @classmethod

@@ -14,8 +14,9 @@ widest row's, so k is chosen per (request, position) slot. Per step:
    models); ``offset_r``: the request's own history against that prior (log-odds, shrunk
    toward 0 by ``request_strength`` steps); ``g``: the online calibration of the draft's
    confidence ``c`` (top-1 draft probability), per task and confidence bin (logit-spaced),
-   shrunk toward 0 by ``prior_strength`` labels and forgetting at ``decay`` per step. A row
-   without confidence gets g = 0;
+   forgetting at ``decay`` per step; until a bin has ``prior_strength`` labels it leans on
+   ``cold_confidence_weight x (logit c - the uncalibrated log-odds)`` (half trust in the
+   confidence as a probability). A row without confidence gets g = 0;
 3. budget: every eligible slot sorted best first; the step verifies the ``d`` best with
    ``d* = argmax_d (B + sum of the d best survivals) / cost(B, d)`` (vLLM's rule, over our
    survival), ``cost`` the ragged step time of B rows plus d drafts;
@@ -65,6 +66,7 @@ class AllocatorSettings:
     min_spec_tokens: int = 4
     confidence_bins: int = 12  # over logit(c) in [-4, 8] (top-1 probability 0.02 .. 0.9997)
     prior_strength: float = 30.0  # labels per bin before its calibration counts half
+    cold_confidence_weight: float = 0.5  # an unlearnt bin: this share of confidence's log-odds
     decay: float = 0.998  # per step: calibration counts forget (follows a drifting workload)
     request_strength: float = 8.0  # verify steps of a request's own history that count half
     request_window: int = 16  # verify steps of a request's own history that count
@@ -114,14 +116,15 @@ class SlotAllocator:
 
     # -- calibration -------------------------------------------------------------------------
 
-    def calibration(self) -> Floats:
-        """[tasks, bins] log-odds correction of each confidence bin (0 where unlearned)."""
+    def calibration(self) -> tuple[Floats, Floats]:
+        """[tasks, bins] learnt log-odds correction of each confidence bin against the
+        uncalibrated prediction, and its weight ``n / (n + prior_strength)`` (0 unlearned)."""
         n = self._labels
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean_predicted = np.where(n > 0, self._predicted / n, 0.5)
-        m = self.settings.prior_strength
-        shrunk = (self._hits + m * mean_predicted) / (n + m)
-        return np.where(n > 0, logit(shrunk) - logit(mean_predicted), 0.0)
+            rate = np.where(n > 0, (self._hits + 0.5) / (n + 1.0), 0.5)
+            predicted = np.where(n > 0, (self._predicted + 0.5) / (n + 1.0), 0.5)
+        weight = n / (n + self.settings.prior_strength)
+        return np.where(n > 0, logit(rate) - logit(predicted), 0.0), weight
 
     def _bins(self, confidence: Floats) -> Ints:
         edges = np.linspace(-4.0, 8.0, self.settings.confidence_bins + 1)[1:-1]
@@ -233,7 +236,14 @@ class SlotAllocator:
                 confidence[i, : len(given)] = given
         has = ~np.isnan(confidence)
         bins = np.where(has, self._bins(np.nan_to_num(confidence, nan=0.5)), -1)
-        correction = self.calibration()[tasks[:, None], np.maximum(bins, 0)]
+        learnt, weight = self.calibration()
+        at = (tasks[:, None], np.maximum(bins, 0))
+        # Until a bin has labels, trust the confidence half way: its log-odds against the
+        # uncalibrated prediction, times ``cold_confidence_weight``.
+        cold = self.settings.cold_confidence_weight * (
+            logit(np.nan_to_num(confidence, nan=0.5)) - base_logit
+        )
+        correction = weight[at] * learnt[at] + (1.0 - weight[at]) * cold
         p = sigmoid(base_logit + np.where(has, correction, 0.0))
         scored = _Scored(
             index={r.row_id: i for i, r in enumerate(rows)},

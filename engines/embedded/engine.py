@@ -23,13 +23,14 @@ from engines.embedded.events import (
     FailureStage,
     RequestFailed,
     RequestView,
+    SlotPlanner,
     SpecController,
     StepPlanner,
     StepReport,
     TokenEvent,
 )
 from engines.embedded.request import Request
-from engines.embedded.runner import ModelRunner, StepResult
+from engines.embedded.runner import Allocate, ModelRunner, StepResult
 from engines.embedded.scheduler import Scheduler
 from policies.types import clamp_spec_tokens, max_spec_tokens
 
@@ -146,17 +147,48 @@ class Engine:
             spec_tokens = [plans[r.request_id][0] for r in rows]
             uniforms = torch.stack([plans[r.request_id][1] for r in rows])
             try:
-                result = self.runner.step(rows, spec_tokens, uniforms, overlap=self._overlap)
+                result = self.runner.step(
+                    rows,
+                    spec_tokens,
+                    uniforms,
+                    overlap=self._overlap,
+                    allocate=self._allocation(rows),
+                )
             except Exception as exc:
                 culprit, error = self._find_culprit(rows, spec_tokens, uniforms, exc)
                 events.append((culprit, self._failed(culprit, "step", error)))
                 self._release(culprit)
                 continue
-            stepped = [self._postprocess(r, i, spec_tokens[i], result) for i, r in enumerate(rows)]
+            verified = result.spec_tokens or spec_tokens
+            stepped = [self._postprocess(r, i, verified[i], result) for i, r in enumerate(rows)]
             self._unrecorded = stepped  # told to the planner while the next step runs
             events += stepped
             break
         return events
+
+    def _allocation(self, rows: list[Request]) -> Allocate | None:
+        """A two-phase step's allocation, when the planner asks for one: each row's k from
+        its draft confidence. A planner that raises keeps every row at what it drafted
+        (logged); answers are clamped to [0, drafted]."""
+        planner = self.planner
+        if not isinstance(planner, SlotPlanner) or not planner.allocates():
+            return None
+        by_id = {view.request_id: view for view in self._planned[0]}
+        views = [by_id[r.request_id] for r in rows]
+        controllers = [r.controller for r in rows]
+
+        def allocate(confidence: list[list[float]]) -> list[int]:
+            drafted = [len(c) for c in confidence]
+            try:
+                wanted = [int(k) for k in planner.allocate(views, controllers, confidence)]
+                if len(wanted) != len(rows):
+                    raise ValueError(f"planner allocated {len(wanted)} k for {len(rows)} rows")
+            except Exception:
+                logger.exception("step planner failed to allocate; verifying what was drafted")
+                return drafted
+            return [max(0, min(k, d)) for k, d in zip(wanted, drafted, strict=True)]
+
+        return allocate
 
     def _overlap(self) -> None:
         """Host work hidden behind the device's step (runner.step calls it before its sync):

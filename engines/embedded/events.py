@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
 # Where a request failed inside the engine (see RequestFailed).
@@ -114,6 +114,25 @@ class StepPlanner(Protocol):
     def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
         """Work toward the next step while this one runs on the device: ``views`` are this
         step's rows before its results (one step stale). ``plan`` may use it or not."""
+        ...
+
+
+@runtime_checkable
+class SlotPlanner(StepPlanner, Protocol):
+    """A planner that may allocate k per row after the draft has run (a two-phase step):
+    ``plan`` then gives what each row drafts, ``allocate`` what each row verifies."""
+
+    def allocates(self) -> bool:
+        """Whether the step just planned is two-phase."""
+        ...
+
+    def allocate(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[Sequence[float]],
+    ) -> list[int]:
+        """k per row from each row's draft confidence at its drafted positions."""
         ...
 
 

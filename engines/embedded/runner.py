@@ -34,6 +34,10 @@ KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rou
 CONFIDENCE_SCALE = 1_000_000  # draft confidence crosses to the host as integers of this scale
 
 
+# Two-phase steps: per row, the draft's confidence at its drafted positions -> k per row.
+Allocate = Callable[[list[list[float]]], list[int]]
+
+
 @dataclass(frozen=True)
 class StepResult:
     accepted: list[list[bool]]  # per row, length k of that row
@@ -42,6 +46,8 @@ class StepResult:
     # Per row, length k of that row: the draft distribution's top-1 probability at each
     # drafted position (temperature-scaled when the row samples); None in synthetic mode.
     draft_confidence: list[list[float]] | None = None
+    # The k each row verified when the step allocated after drafting (else the planned k).
+    spec_tokens: list[int] | None = None
 
 
 class ModelRunner:
@@ -214,8 +220,14 @@ class ModelRunner:
         uniforms: torch.Tensor,
         eager: bool = False,
         overlap: Callable[[], None] | None = None,
+        allocate: Allocate | None = None,
     ) -> StepResult:
         """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
+
+        ``allocate``: a two-phase step. ``spec_tokens`` are then what each row drafts; once the
+        draft has run, the rows' draft confidence (per row, its drafted positions) comes to
+        the host (one extra sync) and ``allocate`` returns the k each row verifies, at most
+        what it drafted (checked). Rows given 0 still get their draft context updated.
 
         Writes each row's caches only at positions >= its ``position`` (scratch until the
         row advances), so a step whose result is dropped can be run again. ``eager``: see
@@ -264,6 +276,14 @@ class ModelRunner:
                 confidence = torch.where(sampled, draft_probs.amax(dim=-1), confidence)
         else:
             confidence = torch.zeros(len(rows), 0, device=self.device)
+        if allocate is not None and widest > 0:
+            spec_tokens = self._allocated(allocate, confidence, spec_tokens)
+            widest = max(spec_tokens)
+            width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
+            num_draft = torch.tensor(spec_tokens, device=self.device)
+            drafts, confidence = drafts[:, :widest], confidence[:, :widest]
+            if draft_probs is not None:
+                draft_probs = draft_probs[:, :widest]
         ids = torch.cat([last[:, None], drafts], dim=1)
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
@@ -299,6 +319,18 @@ class ModelRunner:
             overlap()
         return self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
 
+    @staticmethod
+    def _allocated(allocate: Allocate, confidence: torch.Tensor, drafted: list[int]) -> list[int]:
+        """The k each row verifies, from its drafted positions' confidence (host sync)."""
+        values = confidence.cpu().tolist()
+        rows = [row[:k] for row, k in zip(values, drafted, strict=True)]
+        chosen = [int(k) for k in allocate(rows)]
+        if len(chosen) != len(drafted) or any(
+            not 0 <= k <= d for k, d in zip(chosen, drafted, strict=True)
+        ):
+            raise ValueError(f"allocation {chosen} does not fit the drafted k {drafted}")
+        return chosen
+
     def _synthetic_result(
         self,
         rows: list[Request],
@@ -333,7 +365,7 @@ class ModelRunner:
         accepted, tokens = assemble_rows(
             packed.tolist(), spec_tokens, runs.tolist(), drafts.shape[1]
         )
-        return StepResult(accepted, tokens, self._clock() - started)
+        return StepResult(accepted, tokens, self._clock() - started, None, spec_tokens)
 
     def _verify_packing(self, spec_tokens: list[int]) -> Packing | None:
         """Eager steps whose rows verify different widths compute k + 1 tokens per row."""
@@ -374,4 +406,4 @@ class ModelRunner:
             accepted_rows.append(mask)
             token_rows.append([*row[widest : widest + num_accepted], row[bonus]])
             confidence_rows.append([x / CONFIDENCE_SCALE for x in row[bonus + 1 : bonus + 1 + k]])
-        return StepResult(accepted_rows, token_rows, elapsed_s, confidence_rows)
+        return StepResult(accepted_rows, token_rows, elapsed_s, confidence_rows, spec_tokens)

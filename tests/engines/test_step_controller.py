@@ -210,3 +210,41 @@ def test_the_reason_says_why_the_latest_k() -> None:
     chat = static.start(Task.CHAT, 0.9, 4)
     chat(_view("r", 1, 2, [3], [4]))
     assert static.last_reason.startswith("static:")
+
+
+def _slots(version: int = 1) -> Active:
+    goodput = QUIET.model_copy(update={"step_mode": "slots"})
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
+    return Active(version, spec, build_policy(spec), models)
+
+
+def test_slots_mode_drafts_every_row_whole_then_allocates_per_row_from_confidence() -> None:
+    controller = StepController(Source(_slots()), 16, random.Random(0))
+    a, b = controller.start(Task.MATH, 0.9, 7), controller.start(Task.MATH, 0.9, 7)
+    views = [_view("a", 3, 2, [4, 4, 4]), _view("b", 3, 2, [4, 4, 4])]
+    assert controller.plan(views, [a, b]) == [15, 15]  # what each row drafts
+    assert controller.allocates()
+    ks = controller.allocate(views, [a, b], [[0.999] * 15, [0.02] * 15])
+    assert ks[0] > ks[1] and all(k == 0 or 4 <= k <= 15 for k in ks)
+    assert controller.last_reason.startswith("allocator: B=2")
+    # the step's time is recorded at the rows' own widths, every row drafting
+    reports = [
+        StepReport(ks[0], 3, [True, True] + [False] * (ks[0] - 2), 0.01, 2),
+        StepReport(ks[1], 1, [False] * ks[1], 0.01, 2),
+    ]
+    controller.record([a, b], reports)
+    assert controller.plan(views, [a, b]) == [15, 15] and controller.allocates()
+
+
+def test_shared_mode_never_allocates_and_slots_need_a_cost_model() -> None:
+    controller = StepController(Source(_goodput()), 16, random.Random(0))
+    steps = controller.start(Task.MATH, 0.9, 7)
+    controller.plan([_view("a", 3, 1, [4, 4, 4])], [steps])
+    assert not controller.allocates()
+    spec = PolicySpec(kind="goodput", goodput=QUIET.model_copy(update={"step_mode": "slots"}))
+    no_table = Active(1, spec, build_policy(spec), OnlineModels(spec.goodput, block_size=16))
+    controller = StepController(Source(no_table), 16, random.Random(0))
+    steps = controller.start(Task.MATH, 0.9, 7)
+    controller.plan([_view("a", 3, 1, [4, 4, 4])], [steps])
+    assert not controller.allocates()  # nothing to price a ragged step with: shared mode

@@ -1,0 +1,150 @@
+"""Two-phase steps (issue 16): every row drafts, the draft's confidence comes to the host, a
+planner allocates each row's k, the step verifies those. Greedy output stays exactly the
+target's own, whatever the allocation; a planner that raises costs speed, never tokens."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engines.embedded.engine import Engine
+from engines.embedded.events import RequestView, SpecController, StepReport
+from engines.embedded.request import Request
+from engines.step_controller import StepController
+from policies.costmodel import CostTable
+from policies.model import GoodputSpec, PolicySpec
+from policies.online import OnlineModels
+from policies.registry import build_policy
+from policies.types import Task
+from tests.engines.embedded.conftest import greedy_request, make_engine, random_prompt
+from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
+
+NUM_PROMPTS = 12
+NEW_TOKENS = 20
+
+
+class RandomAllocation:
+    """Drafts every row whole, then verifies a random k in [0, drafted] per row."""
+
+    def __init__(self, seed: int, fail: bool = False) -> None:
+        self.rng = random.Random(seed)
+        self.fail = fail
+        self.allocated: list[list[int]] = []
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        return [v.max_spec_tokens for v in views]
+
+    def allocates(self) -> bool:
+        return True
+
+    def allocate(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[Sequence[float]],
+    ) -> list[int]:
+        if self.fail:
+            raise RuntimeError("allocation broke")
+        ks = [self.rng.randint(0, len(c)) for c in confidence]
+        self.allocated.append(ks)
+        return ks
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        return None
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return [random_prompt(3000 + i, PROMPT_LEN) for i in range(NUM_PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def expected(agreeing_pair: tuple[Path, Path], prompts: list[list[int]]) -> list[list[int]]:
+    return target_only_greedy(agreeing_pair[0], prompts, NEW_TOKENS)
+
+
+def run(engine: Engine, prompts: list[list[int]]) -> list[Request]:
+    requests = [
+        greedy_request(f"r{i}", p, NEW_TOKENS, lambda view: 0) for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    return requests
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_any_allocation_keeps_greedy_output_exact(
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    fail: bool,
+) -> None:
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    planner = RandomAllocation(0, fail)
+    engine.planner = planner
+    requests = run(engine, prompts)
+    assert [r.output_ids for r in requests] == expected
+    if not fail:
+        assert planner.allocated and any(0 in ks for ks in planner.allocated)
+        # every request's history holds the k it verified, not the k it drafted
+        verified = sorted(k for r in requests for k in r.spec_tokens)
+        assert verified[0] == 0 and len(set(verified)) > 3
+
+
+def test_the_goodput_slots_mode_drives_the_engine_losslessly(
+    agreeing_pair: tuple[Path, Path], prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    goodput = GoodputSpec(step_mode="slots", probe_probability=0.0)
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    table = CostTable(
+        batch_sizes=(1, 8),
+        tokens_per_request=(1, 8),
+        step_time_s=((5e-3, 6e-3), (6e-3, 9e-3)),
+    )
+
+    class Source:
+        version = 1
+        models = OnlineModels(goodput, block_size=8, cost_table=table)
+        policy = build_policy(spec)
+
+        def __init__(self) -> None:
+            self.spec = spec
+
+        def active(self) -> Source:
+            return self
+
+        def acceptance(self, task: Task) -> dict[str, object]:
+            return {}
+
+        def policy_failed(self) -> None:
+            raise AssertionError("the allocator raised")
+
+    controller = StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    engine.planner = controller
+    requests = [
+        greedy_request(f"r{i}", p, NEW_TOKENS, controller.start(Task.MATH, 1.0, 7))
+        for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert controller.last_reason.startswith("allocator:")
+    for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
+        emitted = 1  # the prefill's token
+        for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
+            capacity = min(7, NEW_TOKENS - emitted - 1)
+            assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
+            emitted += length
