@@ -147,13 +147,13 @@ class Engine:
             spec_tokens = [plans[r.request_id][0] for r in rows]
             uniforms = torch.stack([plans[r.request_id][1] for r in rows])
             try:
-                result = self.runner.step(
-                    rows,
-                    spec_tokens,
-                    uniforms,
-                    overlap=self._overlap,
-                    allocate=self._allocation(rows),
-                )
+                allocate = self._allocation(rows)
+                if allocate is None:  # (test doubles of the runner take no ``allocate``)
+                    result = self.runner.step(rows, spec_tokens, uniforms, overlap=self._overlap)
+                else:
+                    result = self.runner.step(
+                        rows, spec_tokens, uniforms, overlap=self._overlap, allocate=allocate
+                    )
             except Exception as exc:
                 culprit, error = self._find_culprit(rows, spec_tokens, uniforms, exc)
                 events.append((culprit, self._failed(culprit, "step", error)))
