@@ -133,9 +133,10 @@ def test_prefill_pays_its_base_per_forward(tmp_path: Path, batching: str, forwar
     )
     table = load_cost_table(TABLE)
     server = SimServer(scenario, Workload(scenario), Alternating(7), engine_cost(scenario, table))
-    server._enter_phases()
-    prompts = sum(r.spec.prompt_tokens for r in server._waiting)
-    assert server._admit()  # all four clients' first requests
+    server.enter_phases()
+    prompts = sum(r.spec.prompt_tokens for r in server.instance.waiting)
+    server.instance.step()  # a prefill of all four clients' first requests
+    assert len(server.instance.running) == 4
     cost = scenario.cost
     want = forwards * cost.prefill_base_s + cost.prefill_s_per_token * prompts
     assert server.now_s == pytest.approx(want)
