@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "serve",
     "config",
     "simulate",
+    "plan",
     "policy",
     "generate",
     "classify",

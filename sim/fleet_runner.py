@@ -131,7 +131,8 @@ def run_fleets(
     workload = Workload(scenario)
     fit = fit_inputs(scenario, workload)
     results: dict[str, Any] = {}
-    for layout in layouts if layouts is not None else layouts_of(scenario):
+    chosen = layouts if layouts is not None else layouts_of(scenario)
+    for layout in chosen:
         started = time.perf_counter()
         fleet = build_fleet(layout, fit)
         results[layout.name] = simulate_fleet(scenario, workload, fleet, progress)
@@ -141,7 +142,7 @@ def run_fleets(
         "description": scenario.description,
         "acceptance_source": workload.source,
         "cost_table": str(scenario.cost.table),
-        "instances": fleet_spec(scenario).instances,
+        "instances": max(layout.num_instances for layout in chosen),
         "duration_s": scenario.duration_s,
         "phases": [p.model_dump(mode="json") for p in scenario.phases],
         "traffic_mix": {t.value: w for t, w in fit.mix.items()},
