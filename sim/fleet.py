@@ -10,7 +10,7 @@ a request arriving while an instance is mid-step waits for the step to end, as o
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from policies.costmodel import CostModel
 from sim.choosers import KChooser
@@ -18,9 +18,10 @@ from sim.instance import Instance
 from sim.request import SimRequest
 from sim.router import Router
 from sim.scenario import Scenario
-from sim.server import Progress
 from sim.stats import RunStats
 from sim.workload import Workload
+
+Progress = Callable[[float], None]
 
 
 class FleetServer:

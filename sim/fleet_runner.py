@@ -16,7 +16,8 @@ from typing import Any
 
 from engines.cost_tables import load_cost_table
 from policies.types import TASKS, Task
-from sim.fleet import FleetServer
+from sim.fleet import FleetServer, Progress
+from sim.fleet_bound import homogeneous_bound
 from sim.fleet_build import (
     BuiltFleet,
     FitInputs,
@@ -28,7 +29,6 @@ from sim.fleet_build import (
 from sim.fleet_config import FleetLayout, FleetSpec
 from sim.runner import engine_cost
 from sim.scenario import Scenario
-from sim.server import Progress
 from sim.stats import RunStats
 from sim.workload import Workload
 
@@ -147,6 +147,7 @@ def run_fleets(
         "phases": [p.model_dump(mode="json") for p in scenario.phases],
         "traffic_mix": {t.value: w for t, w in fit.mix.items()},
         "schedule_rates": {t.value: [round(r, 4) for r in rs] for t, rs in fit.rates.items()},
+        "homogeneous_batch_bound": homogeneous_bound(fit),
         "fleets": results,
         "summary": summarise_fleets(results),
     }

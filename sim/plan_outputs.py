@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,58 +40,55 @@ def server_urls(layout: dict[str, Any], servers: Servers) -> dict[str, list[str]
     return urls
 
 
+def _servers(layout: dict[str, Any], servers: Servers) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(pool name, pool, port) for every planned server."""
+    for name, urls in server_urls(layout, servers).items():
+        for url in urls:
+            yield name, layout["pools"][name], url.rsplit(":", 1)[1]
+
+
 def vllm_commands(layout: dict[str, Any], servers: Servers) -> list[str]:
     """One ``vllm.entrypoints.openai.api_server`` command line per instance."""
     out = []
-    for name, urls in server_urls(layout, servers).items():
-        pool = layout["pools"][name]
-        for url in urls:
-            args = [
-                "python", "-m", "vllm.entrypoints.openai.api_server",
-                "--model", servers.target,
-                "--served-model-name", servers.model,
-                "--host", servers.host,
-                "--port", url.rsplit(":", 1)[1],
-                "--max-num-seqs", str(servers.max_batch_size),
-            ]  # fmt: skip
-            k = pool["num_speculative_tokens"]
-            if k > 0:
-                spec: dict[str, Any] = {
-                    "method": "dflash",
-                    "model": servers.draft,
-                    "num_speculative_tokens": k,
-                }
-                if "num_speculative_tokens_per_batch_size" in pool:
-                    spec["num_speculative_tokens_per_batch_size"] = pool[
-                        "num_speculative_tokens_per_batch_size"
-                    ]
-                args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-                args += ["--per-request-spec-decode-metrics", "summary"]
-            out.append(f"# pool {name}\n" + shlex.join(args))
+    for name, pool, port in _servers(layout, servers):
+        args = [
+            "python", "-m", "vllm.entrypoints.openai.api_server",
+            "--model", servers.target, "--served-model-name", servers.model,
+            "--host", servers.host, "--port", port,
+            "--max-num-seqs", str(servers.max_batch_size),
+        ]  # fmt: skip
+        k = pool["num_speculative_tokens"]
+        if k > 0:
+            spec: dict[str, Any] = {"method": "dflash", "model": servers.draft}
+            spec["num_speculative_tokens"] = k
+            if "num_speculative_tokens_per_batch_size" in pool:
+                spec["num_speculative_tokens_per_batch_size"] = pool[
+                    "num_speculative_tokens_per_batch_size"
+                ]
+            args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+            args += ["--per-request-spec-decode-metrics", "summary"]
+        out.append(f"# pool {name}\n" + shlex.join(args))
     return out
 
 
 def sglang_commands(layout: dict[str, Any], servers: Servers) -> list[str]:
     """SGLang has no batch-size schedule: each pool runs its largest k at every batch size."""
     out = []
-    for name, urls in server_urls(layout, servers).items():
-        k = layout["pools"][name]["num_speculative_tokens"]
-        for url in urls:
-            args = [
-                "python", "-m", "sglang.launch_server",
-                "--model-path", servers.target,
-                "--served-model-name", servers.model,
-                "--host", servers.host,
-                "--port", url.rsplit(":", 1)[1],
-                "--max-running-requests", str(servers.max_batch_size),
+    for name, pool, port in _servers(layout, servers):
+        args = [
+            "python", "-m", "sglang.launch_server",
+            "--model-path", servers.target, "--served-model-name", servers.model,
+            "--host", servers.host, "--port", port,
+            "--max-running-requests", str(servers.max_batch_size),
+        ]  # fmt: skip
+        k = pool["num_speculative_tokens"]
+        if k > 0:
+            args += [
+                "--speculative-algorithm", "DFLASH",
+                "--speculative-draft-model-path", servers.draft,
+                "--speculative-num-draft-tokens", str(k + 1),
             ]  # fmt: skip
-            if k > 0:
-                args += [
-                    "--speculative-algorithm", "DFLASH",
-                    "--speculative-draft-model-path", servers.draft,
-                    "--speculative-num-draft-tokens", str(k + 1),
-                ]  # fmt: skip
-            out.append(f"# pool {name} (k = {k} at every batch size)\n" + shlex.join(args))
+        out.append(f"# pool {name} (k = {k} at every batch size)\n" + shlex.join(args))
     return out
 
 

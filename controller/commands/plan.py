@@ -59,17 +59,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policies.validation import InvalidDocument
-    from sim.scenario import load_scenario
+    from controller.commands.simulate import read_scenario
 
-    try:
-        scenario = load_scenario(args.traffic)
-    except InvalidDocument as exc:
-        for problem in exc.problems:
-            logger.error("%s: %s", args.traffic, problem)
-        return 2
-    except OSError as exc:
-        logger.error("cannot read traffic file %s: %s", args.traffic, exc)
+    scenario = read_scenario(args.traffic)
+    if scenario is None:
         return 2
     instances = args.instances or (scenario.fleet.instances if scenario.fleet else None)
     if instances is None or instances < 1:

@@ -32,18 +32,24 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def read_scenario(path: Path) -> Any | None:
+    """The scenario at ``path``, or None after logging every problem with it."""
     from policies.validation import InvalidDocument
     from sim.scenario import load_scenario
 
     try:
-        scenario = load_scenario(args.scenario)
+        return load_scenario(path)
     except InvalidDocument as exc:
         for problem in exc.problems:
-            logger.error("%s: %s", args.scenario, problem)
-        return 2
+            logger.error("%s: %s", path, problem)
     except OSError as exc:
-        logger.error("cannot read scenario %s: %s", args.scenario, exc)
+        logger.error("cannot read scenario %s: %s", path, exc)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    scenario = read_scenario(args.scenario)
+    if scenario is None:
         return 2
     try:
         report = _simulate(scenario, show_progress=not args.no_progress)

@@ -15,3 +15,7 @@ for task in math code chat; do
       --out "$out/$name.json" > "$out/$name.txt"
   done
 done
+# Fleets (issue #20; docs/fleet.md): ~5-10 min on a 2-core CPU; then the seed spread.
+.venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift.yaml --no-progress \
+  --out "$out/fleet-mixed-shift.json" --plot "$out" > "$out/fleet-mixed-shift.txt"
+PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py > "$out/fleet-mixed-shift-seeds.json"
