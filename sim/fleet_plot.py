@@ -9,7 +9,7 @@ from sim.plot import _mark_phases, _save
 
 
 def write_fleet_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Per-phase goodput bars of every fleet, and goodput over time of the main ones."""
+    """Per-phase goodput of every fleet against uniform-schedule, and goodput over time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,16 +20,32 @@ def write_fleet_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     fleets: dict[str, Any] = report["fleets"]
     phases = [p["name"] for p in report["phases"]]
 
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    base = "uniform-schedule" if "uniform-schedule" in fleets else next(iter(fleets))
+    groups = [*phases, "overall"]
+
+    def ratio(result: dict[str, Any], group: str) -> float:
+        mine = result if group == "overall" else result["phases"][group]
+        ref = fleets[base] if group == "overall" else fleets[base]["phases"][group]
+        return float(mine["goodput_tok_s"]) / max(1e-9, float(ref["goodput_tok_s"]))
+
+    fig, ax = plt.subplots(figsize=(13, 4.8))
+    cmap = plt.get_cmap("tab20")
+    colors = [cmap(i) for i in range(20)]
     width = 0.85 / max(1, len(fleets))
     for i, (fleet, result) in enumerate(fleets.items()):
-        values = [result["phases"][p]["goodput_tok_s"] for p in phases]
+        values = [ratio(result, g) for g in groups]
         hatch = "//" if "oracle" in fleet else None
-        ax.bar([j + i * width for j in range(len(phases))], values, width, label=fleet, hatch=hatch)
-    ax.set_xticks([j + 0.425 - width / 2 for j in range(len(phases))], phases)
-    ax.set_ylabel("fleet goodput (tokens/s)")
-    ax.legend(fontsize=7, ncol=4)
-    ax.set_title(f"{name}: goodput per phase ({report['instances']} instances; hatched = bound)")
+        xs = [j + i * width for j in range(len(groups))]
+        ax.bar(xs, values, width, label=fleet, hatch=hatch, color=colors[i % len(colors)])
+    ax.axhline(1.0, color="black", linewidth=0.7)
+    ax.set_xticks([j + 0.425 - width / 2 for j in range(len(groups))], groups)
+    ax.set_ylim(0.3, 1.15)
+    ax.set_ylabel(f"goodput / {base}")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(
+        f"{name}: fleet goodput per phase against {base} "
+        f"({report['instances']} instances; hatched = clairvoyant bound)"
+    )
     paths = [_save(fig, out_dir / f"{name}-phases.png")]
 
     fig, ax = plt.subplots(figsize=(11, 4.5))
