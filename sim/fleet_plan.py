@@ -3,8 +3,9 @@
 Recipe: build the candidates (uniform fleets: no-spec, each static k, one batch-size schedule;
 task pools: every grouping of the tasks into 2 or 3 pools and every split of the instances,
 each pool with the schedule ``export-schedule`` fits to its tasks), simulate each on the
-traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simulate the best
-layout and the best uniform fleet at full length for the gain it reports. Task pools are routed
+traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simulate the
+finalists at full length: the best there is recommended, with its gain over the best uniform
+fleet. Task pools are routed
 as the gateway routes them with the config the plan writes (home pool by task, no load spill,
 since the gateway does not spill: docs/fleet.md), unless ``spill_margin`` is given.
 """
@@ -31,6 +32,11 @@ GROUPINGS: tuple[tuple[tuple[str, tuple[Task, ...]], ...], ...] = (
 )
 
 Progress = Callable[[str], None]
+
+# Candidates re-simulated at full length, and the gain a pooled layout needs over the best
+# uniform fleet there to be recommended (below it, one pool is simpler to run).
+NUM_FINALISTS = 3
+MIN_GAIN = 0.005
 
 
 @dataclass(frozen=True)
@@ -92,24 +98,33 @@ def search(
     static_spec_tokens: Sequence[int] = (3, 5, 7, 11, 15),
     progress: Progress | None = None,
 ) -> PlanResult:
-    """Simulate every candidate on the shortened traffic; finalists at full length."""
+    """Simulate every candidate on the shortened traffic; the finalists (the search's top
+    ``NUM_FINALISTS`` and its best uniform fleet) at full length decide. A pooled layout must
+    beat the best uniform finalist by ``MIN_GAIN`` there, else the uniform fleet is simpler."""
     layouts = {
         c.name: c
         for c in candidates(instances, static_spec_tokens, scenario.block_size, spill_margin)
     }
-    short = scaled(scenario, search_scale)
-    goodput = _simulate_all(short, layouts, progress)
-    recommended = max(goodput, key=lambda n: goodput[n])
-    uniform = [n for n in goodput if n.startswith("uniform-")]
-    best_uniform = max(uniform, key=lambda n: goodput[n])
+    goodput = _simulate_all(scaled(scenario, search_scale), layouts, progress)
+    ranked = sorted(goodput, key=lambda n: -goodput[n])
+    best_uniform = next(n for n in ranked if n.startswith("uniform-"))
     workload = Workload(scenario)
     fit = fit_inputs(scenario, workload)
     full = {}
-    for name in dict.fromkeys((recommended, best_uniform)):
+    for name in dict.fromkeys([*ranked[:NUM_FINALISTS], best_uniform]):
         if progress is not None:
             progress(f"full-length run: {name}")
         full[name] = simulate_fleet(scenario, workload, build_fleet(layouts[name], fit))
-    return PlanResult(recommended, best_uniform, goodput, full, layouts)
+    best = max(full, key=lambda n: full[n]["goodput_tok_s"])
+    uniform = [n for n in full if n.startswith("uniform-")]
+    best_uniform = max(uniform, key=lambda n: full[n]["goodput_tok_s"])
+    uniform_rate = full[best_uniform]["goodput_tok_s"]
+    if (
+        not best.startswith("uniform-")
+        and full[best]["goodput_tok_s"] < (1 + MIN_GAIN) * uniform_rate
+    ):
+        best = best_uniform
+    return PlanResult(best, best_uniform, goodput, full, layouts)
 
 
 def _simulate_all(

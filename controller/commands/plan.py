@@ -109,6 +109,13 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
             name: {"goodput_tok_s": e["goodput_tok_s"], "ttft_p99_s": e["ttft_p99_s"]}
             for name, e in result.full.items()
         },
+        "spill_margin": args.spill_margin,
+        "gateway_routing": (
+            "by task only: the gateway does not spill yet, so it will not run the load spill "
+            "this plan was simulated with (docs/fleet.md)"
+            if args.spill_margin is not None
+            else "by task only, as simulated"
+        ),
         "search_goodput_tok_s": result.search,
         "search_scale": args.search_scale,
         "vllm_commands": vllm_commands(layout, servers),
@@ -127,9 +134,7 @@ def _write(plan: dict[str, Any], out_dir: Path) -> None:
         script = "#!/usr/bin/env bash\n# Written by draftctl plan: one server per line.\n"
         script += "\n".join(line + " &" for line in plan[f"{kind}_commands"]) + "\nwait\n"
         (out_dir / f"launch-{kind}.sh").write_text(script)
-    logger.info(
-        "wrote plan.json, config.yaml, policy.yaml, launch-vllm.sh, launch-sglang.sh to %s", out_dir
-    )
+    logger.info("wrote plan.json, config.yaml, policy.yaml and launch-*.sh to %s", out_dir)
 
 
 def _summary(plan: dict[str, Any]) -> str:
