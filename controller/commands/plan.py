@@ -23,9 +23,11 @@ def register(subparsers: Any) -> None:
             "the instances, each pool with the num_speculative_tokens_per_batch_size schedule "
             "export-schedule fits to its tasks) on the traffic described by a scenario file "
             "(phases of clients and task mix, lengths, acceptance traces or parametric rates, "
-            "cost table; docs/fleet.md). Recommends the layout with the most goodput, reports "
-            "its simulated gain over the best uniform fleet, and writes the vLLM/SGLang launch "
-            "commands and the matching draftctl config and policy files."
+            "cost table; docs/fleet.md), shortened by --search-scale; re-simulates the top 3 "
+            "and the best uniform fleet at full length and recommends the best there (a "
+            "pooled layout must beat the best uniform fleet by 0.5%), with its gain, and "
+            "writes the vLLM/SGLang launch commands and the matching draftctl config and "
+            "policy files."
         ),
     )
     parser.add_argument(

@@ -121,3 +121,15 @@ def test_the_gateway_routes_each_task_to_its_planned_pool(tmp_path: Path, task: 
     (tmp_path / "policy.yaml").write_text(policy_yaml(layout, task_homes(layout)))
     want = "chat" if task is Task.CHAT else "math-code"
     assert _route(tmp_path / "config.yaml", tmp_path / "policy.yaml", task) == want
+
+
+def test_plan_cli_names_missing_or_bad_input(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    traffic = str(_traffic(tmp_path, 11))
+    assert main(["plan", "--traffic", traffic]) == 2
+    assert "--instances N (>= 1) is needed" in caplog.text
+    assert main(["plan", "--traffic", traffic, "--instances", "2", "--search-scale", "2"]) == 2
+    assert "--search-scale must be in (0, 1]" in caplog.text
+    assert main(["plan", "--traffic", str(tmp_path / "missing.yaml"), "--instances", "2"]) == 2
+    assert "cannot read scenario" in caplog.text
