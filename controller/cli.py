@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "config",
     "simulate",
     "bench",
+    "plan",
     "policy",
     "generate",
     "classify",

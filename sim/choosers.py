@@ -14,6 +14,7 @@ import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from policies.baselines.base import StepPolicy
 from policies.batch_width import BatchWidth
 from policies.costmodel import CostModel, CostTable, padded_width
 from policies.goodput import GoodputPolicy
@@ -256,3 +257,23 @@ class Oracle:
 
     def record(self, *_: Any) -> None:
         return None
+
+
+class StepChooser:
+    """A ``policies.baselines`` step policy (fixed k, a batch-size schedule, vLLM's adaptive
+    verification) as an engine runs it: one k for the whole batch, from the step's rows."""
+
+    def __init__(self, policy: StepPolicy, block_size: int):
+        self.policy = policy
+        self.name = policy.name
+        self._ceiling = max_spec_tokens(block_size)  # the simulator does not clamp k
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        rows = [
+            StepRow(r.spec.key, r.spec.task, r.accept_history, r.k_history, self._ceiling)
+            for r in batch
+        ]
+        return [self.policy.decide_step(rows, len(rows)).spec_tokens] * len(batch)
+
+    def record(self, *_: Any) -> None:
+        return None  # a step policy learns from the rows' histories at its next step

@@ -1,7 +1,8 @@
 """The simulated server of a replay: recorded arrivals instead of a scenario's clients.
 
-``ReplayServer`` is ``SimServer`` (same admission, prefill, decode steps and k choosers) with
-the scenario's phases replaced by the trace's requests: each arrives at its recorded time or,
+``ReplayServer`` runs one ``sim.instance.Instance`` (the same admission, prefill, decode
+steps and k choosers as ``SimServer``) with the scenario's phases replaced by the trace's
+requests: each arrives at its recorded time or,
 when it was a closed-loop client's next request, ``gap_s`` after its predecessor's simulated
 end. It runs until every request has finished.
 """
@@ -20,9 +21,10 @@ from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.types import Policy, Task, max_spec_tokens
 from sim.choosers import KChooser
+from sim.instance import Instance
 from sim.request import SimRequest
-from sim.scenario import Costs, Phase, Scenario
-from sim.server import SimServer
+from sim.scenario import Costs
+from sim.stats import RunStats
 from sim.traces import AcceptanceTrace
 from sim.workload import RequestSpec
 
@@ -54,7 +56,7 @@ class ReplayRequest:
         return None if self.decode_s is None or generated < 1 else self.decode_s / generated
 
 
-class ReplayServer(SimServer):
+class ReplayServer:
     def __init__(
         self,
         requests: Sequence[ReplayRequest],
@@ -63,15 +65,8 @@ class ReplayServer(SimServer):
         costs: Costs,
         max_batch_size: int,
     ):
-        scenario = Scenario(
-            name="replay",
-            block_size=cost.block_size,
-            max_batch_size=max_batch_size,
-            phases=[Phase(name="replay", duration_s=_HORIZON_S, concurrency=1, mix={Task.CHAT: 1})],
-            cost=costs,
-            bin_s=_HORIZON_S,
-        )
-        super().__init__(scenario, None, chooser, cost)  # type: ignore[arg-type]
+        self.stats = RunStats([("replay", _HORIZON_S)], _HORIZON_S)
+        self._instance = Instance(max_batch_size, costs, chooser, cost, self.stats, self._finish)
         self._requests = list(requests)
         self._followers: dict[int, list[int]] = {}
         self._pending: list[tuple[float, int]] = []  # (arrival, index): a heap
@@ -82,34 +77,29 @@ class ReplayServer(SimServer):
                 self._followers.setdefault(request.predecessor, []).append(request.index)
         self._done: list[SimRequest] = []
 
-    def run(self) -> list[tuple[float, float, float | None, float | None, int]]:  # type: ignore[override]
+    def run(self) -> list[tuple[float, float, float | None, float | None, int]]:
         """Every request's (arrival, end, ttft, tpot, output tokens), simulated."""
-        while self._pending or self._running or self._waiting:
-            self._enter_phases()
-            if not self._running and not self._waiting:
-                self.now_s = max(self.now_s, self._pending[0][0])
-            elif not self._admit():
-                self._decode_step()
+        instance = self._instance
+        while self._pending or instance.is_busy:
+            if not instance.is_busy:  # idle: its clock jumps to the next arrival
+                self._arrive()
+                continue
+            while self._pending and self._pending[0][0] <= instance.now_s:
+                self._arrive()
+            instance.step()
         return [_row(r) for r in self._done]
 
-    def _enter_phases(self) -> None:
-        while self._pending and self._pending[0][0] <= self.now_s:
-            arrival, index = heapq.heappop(self._pending)
-            request = self._requests[index]
-            spec = RequestSpec((0, index, 0), request.task, request.prompt_tokens, request.trace)
-            self._waiting.append(SimRequest(spec=spec, client=index, arrival_s=arrival))
+    def _arrive(self) -> None:
+        arrival, index = heapq.heappop(self._pending)
+        request = self._requests[index]
+        spec = RequestSpec((0, index, 0), request.task, request.prompt_tokens, request.trace)
+        self._instance.submit(SimRequest(spec=spec, client=index, arrival_s=arrival))
 
-    def _retire(self, finished: list[SimRequest]) -> None:
-        if not finished:
-            return
-        done = {id(r) for r in finished}
-        self._running = [r for r in self._running if id(r) not in done]
-        for request in finished:
-            request.finish_s = self.now_s
-            self._done.append(request)
-            for follower in self._followers.get(request.client, []):
-                arrival = self.now_s + self._requests[follower].gap_s
-                heapq.heappush(self._pending, (arrival, follower))
+    def _finish(self, request: SimRequest, now_s: float) -> None:
+        self._done.append(request)
+        for follower in self._followers.get(request.client, []):
+            arrival = now_s + self._requests[follower].gap_s
+            heapq.heappush(self._pending, (arrival, follower))
 
     def mean_spec_tokens(self) -> float:
         ks = [k for r in self._done for k in r.k_history]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from policies.model import GoodputSpec
 from policies.types import TASKS, Task
 from policies.validation import validate_yaml
+from sim.fleet_config import FleetSpec
 
 
 class Section(BaseModel):
@@ -128,6 +129,8 @@ class Scenario(Section):
     policies: Policies = Field(default_factory=Policies)
     # Width of the time bins in the plots' time series.
     bin_s: float = Field(default=2.0, gt=0)
+    # Present: simulate fleets of instances (sim/fleet_config.py) instead of one server.
+    fleet: FleetSpec | None = None
     base_dir: Path = Path(".")
 
     @property

@@ -15,3 +15,10 @@ for task in math code chat; do
       --out "$out/$name.json" > "$out/$name.txt"
   done
 done
+# Fleets (issue #20; docs/fleet.md): ~5-10 min on a 2-core CPU; then the seed spread.
+.venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift.yaml --no-progress \
+  --out "$out/fleet-mixed-shift.json" --plot "$out" > "$out/fleet-mixed-shift.txt"
+cp "$out/fleet-mixed-shift-phases.png" docs/fleet.png
+.venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-padded8.yaml --no-progress \
+  --out "$out/fleet-mixed-shift-padded8.json" > "$out/fleet-mixed-shift-padded8.txt"
+PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py > "$out/fleet-mixed-shift-seeds.json"

@@ -12,10 +12,12 @@ from engines.cost_tables import load_cost_table
 from policies.model import GoodputSpec
 from policies.types import Task
 from sim.choosers import GoodputChooser
+from sim.instance import Instance
 from sim.request import SimRequest
 from sim.runner import engine_cost
 from sim.scenario import Scenario
 from sim.server import SimServer
+from sim.stats import RunStats
 from sim.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,13 +134,18 @@ def test_prefill_pays_its_base_per_forward(tmp_path: Path, batching: str, forwar
         update={"cost": scenario.cost.model_copy(update={"prefill_batching": batching})}
     )
     table = load_cost_table(TABLE)
-    server = SimServer(scenario, Workload(scenario), Alternating(7), engine_cost(scenario, table))
-    server._enter_phases()
-    prompts = sum(r.spec.prompt_tokens for r in server._waiting)
-    assert server._admit()  # all four clients' first requests
+    stats = RunStats([(p.name, p.duration_s) for p in scenario.phases], scenario.bin_s)
+    cost = engine_cost(scenario, table)
+    instance = Instance(128, scenario.cost, Alternating(7), cost, stats, lambda *_: None)
+    workload = Workload(scenario)
+    for client in range(4):
+        instance.submit(SimRequest(spec=workload.request(0, client, 0), client=client, arrival_s=0))
+    prompts = sum(r.spec.prompt_tokens for r in instance.waiting)
+    instance.step()  # one prefill of all four clients' first requests
+    assert len(instance.running) == 4
     cost = scenario.cost
     want = forwards * cost.prefill_base_s + cost.prefill_s_per_token * prompts
-    assert server.now_s == pytest.approx(want)
+    assert instance.now_s == pytest.approx(want)
 
 
 def test_padded_oracle_tries_every_captured_width(tmp_path: Path) -> None:

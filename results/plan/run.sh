@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Re-creates results/plan/: draftctl plan on the fleet-mixed-shift traffic, routed by task only
+# (what the gateway runs) and, for comparison, with load spill (not in the gateway yet).
+# Run from the repository root: bash results/plan/run.sh   (~5 min on a 2-core CPU)
+set -euo pipefail
+args=(--traffic scenarios/fleet-mixed-shift.yaml --instances 6 --model qwen3-8b
+      --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --no-progress)
+.venv/bin/draftctl plan "${args[@]}" --out-dir results/plan/fleet-mixed-shift \
+  > results/plan/fleet-mixed-shift.txt
+.venv/bin/draftctl plan "${args[@]}" --spill-margin 8 --out-dir results/plan/fleet-mixed-shift-spill8 \
+  > results/plan/fleet-mixed-shift-spill8.txt

@@ -1,0 +1,149 @@
+"""``draftctl plan``'s search: which pool layout to run a fleet of N instances with.
+
+Recipe: build the candidates (uniform fleets: no-spec, each static k, one batch-size schedule;
+task pools: every grouping of the tasks into 2 or 3 pools and every split of the instances,
+each pool with the schedule ``export-schedule`` fits to its tasks), simulate each on the
+traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simulate the
+finalists at full length: the best there is recommended, with its gain over the best uniform
+fleet. Task pools are routed
+as the gateway routes them with the config the plan writes (home pool by task, no load spill,
+since the gateway does not spill: docs/fleet.md), unless ``spill_margin`` is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from policies.types import TASKS, Task
+from sim.fleet_build import FitInputs, build_fleet, standard_layouts
+from sim.fleet_config import FleetLayout, FleetSpec, PoolLayout
+from sim.fleet_runner import fit_inputs, simulate_fleet
+from sim.scenario import Scenario
+from sim.workload import Workload
+
+# Task groupings tried for task pools: (pool name, tasks) per pool.
+GROUPINGS: tuple[tuple[tuple[str, tuple[Task, ...]], ...], ...] = (
+    (("math-code", (Task.MATH, Task.CODE)), ("chat", (Task.CHAT,))),
+    (("math", (Task.MATH,)), ("code-chat", (Task.CODE, Task.CHAT))),
+    (("math", (Task.MATH,)), ("code", (Task.CODE,)), ("chat", (Task.CHAT,))),
+)
+
+Progress = Callable[[str], None]
+
+# Candidates re-simulated at full length, and the gain a pooled layout needs over the best
+# uniform fleet there to be recommended (below it, one pool is simpler to run).
+NUM_FINALISTS = 3
+MIN_GAIN = 0.005
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    recommended: str
+    best_uniform: str
+    search: dict[str, float]  # layout -> goodput (tokens/s) on the shortened traffic
+    full: dict[str, dict[str, Any]]  # the two finalists' full-length report entries
+    layouts: dict[str, FleetLayout]
+
+    @property
+    def gain_vs_best_uniform(self) -> float:
+        best = self.full[self.best_uniform]["goodput_tok_s"]
+        return float(self.full[self.recommended]["goodput_tok_s"]) / float(best)
+
+
+def candidates(
+    instances: int, static_spec_tokens: Sequence[int], block_size: int, spill_margin: int | None
+) -> list[FleetLayout]:
+    """Uniform fleets (oracle and vLLM-AV left out: a bound and a weak baseline) + task pools."""
+    spec = FleetSpec(
+        instances=instances,
+        static_spec_tokens=list(static_spec_tokens),
+        include_vllm_av=False,
+        include_oracle=False,
+    )
+    out = standard_layouts(spec, block_size)
+    for grouping in GROUPINGS:
+        for split in _splits(instances, len(grouping)):
+            pools = [
+                PoolLayout(name=name, instances=n, tasks=list(tasks))
+                for (name, tasks), n in zip(grouping, split, strict=True)
+            ]
+            label = "+".join(f"{name}:{n}" for (name, _), n in zip(grouping, split, strict=True))
+            out.append(FleetLayout(name=f"pools-{label}", spill_margin=spill_margin, pools=pools))
+    return out
+
+
+def _splits(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to give each of ``parts`` pools at least one of ``total`` instances."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        edges = (0, *cuts, total)
+        yield tuple(b - a for a, b in itertools.pairwise(edges))
+
+
+def scaled(scenario: Scenario, scale: float) -> Scenario:
+    """The same traffic with every phase ``scale`` times as long (at least 2 s)."""
+    phases = [
+        p.model_copy(update={"duration_s": max(2.0, p.duration_s * scale)}) for p in scenario.phases
+    ]
+    return scenario.model_copy(update={"phases": phases})
+
+
+def search(
+    scenario: Scenario,
+    instances: int,
+    search_scale: float = 0.25,
+    spill_margin: int | None = None,
+    static_spec_tokens: Sequence[int] = (3, 5, 7, 11, 15),
+    progress: Progress | None = None,
+) -> PlanResult:
+    """Simulate every candidate on the shortened traffic; the finalists (the search's top
+    ``NUM_FINALISTS`` and its best uniform fleet) at full length decide. A pooled layout must
+    beat the best uniform finalist by ``MIN_GAIN`` there, else the uniform fleet is simpler."""
+    layouts = {
+        c.name: c
+        for c in candidates(instances, static_spec_tokens, scenario.block_size, spill_margin)
+    }
+    goodput = _simulate_all(scaled(scenario, search_scale), layouts, progress)
+    ranked = sorted(goodput, key=lambda n: -goodput[n])
+    best_uniform = next(n for n in ranked if n.startswith("uniform-"))
+    workload = Workload(scenario)
+    fit = fit_inputs(scenario, workload)
+    full = {}
+    for name in dict.fromkeys([*ranked[:NUM_FINALISTS], best_uniform]):
+        if progress is not None:
+            progress(f"full-length run: {name}")
+        full[name] = simulate_fleet(scenario, workload, build_fleet(layouts[name], fit))
+    best = max(full, key=lambda n: full[n]["goodput_tok_s"])
+    uniform = [n for n in full if n.startswith("uniform-")]
+    best_uniform = max(uniform, key=lambda n: full[n]["goodput_tok_s"])
+    uniform_rate = full[best_uniform]["goodput_tok_s"]
+    if (
+        not best.startswith("uniform-")
+        and full[best]["goodput_tok_s"] < (1 + MIN_GAIN) * uniform_rate
+    ):
+        best = best_uniform
+    return PlanResult(best, best_uniform, goodput, full, layouts)
+
+
+def _simulate_all(
+    scenario: Scenario, layouts: dict[str, FleetLayout], progress: Progress | None
+) -> dict[str, float]:
+    workload = Workload(scenario)
+    fit: FitInputs = fit_inputs(scenario, workload)
+    out: dict[str, float] = {}
+    for name, layout in layouts.items():
+        if progress is not None:
+            progress(name)
+        entry = simulate_fleet(scenario, workload, build_fleet(layout, fit))
+        out[name] = float(entry["goodput_tok_s"])
+    return out
+
+
+def task_homes(layout: dict[str, Any]) -> dict[Task, str]:
+    """task -> pool name of a described layout (a single pool is every task's home)."""
+    pools: dict[str, Any] = layout["pools"]
+    if len(pools) == 1:
+        return {task: next(iter(pools)) for task in TASKS}
+    return {Task(task): name for name, pool in pools.items() for task in pool["tasks"]}
