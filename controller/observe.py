@@ -30,6 +30,7 @@ def pool_view(backend: Backend, estimates: TaskEstimates | None = None) -> PoolV
         spec_tokens=backend.max_spec_tokens,
         block_size=backend.block_size,
         num_inflight=backend.num_inflight(),
+        num_servers=backend.num_servers(),
         is_healthy=backend.is_healthy(),
         is_adjustable=backend.is_adjustable,
         tpot_s=None if estimates is None else estimates.pool_tpot_s.get(backend.name),

@@ -108,6 +108,6 @@ class Planner:
         else:
             views, concurrency = observation.pools, observation.concurrency
         by_name = {b.name: b for b in fleet}
-        ranked = rank_pools(views, decision)
+        ranked = rank_pools(views, decision, running.spec.spill_margin)
         pools = [by_name[v.name] for v in ranked]
         return Plan(task, confidence, source, decision, pools, running, concurrency, ranked, scores)

@@ -126,6 +126,9 @@ class EmbeddedEngineBackend:
     def num_inflight(self) -> int:
         return self._num_inflight
 
+    def num_servers(self) -> int:
+        return 1  # one engine; its batch is the load
+
     async def start(self) -> None:
         from engines.embedded import AsyncEngine  # imports torch
 

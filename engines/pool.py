@@ -68,6 +68,9 @@ class PoolBackend:
     def num_inflight(self) -> int:
         return sum(s.num_inflight for s in self.slots)
 
+    def num_servers(self) -> int:
+        return max(1, sum(1 for s in self.slots if s.is_healthy))
+
     async def start(self) -> None:
         await self.check_health()
         self._health_task = asyncio.create_task(self._health_loop(), name=f"health-{self.name}")

@@ -172,6 +172,10 @@ class PolicySpec(StrictModel):
     max_spec_tokens: int | None = Field(
         default=None, ge=1, description="default: block_size - 1 of the backend"
     )
+    # Pools: a request whose best pool holds more than this many in-flight requests per server
+    # above the least-loaded healthy pool goes to that pool instead, at its k (task pools must
+    # not queue while another idles). None: never spill. See docs/fleet.md.
+    spill_margin: int | None = Field(default=None, ge=0)
     static: StaticSpec = Field(default_factory=StaticSpec)
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)
 

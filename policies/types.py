@@ -48,6 +48,12 @@ class PoolView:
     tpot_s: float | None = None
     # Observed mean accept length for the request's task on this pool (None until measured).
     accept_length: float | None = None
+    # Healthy servers in the pool (load spill compares in-flight requests per server).
+    num_servers: int = 1
+
+    @property
+    def load_per_server(self) -> float:
+        return self.num_inflight / max(1, self.num_servers)
 
 
 # One value per drafted position, as a list or (from an engine's tensors) a numpy array.

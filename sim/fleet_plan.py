@@ -6,8 +6,8 @@ each pool with the schedule ``export-schedule`` fits to its tasks), simulate eac
 traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simulate the
 finalists at full length: the best there is recommended, with its gain over the best uniform
 fleet. Task pools are routed
-as the gateway routes them with the config the plan writes (home pool by task, no load spill,
-since the gateway does not spill: docs/fleet.md), unless ``spill_margin`` is given.
+as the gateway routes them with the config the plan writes: home pool by task, and load spill
+when ``spill_margin`` is given (written to the policy as ``spill_margin``; docs/fleet.md).
 """
 
 from __future__ import annotations

@@ -116,12 +116,20 @@ def config_yaml(layout: dict[str, Any], servers: Servers, kind: str = "vllm") ->
     return "\n".join(lines) + "\n"
 
 
-def policy_yaml(layout: dict[str, Any], homes: dict[Task, str]) -> str:
-    """A static policy sending each task to its home pool's k at every concurrency."""
+def policy_yaml(
+    layout: dict[str, Any], homes: dict[Task, str], spill_margin: int | None = None
+) -> str:
+    """A static policy sending each task to its home pool's k at every concurrency, with the
+    load spill the plan was simulated with."""
     lines = [
         "# Written by `draftctl plan`: each task -> its home pool's k (the gateway routes by k).",
         "kind: static",
         "min_spec_tokens: 1           # keep every pool's k as planned",
+        *(
+            [f"spill_margin: {spill_margin}       # per-server in-flight gap before spilling"]
+            if spill_margin is not None
+            else []
+        ),
         "static:",
         "  concurrency_bands: []      # one band: routing does not change with load",
         "  spec_tokens:",

@@ -4,9 +4,9 @@
 draftctl's gateway does with the config ``draftctl plan`` writes: the static policy maps the
 request's task to its home pool's k (``policies.static``), ``policies.routing.rank_pools``
 ranks the pools by that k, and inside the pool the least-loaded server takes it (rotating
-ties, as ``engines/pool.py`` does). ``spill_margin`` adds load spill, which the gateway does
-not do yet (docs/fleet.md): the request goes to the fleet's least-loaded instance when its
-home pool's least-loaded one holds more than ``spill_margin`` requests above it.
+ties, as ``engines/pool.py`` does). ``spill_margin`` is the policy file's load spill, through
+the same ``rank_pools``: the request goes to the least-loaded pool when its home pool holds
+more than ``spill_margin`` requests per server above it (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -74,7 +74,13 @@ class TaskPools:
 
     def route(self, task: Task, instances: Sequence[Instance]) -> int:
         views = [
-            PoolView(name, k, self._block_size, sum(instances[i].load for i in members))
+            PoolView(
+                name,
+                k,
+                self._block_size,
+                sum(instances[i].load for i in members),
+                num_servers=len(members),
+            )
             for name, (k, members) in self._pools.items()
         ]
         observation = Observation(
@@ -86,12 +92,9 @@ class TaskPools:
             block_size=self._block_size,
             pools=tuple(views),
         )
-        home = rank_pools(views, self._policy.decide(observation))[0].name
-        chosen = self._least.pick(instances, self._pools[home][1])
-        if self._spill_margin is None:
-            return chosen
-        lightest = min(range(len(instances)), key=lambda i: instances[i].load)
-        if instances[chosen].load - instances[lightest].load > self._spill_margin:
+        decision = self._policy.decide(observation)
+        home = rank_pools(views, decision)[0].name
+        pool = rank_pools(views, decision, self._spill_margin)[0].name
+        if pool != home:
             self.num_spilled += 1
-            return lightest
-        return chosen
+        return self._least.pick(instances, self._pools[pool][1])

@@ -49,7 +49,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--spill-margin",
         type=int,
-        help="plan for load spill (not in the gateway yet); default: route by task only",
+        help=(
+            "plan with load spill: a request leaves its home pool when that pool holds more "
+            "than this many in-flight requests per server above the least-loaded pool (written "
+            "to policy.yaml as spill_margin); default: route by task only"
+        ),
     )
     parser.add_argument("--model", default="model", help="served model name clients address")
     parser.add_argument("--target", default="TARGET", help="target model path for the servers")
@@ -113,8 +117,8 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
         },
         "spill_margin": args.spill_margin,
         "gateway_routing": (
-            "by task only: the gateway does not spill yet, so it will not run the load spill "
-            "this plan was simulated with (docs/fleet.md)"
+            f"by task, spilling at {args.spill_margin} in-flight requests per server "
+            "(policy.yaml spill_margin), as simulated"
             if args.spill_margin is not None
             else "by task only, as simulated"
         ),
@@ -123,7 +127,7 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
         "vllm_commands": vllm_commands(layout, servers),
         "sglang_commands": sglang_commands(layout, servers),
         "config_yaml": config_yaml(layout, servers),
-        "policy_yaml": policy_yaml(layout, task_homes(layout)),
+        "policy_yaml": policy_yaml(layout, task_homes(layout), args.spill_margin),
     }
 
 

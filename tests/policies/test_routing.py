@@ -45,3 +45,24 @@ def test_adjustable_engine_serves_any_k_exactly() -> None:
     assert served_spec_tokens(ranked[0], 0) == 0  # drafting off is served exactly too
     assert served_spec_tokens(ranked[0], 20) == 15  # never beyond the block
     assert served_spec_tokens(pools[0], 9) == 4
+
+
+def test_load_spill_sends_the_request_to_the_lightest_pool_past_the_margin() -> None:
+    """Per-server in-flight: math's 2 servers hold 30 (15 each), chat's 3 hold 6 (2 each)."""
+    math = PoolView("math", 15, 16, 30, num_servers=2)
+    chat = PoolView("chat", 7, 16, 6, num_servers=3)
+    wanted = Decision(15, "math wants the k=15 pool")
+    assert [p.name for p in rank_pools([math, chat], wanted)] == ["math", "chat"]
+    assert [p.name for p in rank_pools([math, chat], wanted, 13)] == ["math", "chat"]  # gap 13
+    assert [p.name for p in rank_pools([math, chat], wanted, 12)] == ["chat", "math"]
+    # a margin never spills to an unhealthy pool, and a lone pool stays
+    sick = PoolView("chat", 7, 16, 0, is_healthy=False)
+    assert [p.name for p in rank_pools([math, sick], wanted, 0)] == ["math"]
+    assert [p.name for p in rank_pools([math], wanted, 0)] == ["math"]
+
+
+def test_spill_margin_is_part_of_the_policy_file() -> None:
+    from policies.model import PolicySpec
+
+    assert PolicySpec().spill_margin is None
+    assert PolicySpec(spill_margin=8).spill_margin == 8

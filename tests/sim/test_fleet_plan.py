@@ -98,10 +98,16 @@ def test_plan_cli_writes_a_config_the_daemon_accepts(tmp_path: Path) -> None:
             assert "num_speculative_tokens_per_batch_size" in command
 
 
-def _route(config_path: Path, policy_path: Path, task: Task) -> str:
+def _route(
+    config_path: Path, policy_path: Path, task: Task, busy: dict[str, int] | None = None
+) -> str:
+    """The gateway planner's first pool for ``task``; ``busy``: in-flight per server of a pool."""
     config = load_config(config_path)
     policy = RunningPolicy.build(1, parse_policy(policy_path.read_text()))
     fleet = [build_backend(b, policy_source=None) for b in config.backends]  # type: ignore[arg-type]
+    for backend in fleet:
+        for slot in getattr(backend, "slots", []):
+            slot.num_inflight = (busy or {}).get(backend.name, 0)
     planner = Planner(ClassifierConfig(), None, LiveStats(60, time.monotonic()), Metrics())
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
     parsed = parse_request("chat", raw, task.value, allow_hint=True)
@@ -133,3 +139,21 @@ def test_plan_cli_names_missing_or_bad_input(
     assert "--search-scale must be in (0, 1]" in caplog.text
     assert main(["plan", "--traffic", str(tmp_path / "missing.yaml"), "--instances", "2"]) == 2
     assert "cannot read scenario" in caplog.text
+
+
+@pytest.mark.parametrize(("margin", "want"), [(None, "math-code"), (5, "math-code"), (4, "chat")])
+def test_the_gateway_spills_a_request_past_the_planned_margin(
+    tmp_path: Path, margin: int | None, want: str
+) -> None:
+    """math-code's servers hold 5 requests each, chat's none: a math request leaves its home
+    pool once the per-server gap (5) exceeds the policy's spill_margin."""
+    layout: dict[str, Any] = {
+        "pools": {
+            "math-code": {"instances": 3, "tasks": ["math", "code"], "num_speculative_tokens": 15},
+            "chat": {"instances": 2, "tasks": ["chat"], "num_speculative_tokens": 14},
+        }
+    }
+    (tmp_path / "config.yaml").write_text(config_yaml(layout, Servers("m", "T", "D")))
+    (tmp_path / "policy.yaml").write_text(policy_yaml(layout, task_homes(layout), margin))
+    busy = {"math-code": 5}
+    assert _route(tmp_path / "config.yaml", tmp_path / "policy.yaml", Task.MATH, busy) == want
