@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
+from loadgen import DEFAULT_DATASETS, PACKAGED_DATASETS
 from loadgen.admin import PolicySwitch, policy_switch
 from loadgen.prompts import Messages, load_prompts
 from loadgen.runner import Load, closed_loop, warm_up
@@ -61,7 +62,8 @@ def _read(path: Path) -> str:
 
 async def run_bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every cell's ``bench.json`` row, in run order (speedups filled in)."""
-    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+    datasets = args.datasets or (DEFAULT_DATASETS if args.data_dir else PACKAGED_DATASETS)
+    names = [n.strip() for n in datasets.split(",") if n.strip()]
     prompts = {n: load_prompts(n, args.data_dir, args.requests) for n in names}
     plan = targets(args)
     num_cells = len(plan) * len(names) * len(args.concurrency)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from loadgen import DEFAULT_DATASETS, PACKAGED_DATASETS
 
-DEFAULT_DATASETS = "gsm8k,math500,humaneval,mbpp,mt-bench"
+logger = logging.getLogger(__name__)
 
 
 def _int_list(text: str) -> list[int]:
@@ -67,8 +67,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", help="model name to send (default: the first of /v1/models)")
     parser.add_argument(
         "--datasets",
-        default=DEFAULT_DATASETS,
-        help=f"comma-separated (default: {DEFAULT_DATASETS})",
+        default=None,
+        help=(
+            f"comma-separated (default: {DEFAULT_DATASETS} with --data-dir; without it "
+            f"{PACKAGED_DATASETS}, the ones the installed data packages hold)"
+        ),
     )
     parser.add_argument(
         "--data-dir", type=Path, help="folder with gsm8k/, math500/ and mbpp/ JSONL files"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-creates results/plan/: draftctl plan on the fleet-mixed-shift traffic, routed by task only
-# (what the gateway runs) and, for comparison, with load spill (not in the gateway yet).
+# and with load spill (policy spill_margin: the gateway spills through policies.routing.rank_pools).
 # Run from the repository root: bash results/plan/run.sh   (~5 min on a 2-core CPU)
 set -euo pipefail
 args=(--traffic scenarios/fleet-mixed-shift.yaml --instances 6 --model qwen3-8b
