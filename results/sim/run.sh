@@ -8,6 +8,8 @@ for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mi
   .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
     --out "$out/$name.json" --plot "$out" > "$out/$name.txt"
 done
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-min1.yaml --no-progress \
+  --out "$out/mixed-shift-ragged-8b-min1.json" > "$out/mixed-shift-ragged-8b-min1.txt"
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c
