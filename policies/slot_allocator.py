@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.baselines.ragged_cost import RaggedCost
+from policies.baselines.ragged_cost import BudgetCosts, RaggedCost
 from policies.baselines.slot_budget import (
     Bools,
     Floats,
@@ -112,7 +112,7 @@ class SlotAllocator:
         self._hits = np.zeros(shape)  # decayed accepted labels
         self._predicted = np.zeros(shape)  # decayed sum of base predictions
         self._scored: _Scored | None = None
-        self._budget_costs: dict[int, Floats] = {}
+        self._budget_costs = BudgetCosts(cost, settings.max_spec_tokens)
 
     # -- calibration -------------------------------------------------------------------------
 
@@ -197,13 +197,7 @@ class SlotAllocator:
         return out
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
-        costs = self._budget_costs.get(batch_size)
-        if costs is None or len(costs) <= max_drafts:
-            top = max(max_drafts, batch_size * self._k)
-            step = self._cost.step_time_s
-            costs = np.array([step(batch_size, d) for d in range(top + 1)])
-            self._budget_costs[batch_size] = costs
-        return costs[: max_drafts + 1]
+        return np.array(self._budget_costs(batch_size, max_drafts))
 
     def _capacities(self, rows: Sequence[StepRow]) -> Ints:
         k = self._k

@@ -124,10 +124,21 @@ class GoodputChooser:
         accept_lengths: Sequence[int],
         step: tuple[float, float, float],
     ) -> None:
-        for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
-            self._models.record_step(request.spec.task, k, length)
-        seconds, mean_width, drafting = step
-        self._models.record_step_time(len(batch), mean_width, drafting, seconds)
+        record_online(self._models, batch, spec_tokens, accept_lengths, step)
+
+
+def record_online(
+    models: OnlineModels,
+    batch: Sequence[SimRequest],
+    spec_tokens: Sequence[int],
+    accept_lengths: Sequence[int],
+    step: tuple[float, float, float],
+) -> None:
+    """A simulated step into the online models, as the embedded engine records it."""
+    for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
+        models.record_step(request.spec.task, k, length)
+    seconds, mean_width, drafting = step
+    models.record_step_time(len(batch), mean_width, drafting, seconds)
 
 
 class Informed:

@@ -26,6 +26,7 @@ from policies.model import GoodputSpec
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, SlotAllocator
 from policies.types import StepRow, Task, max_spec_tokens
+from sim.choosers import record_online
 from sim.request import SimRequest
 
 CONFIDENCE_BIAS = 1.0  # log-odds of a position's confidence halfway between the two classes
@@ -94,10 +95,7 @@ class _RaggedBase:
         accept_lengths: Sequence[int],
         step: tuple[float, float, float],
     ) -> None:
-        for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
-            self._models.record_step(request.spec.task, k, length)
-        seconds, mean_width, drafting = step
-        self._models.record_step_time(len(batch), mean_width, drafting, seconds)
+        record_online(self._models, batch, spec_tokens, accept_lengths, step)
 
 
 class AllocatorChooser(_RaggedBase):

@@ -21,6 +21,24 @@ class RaggedCost(Protocol):
     def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float: ...
 
 
+class BudgetCosts:
+    """cost(d) for d = 0..max_drafts at one batch size, memoised per batch size (the budget
+    rule's price list; at least every draft a full batch of ``positions`` could verify)."""
+
+    def __init__(self, cost: RaggedCost, positions: int):
+        self._cost = cost
+        self._positions = positions
+        self._by_batch: dict[int, list[float]] = {}
+
+    def __call__(self, batch_size: int, max_drafts: int) -> list[float]:
+        costs = self._by_batch.get(batch_size)
+        if costs is None or len(costs) <= max_drafts:
+            top = max(max_drafts, batch_size * self._positions)
+            costs = [self._cost.step_time_s(batch_size, d) for d in range(top + 1)]
+            self._by_batch[batch_size] = costs
+        return costs[: max_drafts + 1]
+
+
 class TableRaggedCost:
     def __init__(self, model: CostModel):
         self._model = model

@@ -31,7 +31,7 @@ import numpy as np
 
 from policies.baselines.base import StepChoice, row_capacity
 from policies.baselines.logistic_acceptance import LogisticAcceptance, confidence_features
-from policies.baselines.ragged_cost import RaggedCost
+from policies.baselines.ragged_cost import BudgetCosts, RaggedCost
 from policies.baselines.slot_budget import (
     Bools,
     Floats,
@@ -99,7 +99,6 @@ class VllmAdaptiveVerification:
         self.name = "vllm-av" if settings.collapse == "objective" else "vllm-av-max"
         self._positions = settings.max_spec_tokens
         self._cost = cost
-        self._ragged_cost = ragged_cost
         self.logistic = LogisticAcceptance(
             self._positions,
             settings.refit_interval_steps,
@@ -112,7 +111,7 @@ class VllmAdaptiveVerification:
         self._candidates = list(range(settings.min_spec_tokens, self._positions + 1))
         self._scored: _Scored | None = None
         self._costs: dict[int, Floats] = {}  # T(B, k) for k = 0..K, per batch size
-        self._draft_costs: dict[int, Floats] = {}  # cost of d = 0..B K drafts, per batch size
+        self._draft_costs = BudgetCosts(ragged_cost, self._positions) if ragged_cost else None
 
     def prepare(self, max_batch_size: int) -> None:
         """Build the cost tables of batch sizes 1..max_batch_size now, as vLLM does at
@@ -174,15 +173,9 @@ class VllmAdaptiveVerification:
 
     def _budget_costs(self, batch_size: int, max_drafts: int) -> Floats:
         """cost(d) for d = 0..max_drafts, as vLLM's budget prices it (memoised per B)."""
-        if self._ragged_cost is None:
+        if self._draft_costs is None:
             return ragged_costs(self._cost_by_k(batch_size), batch_size, max_drafts)
-        costs = self._draft_costs.get(batch_size)
-        if costs is None or len(costs) <= max_drafts:
-            top = max(max_drafts, batch_size * self._positions)
-            step = self._ragged_cost.step_time_s
-            costs = np.array([step(batch_size, d) for d in range(top + 1)])
-            self._draft_costs[batch_size] = costs
-        return costs[: max_drafts + 1]
+        return np.array(self._draft_costs(batch_size, max_drafts))
 
     def _learn(self, rows: Sequence[StepRow]) -> None:
         """Fold in each row's outcome of the step it was last scored for, then count a step."""
