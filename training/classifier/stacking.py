@@ -63,6 +63,57 @@ def out_of_fold_features(
     return features
 
 
+# Temperatures tried by calibrate(): 0.25 to 4, evenly in log space.
+TEMPERATURES = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
+
+
+def calibrated_combiner(
+    features: npt.NDArray[np.float64],
+    labels: npt.NDArray[np.int64],
+    groups: Sequence[str],
+    num_hidden: int,
+    seed: int,
+) -> tuple[Combiner, float]:
+    """The combiner fitted on all rows, its logits divided by a temperature (folded into
+    ``w2`` and ``b2``) so that its probabilities are calibrated, and that temperature.
+
+    The temperature minimises the log loss of a combiner fitted on the other folds on the
+    rows of cross-fitting fold 0 (its out-of-fold features were never trained on either).
+    """
+    folds = np.array([fold_of(group, 5) for group in groups])
+    is_calibration = folds == 0
+    probe = fit_combiner(features[~is_calibration], labels[~is_calibration], num_hidden, seed)
+    temperature = fit_temperature(probe, features[is_calibration], labels[is_calibration])
+    combiner = fit_combiner(features, labels, num_hidden, seed)
+    logger.info("combiner: temperature %.3f", temperature)
+    scaled = Combiner(
+        combiner.w1, combiner.b1, combiner.w2 / temperature, combiner.b2 / temperature
+    )
+    return scaled, temperature
+
+
+def combiner_logits(
+    combiner: Combiner, features: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    hidden = np.maximum(features @ combiner.w1.T + combiner.b1, 0.0)
+    logits: npt.NDArray[np.float64] = hidden @ combiner.w2.T + combiner.b2
+    return logits
+
+
+def fit_temperature(
+    combiner: Combiner, features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64]
+) -> float:
+    """The temperature of ``TEMPERATURES`` with the least log loss on ``features``."""
+    logits = combiner_logits(combiner, features)
+    losses = []
+    for temperature in TEMPERATURES:
+        scaled = logits / temperature
+        scaled -= scaled.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(scaled).sum(axis=1))
+        losses.append(float(np.mean(log_norm - scaled[np.arange(len(labels)), labels])))
+    return float(TEMPERATURES[int(np.argmin(losses))])
+
+
 def fit_combiner(
     features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
 ) -> Combiner:

@@ -1,0 +1,420 @@
+"""Word lists and templates for ``phrasings.py``: how people ask for code and maths.
+
+Hand-written for issue #17 (the misses of the first classifier on prompts written the way
+users ask): programming languages and tools by the names people type, tasks for shells, git,
+containers, CI, infrastructure, stylesheets, regular expressions and spreadsheets, requests
+that paste code, and maths in ten human languages and casual wording. Plain data, no logic.
+"""
+
+from __future__ import annotations
+
+# (display name, other names people type); the first is used in sentences most often.
+LANGUAGES: tuple[tuple[str, ...], ...] = (
+    ("Python", "python", "py"),
+    ("JavaScript", "javascript", "js", "node"),
+    ("TypeScript", "typescript", "ts"),
+    ("Go", "golang", "go"),
+    ("Rust", "rust"),
+    ("Java", "java"),
+    ("C#", "c#", "csharp", ".NET"),
+    ("C++", "c++", "cpp"),
+    ("C", "ANSI C"),
+    ("Kotlin", "kotlin"),
+    ("Swift", "swift", "SwiftUI"),
+    ("Ruby", "ruby", "Rails"),
+    ("PHP", "php", "Laravel"),
+    ("Lua", "lua"),
+    ("R", "R language", "tidyverse"),
+    ("Scala", "scala"),
+    ("Haskell", "haskell"),
+    ("Perl", "perl"),
+    ("Dart", "Flutter"),
+    ("Elixir", "elixir"),
+    ("Julia", "julia"),
+    ("MATLAB", "matlab", "Octave"),
+    ("Bash", "bash", "shell", "sh", "zsh"),
+    ("PowerShell", "powershell", "pwsh"),
+    ("SQL", "sql", "T-SQL", "PostgreSQL", "MySQL", "SQLite"),
+    ("Terraform", "terraform", "HCL"),
+    ("YAML", "yaml"),
+    ("CSS", "css", "SCSS", "Tailwind"),
+    ("HTML", "html"),
+    ("VBA", "vba"),
+    ("Objective-C", "objc"),
+    ("F#", "fsharp"),
+    ("Clojure", "clojure"),
+    ("Zig", "zig"),
+    ("Solidity", "solidity"),
+    ("Groovy", "groovy"),
+    ("Fortran", "fortran"),
+    ("COBOL", "cobol"),
+    ("x86 assembly", "asm"),
+    ("Verilog", "verilog", "VHDL"),
+    ("GraphQL", "graphql"),
+    ("Nix", "nix"),
+    ("OCaml", "ocaml"),
+    ("Erlang", "erlang"),
+    ("Crystal", "Nim"),
+    ("AutoHotkey", "ahk"),
+    ("Vimscript", "vim"),
+    ("Emacs Lisp", "elisp"),
+    ("Racket", "Scheme"),
+    ("React", "react", "JSX"),
+    ("Vue", "vue"),
+    ("Django", "Flask"),
+    ("pandas", "numpy"),
+    ("Unity C#", "Godot GDScript"),
+    ("Arduino", "arduino"),
+    ("Apps Script", "Google Sheets"),
+)
+
+THINGS = (
+    "function",
+    "script",
+    "class",
+    "program",
+    "snippet",
+    "method",
+    "module",
+    "example",
+    "one-liner",
+    "helper",
+    "CLI tool",
+    "unit test",
+    "query",
+    "component",
+)
+
+# {lang}: a language name, {thing}: THINGS, {task}: a task in lowercase words.
+CODE_REQUESTS = (
+    "Write a {lang} {thing} to {task}.",
+    "{lang}: {task}",
+    "how do i {task} in {lang}?",
+    "Can you show me {lang} code to {task}?",
+    "I need a {lang} {thing} that can {task}.",
+    "{task} in {lang} pls",
+    "Implement this in {lang}: {task}.",
+    "What's the idiomatic way to {task} in {lang}? Show code.",
+    "give me a {thing} ({lang}) to {task}",
+    "Could you write {lang} that will {task}? Thanks!",
+    "hey, quick one - {lang} {thing} to {task}",
+    "Using {lang}, {task}.",
+    "Create a {lang} {thing} which should {task}, with comments.",
+    "write {lang} code: {task}",
+)
+
+# Requests naming a language that are answered in prose (chat): keep a name from being code.
+LANGUAGE_CHAT = (
+    "What is {lang} mostly used for?",
+    "Is {lang} hard to learn for a beginner?",
+    "Why do so many companies still use {lang}?",
+    "Give me a short history of {lang}.",
+    "Should I learn {lang} or {lang2} first? I want to get a job.",
+    "What are the main criticisms of {lang}?",
+    "Which books would you recommend to learn {lang}?",
+    "How much do {lang} developers earn on average in Europe?",
+)
+
+# Tool -> tasks; asked with TOOL_REQUESTS.
+TOOL_TASKS: dict[str, tuple[str, ...]] = {
+    "git": (
+        "revert a commit that is already pushed",
+        "rename a branch locally and on the remote",
+        "see which files changed between two tags",
+        "cherry-pick a commit from another branch",
+        "remove a file from the repo but keep it on disk",
+        "stash only the unstaged changes",
+        "change the author of the previous commit",
+        "list the branches merged into main",
+        "delete a remote branch",
+        "rebase my feature branch onto main",
+        "show the log of one file with diffs",
+        "set up a pre-commit hook that runs the linter",
+    ),
+    "bash": (
+        "count the lines of every .py file recursively",
+        "kill whatever listens on port 3000",
+        "replace a string in every file of a folder",
+        "download a list of URLs in parallel",
+        "follow a log file and print only lines with ERROR",
+        "show disk usage per directory",
+        "find files modified in the last 24 hours",
+        "extract a tar.gz into a given folder",
+        "loop over the lines of a file",
+        "retry a command up to 5 times",
+        "parse command line flags with getopts",
+        "check whether a directory exists",
+    ),
+    "a cron job": ("run a backup script every night at 2am", "clean /tmp every Monday"),
+    "Docker": (
+        "build a slim image for a Node app",
+        "pass environment variables from a file",
+        "mount the current folder into a container",
+        "remove all stopped containers",
+        "write a multi-stage build for a Go binary",
+    ),
+    "docker-compose": (
+        "run a web app with mysql and nginx",
+        "add a healthcheck to a postgres service",
+        "share a volume between two services",
+    ),
+    "Kubernetes": (
+        "write a CronJob that runs every hour",
+        "mount a secret as a file",
+        "set CPU and memory limits on a deployment",
+        "expose a deployment with an Ingress",
+    ),
+    "GitHub Actions": (
+        "cache pip dependencies between runs",
+        "deploy to S3 on a tag",
+        "run a matrix over three Node versions",
+    ),
+    "GitLab CI": ("build and push a docker image", "run tests only on merge requests"),
+    "Terraform": (
+        "create an EC2 instance with a security group that allows SSH",
+        "store the state in an S3 backend with locking",
+        "create an Azure resource group and a storage account",
+        "make a GCS bucket with lifecycle rules",
+        "define a variable with validation",
+    ),
+    "Ansible": ("install nginx on a group of hosts", "copy a template and restart a service"),
+    "CSS": (
+        "make a responsive three-column grid",
+        "animate a button on hover",
+        "truncate long text with an ellipsis",
+        "make a sticky header",
+        "style a checkbox as a toggle switch",
+        "add a dark mode with a media query",
+    ),
+    "a regex": (
+        "match an email address",
+        "extract all hashtags from a tweet",
+        "match a date like 2024-03-15",
+        "check that a password has a digit and an uppercase letter",
+        "capture the domain of a URL",
+    ),
+    "SQL": (
+        "find duplicate rows by email",
+        "compute a running total per month",
+        "get the second highest salary",
+        "pivot sales by quarter",
+        "delete orphaned rows",
+        "join three tables and count orders per customer",
+    ),
+    "an Excel formula": (
+        "sum a column when another column says Paid",
+        "count unique values in a range",
+        "pull the first word of a cell",
+    ),
+    "a Makefile": ("build every .c file in src into bin", "add a phony target that runs the tests"),
+    "PowerShell": (
+        "list the installed programs",
+        "rename files by their creation date",
+        "export Active Directory users to CSV",
+        "ping a list of hosts from a file",
+    ),
+    "nginx": ("redirect http to https", "rate-limit an API location"),
+    "systemd": ("run a Python script as a service that restarts on failure",),
+    "awk": ("print the third column of a CSV", "sum the second column of a file"),
+    "jq": ("select the names from a JSON array of objects",),
+    "ffmpeg": ("convert an mp4 to a gif", "cut the first 30 seconds of a video"),
+    "VBA": ("loop over all sheets and hide the empty ones",),
+    "YAML": ("write an OpenAPI spec for a GET /users endpoint",),
+}
+
+TOOL_REQUESTS = (
+    "{tool}: how to {task}?",
+    "How do I {task} with {tool}?",
+    "Give me {tool_a} to {task}.",
+    "what's the {tool} for this: {task}",
+    "need {tool_a} that does this - {task}",
+    "Write {tool_a} to {task}.",
+    "{task} using {tool}",
+)
+
+# Requests that paste code (or a trace); {code} is a piece of a real file, {fence} its fence.
+PASTE_REQUESTS = (
+    "Can you fix this {lang} code?\n\n{fence}\n{code}\n```",
+    "why doesn't this work\n{fence}\n{code}\n```",
+    "Explain what this {lang} does:\n\n{code}",
+    "{code}\n\nwhat does this do?",
+    "Refactor this for readability:\n{fence}\n{code}\n```",
+    "Convert this {lang} to {lang2}:\n{code}",
+    "Add comments to this code\n{code}",
+    "Find the bug:\n\n{code}",
+    "I get an error when I run this, help\n\n{code}",
+    "{code}\n\nHow can I make this faster?",
+    "Kannst du diesen Code erklären?\n\n{code}",
+    "Warum funktioniert das nicht?\n{fence}\n{code}\n```",
+    "这段代码有什么问题？\n{code}",
+    "帮我优化一下这段{lang}代码：\n{code}",
+    "このコードのバグを直してください。\n{code}",
+    "このコードは何をしていますか？\n{fence}\n{code}\n```",
+    "¿Por qué falla este código?\n{code}",
+    "Peux-tu corriger ce code ?\n{code}",
+    "Почему этот код не работает?\n{code}",
+    "이 코드 설명해 주세요\n{code}",
+    "Dá pra melhorar esse código?\n{code}",
+)
+
+# Code requests written in other languages; {lang} a language, {task} from the same language.
+FOREIGN_CODE_REQUESTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "de": (
+        (
+            "Schreibe eine {lang}-Funktion, die {task}.",
+            "Wie kann ich in {lang} {task}? Mit Code bitte.",
+            "{lang}-Skript: {task}",
+        ),
+        (
+            "eine Liste von Zahlen sortiert",
+            "prüft, ob eine Datei existiert",
+            "eine CSV-Datei einliest",
+            "das Datum von heute ausgibt",
+            "doppelte Einträge entfernt",
+            "eine HTTP-Anfrage sendet",
+        ),
+    ),
+    "fr": (
+        (
+            "Écris une fonction {lang} qui {task}.",
+            "Comment {task} en {lang} ? Donne le code.",
+            "Script {lang} : {task}",
+        ),
+        (
+            "inverse une chaîne",
+            "lit un fichier JSON",
+            "compte les mots d'un texte",
+            "envoie un e-mail",
+            "trie une liste d'objets par date",
+        ),
+    ),
+    "es": (
+        (
+            "Escribe una función en {lang} que {task}.",
+            "¿Cómo {task} en {lang}? Con código, por favor.",
+            "Script de {lang}: {task}",
+        ),
+        (
+            "calcule el factorial",
+            "lea un archivo línea por línea",
+            "valide un correo electrónico",
+            "conecte a una base de datos",
+            "elimine duplicados de una lista",
+        ),
+    ),
+    "zh": (
+        ("用{lang}写一个{task}的函数", "怎么用{lang}{task}？请给出代码", "{lang}代码：{task}"),
+        (
+            "判断回文字符串",
+            "读取JSON文件",
+            "统计单词出现次数",
+            "发送HTTP请求",
+            "合并两个有序数组",
+            "批量重命名文件",
+        ),
+    ),
+    "ja": (
+        (
+            "{lang}で{task}関数を書いてください。",
+            "{lang}で{task}にはどうすればいいですか？コードをください。",
+            "{lang}のコード：{task}",
+        ),
+        (
+            "リストを並べ替える",
+            "ファイルを一行ずつ読む",
+            "素数を判定する",
+            "APIからデータを取得する",
+            "重複を削除する",
+        ),
+    ),
+    "ru": (
+        (
+            "Напиши функцию на {lang}, которая {task}.",
+            "Как {task} на {lang}? Покажи код.",
+            "Скрипт на {lang}: {task}",
+        ),
+        (
+            "сортирует массив",
+            "читает файл построчно",
+            "проверяет палиндром",
+            "парсит JSON",
+            "считает слова",
+        ),
+    ),
+    "pt": (
+        ("Escreva uma função em {lang} que {task}.", "Como {task} em {lang}? Mostre o código."),
+        ("ordene uma lista", "leia um arquivo CSV", "valide um CPF", "envie um e-mail"),
+    ),
+    "ko": (
+        ("{lang}로 {task} 함수를 작성해 주세요.", "{lang}에서 {task} 방법을 코드로 알려주세요."),
+        ("리스트를 정렬하는", "파일을 읽는", "중복을 제거하는", "JSON을 파싱하는"),
+    ),
+}
+
+# Prefixes people put before a maths word problem.
+CASUAL_PREFIXES = (
+    "my kid's homework: ",
+    "can someone help with this? ",
+    "quick question - ",
+    "help me solve this pls: ",
+    "I'm stuck on this one: ",
+    "Homework problem: ",
+    "ok so ",
+    "My daughter asked me this and I have no idea: ",
+    "Not sure how to do this: ",
+    "pls help\n",
+    "Can you walk me through this? ",
+    "Test prep question: ",
+)
+
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are MathGPT, an expert mathematician who solves problems step by step.",
+    "You are a patient tutor for high-school students.",
+    "You are CodeBot, a senior software engineer. Answer with code.",
+    "You are a friendly assistant. Keep answers short.",
+    "You are ChatGPT, a large language model trained by OpenAI. Knowledge cutoff: 2023-04.",
+    "Du bist ein hilfreicher Assistent.",
+    "你是一个乐于助人的助手。",
+    "You are an expert in statistics and data analysis.",
+    "You are a customer support agent for an online shop.",
+    "Answer in the same language as the question.",
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+)
+
+# Follow-ups to an answer with code: they ask for more code.
+CODE_FOLLOW_UPS = (
+    "now do the same in {lang}",
+    "can you rewrite it in {lang}?",
+    "port that to {lang} please",
+    "same thing but in {lang}",
+    "ok now in {lang}",
+    "How would this look in {lang}?",
+    "add error handling to it",
+    "write unit tests for this",
+    "make it faster",
+    "now make it read the input from a file",
+    "can you turn it into a class?",
+    "add type hints and docstrings",
+    "it throws an exception on empty input, fix it",
+    "und jetzt das Gleiche in {lang}",
+    "用{lang}再写一遍",
+    "{lang}でも書いてください",
+    "refactor it to use async",
+    "make it a command line tool with arguments",
+)
+# Follow-ups to a worked maths answer: more maths.
+MATH_FOLLOW_UPS = (
+    "what if it were {a} instead?",
+    "now do the same with {a} and {b}",
+    "and if the price goes up by {p}%?",
+    "ok and what's {a}/{b} of that?",
+    "can you check it again with {a}?",
+    "what about for n = {a}?",
+    "und wenn es {a} wären?",
+    "那如果是{a}呢？",
+    "{a}の場合はどうなりますか？",
+    "Et si on en avait {a} ?",
+    "now round it to 2 decimal places and show the steps",
+    "what's the percentage change from {a} to {b}?",
+)
