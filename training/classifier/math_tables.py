@@ -36,6 +36,24 @@ MATH_TEMPLATES: dict[str, tuple[str, ...]] = {
         "what is the chance of at least one six in {a} rolls of a die",
         "Find the slope of the line through ({a}, {b}) and ({c}, {d}).",
     ),
+    "en-formula": (
+        "Integrate {expr} dx",
+        "Differentiate {expr} with respect to x.",
+        "Find the limit of ({expr}) / x as x approaches 0.",
+        "Find the eigenvalues of [[{a}, {b}], [{b}, {a}]].",
+        "Compute the determinant of [[{a}, {b}], [{c}, {d}]].",
+        "Compute the variance of a binomial({c}, 0.{a}) random variable.",
+        "Calculate a 95% confidence interval for {a}{b} successes in {c}0 trials.",
+        "Solve: {a}(x - {b}) = {d}x + {c}",
+        "Is the correlation between x = {xs} and y = {xs} significant? compute r",
+        "What is P(X > {d}) for X ~ N({c}, {a}^2)?",
+        "Find the expected value and variance of the sum of {a} fair dice.",
+        "Evaluate the sum of 1/k^2 for k = 1 to {c}, approximately.",
+        "Taylor series of {expr} around x = 0, first 3 terms",
+        "Find the inverse of the matrix [[{a}, {b}], [{c}, {d}]].",
+        "Run a chi-square test: observed {a}{b}, {c}, {d}{a}; expected equal.",
+        "A die is rolled until a six appears. Expected number of rolls?",
+    ),
     "de": (
         "Wenn {a} Hefte {b} Euro kosten, wie viel kosten {c} Hefte?",
         "Ein Auto fährt {c} km in {a} Stunden. Wie schnell fährt es im Durchschnitt?",
@@ -129,6 +147,22 @@ MATH_TEMPLATES: dict[str, tuple[str, ...]] = {
         "Dimostra che il prodotto di due numeri pari è pari.",
     ),
 }
+
+# Expressions for the formula templates ({expr}).
+EXPRESSIONS = (
+    "x*e^x",
+    "x^2 sin(x)",
+    "ln(x)/x",
+    "(3x+1)^4",
+    "1/(1+x^2)",
+    "sqrt(x)*ln(x)",
+    "e^(2x)cos(x)",
+    "sin(3x)",
+    "tan(x)^2",
+    "x/(x^2+4)",
+    "arctan(2x)",
+    "x^3 - 3x + 2",
+)
 
 # Statements to prove, asked with PROOF_REQUESTS.
 PROOF_STATEMENTS = (

@@ -12,11 +12,14 @@ answer will be:
   languages and frameworks, tool tasks (git, shell, Docker, Kubernetes, CI, Terraform, CSS,
   regular expressions, SQL, spreadsheets, ...), and requests written in eight other languages;
 - ``synthetic_language_chat``: questions that name a language but want prose (chat);
+- ``synthetic_chat_request``: short prose requests (writing, advice, explanations, travel,
+  translation) in ten human languages, so that shortness is not a cue for code or maths;
 - ``synthetic_math_words``: maths in ten human languages (rates, fractions, averages,
   statistics, probability, expected value, proofs), and GSM8K problems behind casual prefixes;
 - ``synthetic_preamble``: any single-turn request behind a system prompt that may not match it;
 - ``synthetic_follow_up``: a follow-up to a code answer ("now do the same in Go") or to a
-  worked maths answer ("what if it were 12?").
+  worked maths answer ("what if it were 12?"), and a generated request of another task
+  after such an answer ("Thanks! Unrelated: write a limerick about ...").
 
 Every example's group is its template (or the source file's language), so the held-out split
 holds out whole phrasings and whole languages. Histories and preambled requests come from
@@ -33,9 +36,16 @@ from typing import Any
 
 from policies.types import Task
 from training.classifier.corpus import Example, read_jsonl, user
-from training.classifier.math_tables import MATH_TEMPLATES, PROOF_REQUESTS, PROOF_STATEMENTS
+from training.classifier.math_tables import (
+    EXPRESSIONS,
+    MATH_TEMPLATES,
+    PROOF_REQUESTS,
+    PROOF_STATEMENTS,
+)
 from training.classifier.phrasing_tables import (
     CASUAL_PREFIXES,
+    CHAT_REQUESTS,
+    CHAT_WORDS,
     CODE_FOLLOW_UPS,
     CODE_REQUESTS,
     FOREIGN_CODE_REQUESTS,
@@ -43,6 +53,7 @@ from training.classifier.phrasing_tables import (
     LANGUAGES,
     MATH_FOLLOW_UPS,
     PASTE_REQUESTS,
+    SWITCH_OPENERS,
     SYSTEM_PROMPTS,
     THINGS,
     TOOL_REQUESTS,
@@ -57,10 +68,12 @@ MBPP_TASK = re.compile(
     re.I,
 )
 GSM8K_CALCULATION = re.compile(r"<<[^>]*>>")
-NUM_PER_MATH_TEMPLATE = 12
+NUM_PER_MATH_TEMPLATE = 30
 NUM_PER_CODE_TEMPLATE = 120
 NUM_PREAMBLES = 1500
 NUM_FOLLOW_UPS_PER_TEMPLATE = 40
+NUM_PER_CHAT_TEMPLATE = 100
+NUM_SWITCHES = 400
 
 
 def phrasing_examples(
@@ -70,14 +83,19 @@ def phrasing_examples(
     ShareGPT, put behind system prompts."""
     rng = random.Random(seed)
     mbpp_rows = list(read_jsonl(shared / "mbpp" / "mbpp.jsonl"))
+    requests = {
+        Task.CODE: [*code_requests(mbpp_rows, rng), *tool_requests(rng)],
+        Task.MATH: list(math_requests(rng)),
+        Task.CHAT: [*chat_requests(rng), *language_chat(rng)],
+    }
     yield from source_file_examples(files, rng)
-    yield from code_requests(mbpp_rows, rng)
-    yield from tool_requests(rng)
-    yield from language_chat(rng)
-    yield from math_requests(rng)
+    for examples in requests.values():
+        yield from examples
     yield from casual_math(shared, rng)
-    yield from preambles(singles, rng)
-    yield from follow_ups(shared, mbpp_rows, rng)
+    yield from preambles([*singles, *requests[Task.CHAT]], rng)
+    histories = history_pools(shared, mbpp_rows)
+    yield from follow_ups(histories, rng)
+    yield from switches(histories, requests, rng)
 
 
 def language_name(rng: random.Random) -> str:
@@ -138,6 +156,21 @@ def tool_requests(rng: random.Random) -> Iterator[Example]:
                 yield Example(user(casual(text, rng)), Task.CODE, "synthetic_code_request", group)
 
 
+def chat_requests(rng: random.Random) -> Iterator[Example]:
+    """Short prose requests (writing, advice, explanations, travel, translation) in ten
+    human languages."""
+    for language, templates in CHAT_REQUESTS.items():
+        count = NUM_PER_CHAT_TEMPLATE
+        for index, template in enumerate(templates):
+            group = f"phrasing/chat-{language}/{index}"
+            for _ in range(count):
+                values = {key: rng.choice(words) for key, words in CHAT_WORDS.items()}
+                values["concept2"] = rng.choice(CHAT_WORDS["concept"])
+                values["a"] = str(rng.randint(2, 7))
+                text = casual(template.format(**values), rng)
+                yield Example(user(text), Task.CHAT, "synthetic_chat_request", group)
+
+
 def language_chat(rng: random.Random) -> Iterator[Example]:
     for index, template in enumerate(LANGUAGE_CHAT):
         group = f"phrasing/language-chat/{index}"
@@ -166,6 +199,7 @@ def math_values(rng: random.Random) -> dict[str, Any]:
         "a": rng.randint(2, 12), "b": rng.randint(2, 12), "c": rng.randint(13, 480),
         "d": rng.randint(2, 12), "p": rng.choice((5, 10, 12, 15, 20, 25, 30, 40, 75)),
         "xs": ", ".join(str(value) for value in values),
+        "expr": rng.choice(EXPRESSIONS),
     }  # fmt: skip
 
 
@@ -191,34 +225,67 @@ def preambles(singles: Sequence[Example], rng: random.Random) -> Iterator[Exampl
         yield Example(body, request.task, "synthetic_preamble", request.group)
 
 
-def follow_ups(
-    shared: Path, mbpp_rows: Sequence[dict[str, Any]], rng: random.Random
-) -> Iterator[Example]:
-    """Follow-ups after an MBPP task and its reference code, or a GSM8K problem and its
-    worked answer, each history taken from the same side of the split as the template."""
-    code_histories = [
+History = tuple[str, str, str]  # (group, question, answer)
+
+
+def history_pools(
+    shared: Path, mbpp_rows: Sequence[dict[str, Any]]
+) -> dict[Task, dict[bool, list[History]]]:
+    """Per task and split side: MBPP tasks with their reference code, GSM8K problems with
+    their worked answers."""
+    code = [
         (f"mbpp/{row['task_id']}", row["text"], f"```python\n{row['code']}\n```")
         for row in mbpp_rows
     ]
-    math_histories = [
+    maths = [
         (row["question"], row["question"], GSM8K_CALCULATION.sub("", row["answer"]))
         for row in read_jsonl(shared / "gsm8k" / "train.jsonl")
     ]
-    plans = (
-        (Task.CODE, CODE_FOLLOW_UPS, code_histories),
-        (Task.MATH, MATH_FOLLOW_UPS, math_histories),
-    )
-    for task, templates, histories in plans:
-        sides = {
-            side: [h for h in histories if is_held_out(h[0]) == side] for side in (False, True)
-        }
+    return {
+        task: {side: [h for h in histories if is_held_out(h[0]) == side] for side in (False, True)}
+        for task, histories in ((Task.CODE, code), (Task.MATH, maths))
+    }
+
+
+def conversation(history: History, text: str) -> dict[str, Any]:
+    _, question, answer = history
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": text},
+        ]
+    }
+
+
+def follow_ups(
+    histories: dict[Task, dict[bool, list[History]]], rng: random.Random
+) -> Iterator[Example]:
+    """Follow-ups after an MBPP task and its reference code ("now do the same in Go"), or a
+    GSM8K problem and its worked answer ("what if it were 12?"): they keep the task. Each
+    history comes from the same side of the split as the template."""
+    for task, templates in ((Task.CODE, CODE_FOLLOW_UPS), (Task.MATH, MATH_FOLLOW_UPS)):
         for index, template in enumerate(templates):
             group = f"phrasing/follow-up-{task}/{index}"
-            pool = sides[is_held_out(group)]
+            pool = histories[task][is_held_out(group)]
             for _ in range(NUM_FOLLOW_UPS_PER_TEMPLATE):
-                _, question, answer = rng.choice(pool)
                 text = template.format(lang=language_name(rng), **math_values(rng))
-                messages = [{"role": "user", "content": question},
-                            {"role": "assistant", "content": answer},
-                            {"role": "user", "content": text}]  # fmt: skip
-                yield Example({"messages": messages}, task, "synthetic_follow_up", group)
+                body = conversation(rng.choice(pool), text)
+                yield Example(body, task, "synthetic_follow_up", group)
+
+
+def switches(
+    histories: dict[Task, dict[bool, list[History]]],
+    requests: dict[Task, list[Example]],
+    rng: random.Random,
+) -> Iterator[Example]:
+    """A generated request of another task after a code or maths history, sometimes opened
+    with "Thanks! Unrelated: ": the request decides. Its group is the request's."""
+    for history_task, pools in histories.items():
+        for task, examples in requests.items():
+            if task == history_task:
+                continue
+            for request in rng.sample(examples, min(NUM_SWITCHES, len(examples))):
+                text = rng.choice(SWITCH_OPENERS) + request.body["messages"][-1]["content"]
+                body = conversation(rng.choice(pools[is_held_out(request.group)]), text)
+                yield Example(body, task, "synthetic_follow_up", request.group)

@@ -134,7 +134,7 @@ def fit_with_temperature(
             lambda x, y: fit_linear(x, y, settings), settings.num_folds,
         )  # fmt: skip
         combiner, temperature = calibrated_combiner(
-            features, targets, groups, settings.num_hidden, settings.seed
+            features, targets, settings.num_hidden, settings.seed
         )
     model = LinearClassifier(settings.spec, TASKS, weights, bias, dataset.max_chars, combiner)
     return model, temperature
