@@ -35,9 +35,8 @@ sys.path.insert(0, str(ROOT))  # this checkout, not the editable install
 
 from controller.classifier import apply_threshold, load_classifier  # noqa: E402
 from engines.cost_tables import load_cost_table  # noqa: E402
-from policies.observation import step_observation  # noqa: E402
 from policies.task_mixture import CERTAIN_PROBABILITY, mixed_observation_fields  # noqa: E402
-from policies.types import Observation, Task, max_spec_tokens  # noqa: E402
+from policies.types import Task  # noqa: E402
 from sim.choosers import GoodputChooser  # noqa: E402
 from sim.request import SimRequest  # noqa: E402
 from sim.runner import engine_cost  # noqa: E402
@@ -74,42 +73,17 @@ class ClassifiedGoodput(GoodputChooser):
             self._labels[key] = rng.choice(self._guesses[request.spec.task])
         return self._labels[key]
 
-    def _observations(self, batch: Sequence[SimRequest], now_s: float) -> list[Observation]:
-        out = []
-        for request in batch:
-            task, scores = self.label(request)
-            fields = self._models.observe(task)
-            if self._is_mixture and max(scores.values()) < CERTAIN_PROBABILITY:
-                by_task = {other: self._models.observe(other) for other in scores}
-                fields = mixed_observation_fields(by_task, scores, task)
-            out.append(
-                step_observation(
-                    task=task,
-                    confidence=max(scores.values()),
-                    batch_size=len(batch),
-                    bounds=(self.min_spec_tokens, max_spec_tokens(self._block_size)),
-                    block_size=self._block_size,
-                    learned=fields,
-                    accept_lengths=request.accept_history[-self._window :],
-                    spec_tokens=request.k_history[-self._window :],
-                    step_index=request.num_steps,
-                    now_s=now_s,
-                    rng_u=self._rng.random(),
-                )
-            )
-        return out
+    def task_of(self, request: SimRequest) -> Task:
+        return self.label(request)[0]
 
-    def record(
-        self,
-        batch: Sequence[SimRequest],
-        spec_tokens: Sequence[int],
-        accept_lengths: Sequence[int],
-        step: tuple[float, float, float],
-    ) -> None:
-        for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
-            self._models.record_step(self.label(request)[0], k, length)
-        seconds, mean_width, drafting = step
-        self._models.record_step_time(len(batch), mean_width, drafting, seconds)
+    def fields_of(
+        self, request: SimRequest, observed: dict[Task, dict[str, Any]]
+    ) -> dict[str, Any]:
+        task, scores = self.label(request)
+        if self._is_mixture and max(scores.values()) < CERTAIN_PROBABILITY:
+            by_task = {other: self.observed(other, observed) for other in scores}
+            return mixed_observation_fields(by_task, scores, task)
+        return self.observed(task, observed)
 
 
 def classifier_guesses(artifact: str | None, prompts: Path) -> dict[Task, list[Guess]]:

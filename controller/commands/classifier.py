@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
         "--shape-sizes",
         default=None,
         help="comma-separated n-gram sizes of the shape view (letters, digits and blanks "
-        "folded, punctuation kept); 'none' for no shape view (default: 3,6)",
+        "folded, punctuation kept), e.g. 3,6; 'none' for no shape view (default: none)",
     )
     train.add_argument(
         "--no-segments",

@@ -39,9 +39,10 @@ logger = logging.getLogger(__name__)
 
 
 def default_spec() -> FeatureSpec:
-    """The features of the built-in artifact: bytes 1, 3, 5 and the shape view's 3 and 6
-    (#17; docs/classifier.md)."""
-    return FeatureSpec(shape_sizes=(3, 6))
+    """The features of the built-in artifact: byte n-grams 1, 3, 5, no shape view (with it,
+    ``--shape-sizes 3,6``, the validation split scored 93.25% on real sources against 93.95%
+    without; better on CJK and Cyrillic requests only; docs/classifier.md)."""
+    return FeatureSpec()
 
 
 @dataclass(frozen=True)
