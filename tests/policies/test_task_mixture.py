@@ -19,7 +19,8 @@ def survival(rates: tuple[float, ...]) -> list[float]:
 def test_mixture_of_survivals_not_of_rates() -> None:
     scores = {Task.MATH: 0.6, Task.CHAT: 0.4}
     mixed = mixed_rates({Task.MATH: MATH_RATES, Task.CHAT: CHAT_RATES}, scores)
-    expected = [0.6 * m + 0.4 * c for m, c in zip(survival(MATH_RATES), survival(CHAT_RATES))]
+    pairs = zip(survival(MATH_RATES), survival(CHAT_RATES), strict=True)
+    expected = [0.6 * m + 0.4 * c for m, c in pairs]
     assert survival(mixed) == pytest.approx(expected)
     # the naive mixture of conditional rates over-states later positions
     assert mixed[3] > 0.6 * 0.9 + 0.4 * 0.2
