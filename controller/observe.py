@@ -7,11 +7,13 @@ clients may use the servers too), plus this request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from controller.policy.running import RunningPolicy
 from controller.stats import LiveStats, TaskEstimates
 from engines.base import Backend
+from policies.task_mixture import CERTAIN_PROBABILITY, mixed_observation_fields
 from policies.types import Observation, PoolView, Task
 
 
@@ -38,6 +40,15 @@ def pool_view(backend: Backend, estimates: TaskEstimates | None = None) -> PoolV
     )
 
 
+def _learned(task: Task, running: RunningPolicy, stats: LiveStats, now_s: float) -> dict[str, Any]:
+    """A task's acceptance fields: the online models', else the windowed stats'."""
+    learned = running.observe(task)
+    if learned is not None:
+        return learned
+    estimates = stats.estimates(task, now_s)
+    return {"accept_rates": estimates.accept_rates, "accept_trials": estimates.accept_trials}
+
+
 def build_observation(
     task: Task,
     confidence: float,
@@ -46,19 +57,23 @@ def build_observation(
     stats: LiveStats,
     now_s: float,
     rng_u: float,
+    scores: Mapping[Task, float] | None = None,
 ) -> Observation:
     """Everything the policy may know for one request bound to ``fleet`` (one model).
 
     Acceptance comes from the running policy's online models when it has them (goodput:
-    censoring-aware, with the step cost model), else from the windowed stats.
+    censoring-aware, with the step cost model), else from the windowed stats. With the
+    classifier's ``scores`` and no task above ``CERTAIN_PROBABILITY``, it is the mixture of
+    every task's acceptance, weighted by its probability (``policies.task_mixture``).
     """
     block_size = max(b.block_size for b in fleet)
     estimates = stats.estimates(task, now_s)
     min_k, max_k = running.spec.bounds_for(block_size)
-    learned = running.observe(task) or {
-        "accept_rates": estimates.accept_rates,
-        "accept_trials": estimates.accept_trials,
-    }
+    learned = _learned(task, running, stats, now_s)
+    if scores is not None and max(scores.values(), default=1.0) < CERTAIN_PROBABILITY:
+        fields = {other: _learned(other, running, stats, now_s) for other in scores}
+        fields[task] = learned
+        learned = mixed_observation_fields(fields, scores, task)
     return Observation(
         task=task,
         confidence=confidence,

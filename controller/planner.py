@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.classifier.base import Classifier, apply_threshold
@@ -37,7 +37,7 @@ class Plan:
     running: RunningPolicy  # the policy that decided (learns from the outcome)
     concurrency: int  # the load the decision saw
     views: list[PoolView]  # what the policy saw of ``pools``, same order
-    task_scores: dict[Task, float] | None = None  # the classifier's probabilities, if it ran
+    task_scores: Mapping[Task, float] | None = None  # the classifier's probabilities, if it ran
 
 
 class Planner:
@@ -57,13 +57,12 @@ class Planner:
         self._rng = random.Random()
 
     def classify(self, parsed: ParsedRequest) -> tuple[Task, float, str]:
-        task, confidence, source, _ = self.classify_scored(parsed)
+        task, confidence, source, _ = self.guess(parsed)
         return task, confidence, source
 
-    def classify_scored(
-        self, parsed: ParsedRequest
-    ) -> tuple[Task, float, str, dict[Task, float] | None]:
-        """(task, confidence, source, every task's probability when the classifier ran)."""
+    def guess(self, parsed: ParsedRequest) -> tuple[Task, float, str, Mapping[Task, float] | None]:
+        """Task, confidence, where the task came from, and the classifier's probability per
+        task (None for a client hint or without a classifier: no mixing of priors)."""
         if parsed.task_hint is not None:
             return parsed.task_hint, 1.0, "hint", None
         if self.classifier is None:
@@ -77,21 +76,30 @@ class Planner:
         after_first_byte(self._record_classify, guess.latency_s)
         final = apply_threshold(guess, self.config.min_confidence, self.config.fallback_task)
         source = "fallback" if final.is_fallback else "classifier"
-        return final.task, final.confidence, source, guess.scores
+        # No text at all (confidence 0, uniform scores) says nothing: the fallback's priors.
+        scores = guess.scores if guess.confidence > 0.0 else None
+        return final.task, final.confidence, source, scores
 
     def _record_classify(self, latency_s: float) -> None:
         self.metrics.classify_seconds.observe(latency_s)
         self.stats.record_classify(self.clock(), latency_s)
 
     def decide(
-        self, task: Task, confidence: float, fleet: Sequence[Backend], running: RunningPolicy
+        self,
+        task: Task,
+        confidence: float,
+        fleet: Sequence[Backend],
+        running: RunningPolicy,
+        scores: Mapping[Task, float] | None = None,
     ) -> tuple[Decision, Observation | None]:
-        """The decision and the observation it saw (None if building it failed)."""
+        """The decision and the observation it saw (None if building it failed). With
+        ``scores``, the acceptance priors are their mixture (``policies.task_mixture``)."""
         observation = None
         try:
             observation = build_observation(
-                task, confidence, fleet, running, self.stats, self.clock(), self._rng.random()
-            )
+                task, confidence, fleet, running, self.stats, self.clock(), self._rng.random(),
+                scores,
+            )  # fmt: skip
             return running.policy.decide(observation), observation
         except Exception as exc:
             log.exception("policy %s failed; drafting off for this request", running.spec.kind)
@@ -100,8 +108,8 @@ class Planner:
             return Decision(0, reason), observation
 
     def plan(self, parsed: ParsedRequest, fleet: Sequence[Backend], running: RunningPolicy) -> Plan:
-        task, confidence, source, scores = self.classify_scored(parsed)
-        decision, observation = self.decide(task, confidence, fleet, running)
+        task, confidence, source, scores = self.guess(parsed)
+        decision, observation = self.decide(task, confidence, fleet, running, scores)
         if observation is None:
             views: Sequence[PoolView] = [pool_view(b) for b in fleet]
             concurrency = 0

@@ -93,21 +93,33 @@ class GoodputChooser:
             return [self._width.decide(rows, self._models.observe)] * len(batch)
         return [self._policy.decide(o).spec_tokens for o in self._observations(batch, now_s)]
 
+    def task_of(self, request: SimRequest) -> Task:
+        """The task the policy is told (the true one here; a classifier's in a subclass)."""
+        return request.spec.task
+
+    def fields_of(
+        self, request: SimRequest, observed: dict[Task, dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The online models' observation fields for the request's told task; ``observed``
+        caches each task's fields for one step."""
+        return self.observed(self.task_of(request), observed)
+
+    def observed(self, task: Task, observed: dict[Task, dict[str, Any]]) -> dict[str, Any]:
+        if task not in observed:
+            observed[task] = self._models.observe(task)
+        return observed[task]
+
     def _observations(self, batch: Sequence[SimRequest], now_s: float) -> list[Observation]:
-        per_task: dict[Task, dict[str, Any]] = {}
+        observed: dict[Task, dict[str, Any]] = {}
         out = []
         for request in batch:
-            task = request.spec.task
-            fields = per_task.get(task)
-            if fields is None:
-                fields = per_task[task] = self._models.observe(task)
             observation = step_observation(
-                task=task,
+                task=self.task_of(request),
                 confidence=1.0,
                 batch_size=len(batch),
                 bounds=(self.min_spec_tokens, max_spec_tokens(self._block_size)),
                 block_size=self._block_size,
-                learned=fields,
+                learned=self.fields_of(request, observed),
                 accept_lengths=request.accept_history[-self._window :],
                 spec_tokens=request.k_history[-self._window :],
                 step_index=request.num_steps,
@@ -124,21 +136,23 @@ class GoodputChooser:
         accept_lengths: Sequence[int],
         step: tuple[float, float, float],
     ) -> None:
-        record_online(self._models, batch, spec_tokens, accept_lengths, step)
+        tasks = [self.task_of(r) for r in batch]
+        record_online(self._models, tasks, spec_tokens, accept_lengths, step)
 
 
 def record_online(
     models: OnlineModels,
-    batch: Sequence[SimRequest],
+    tasks: Sequence[Task],
     spec_tokens: Sequence[int],
     accept_lengths: Sequence[int],
     step: tuple[float, float, float],
 ) -> None:
-    """A simulated step into the online models, as the embedded engine records it."""
-    for request, k, length in zip(batch, spec_tokens, accept_lengths, strict=True):
-        models.record_step(request.spec.task, k, length)
+    """A simulated step into the online models, as the embedded engine records it (each row
+    under the task its policy saw)."""
+    for task, k, length in zip(tasks, spec_tokens, accept_lengths, strict=True):
+        models.record_step(task, k, length)
     seconds, mean_width, drafting = step
-    models.record_step_time(len(batch), mean_width, drafting, seconds)
+    models.record_step_time(len(tasks), mean_width, drafting, seconds)
 
 
 class Informed:

@@ -95,7 +95,8 @@ class _RaggedBase:
         accept_lengths: Sequence[int],
         step: tuple[float, float, float],
     ) -> None:
-        record_online(self._models, batch, spec_tokens, accept_lengths, step)
+        tasks = [r.spec.task for r in batch]
+        record_online(self._models, tasks, spec_tokens, accept_lengths, step)
 
 
 class AllocatorChooser(_RaggedBase):

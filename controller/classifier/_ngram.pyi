@@ -27,5 +27,7 @@ def request_probabilities(
     b1: memoryview | npt.NDArray[np.float64],
     w2: memoryview | npt.NDArray[np.float64],
     b2: memoryview | npt.NDArray[np.float64],
+    shape_table: bytes,
+    shape_sizes: tuple[int, ...] | list[int],
     /,
 ) -> list[float] | None: ...

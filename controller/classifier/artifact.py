@@ -57,6 +57,7 @@ def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any
             "num_bits": spec.num_bits,
             "is_lowercase": spec.is_lowercase,
             "is_segmented": spec.is_segmented,
+            "shape_sizes": list(spec.shape_sizes),
         },
         **manifest,
     }
@@ -91,6 +92,7 @@ def load_classifier(
         num_bits=int(features["num_bits"]),
         is_lowercase=bool(features["is_lowercase"]),
         is_segmented=bool(features.get("is_segmented", False)),  # absent before segments
+        shape_sizes=tuple(features.get("shape_sizes", ())),  # absent before #17
     )
     tasks = tuple(Task(name) for name in manifest["tasks"])
     with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as arrays:

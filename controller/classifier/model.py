@@ -30,9 +30,12 @@ import numpy.typing as npt
 from controller.classifier.base import TaskGuess, uniform_scores
 from controller.classifier.combiner import LENGTH_SCALE, Combiner, combiner_inputs
 from controller.classifier.features import (
+    SHAPE_SEGMENT_OFFSET,
+    SHAPE_TABLE,
     FeatureSpec,
     byte_buckets,
     request_texts,
+    shape_buckets,
     text_bytes,
     unigram_buckets,
 )
@@ -139,9 +142,10 @@ class LinearClassifier:
         spec = self.spec
         if self.combiner is not None:  # the built-in model: one C call for the whole request
             focus, context = [text.lower() for text in texts] if spec.is_lowercase else texts
+            w1, b1, w2, b2 = self._mlp_views
             return request_probabilities(
                 focus, context, self._weights_view, spec.num_bits, spec.ngram_sizes,
-                LENGTH_SCALE, *self._mlp_views,
+                LENGTH_SCALE, w1, b1, w2, b2, SHAPE_TABLE, spec.shape_sizes,
             )  # fmt: skip
         scored = [self.native_segment_scores(text, segment) for segment, text in enumerate(texts)]
         if not any(num_ngrams for _, num_ngrams in scored):
@@ -155,9 +159,17 @@ class LinearClassifier:
         if self.spec.is_lowercase:
             text = text.lower()
         data = text.encode("utf-8", "replace")  # as features.text_bytes encodes
+        spec = self.spec
         sums, num_ngrams = segment_sums(
-            data, self._weights_view, self.spec.num_bits, self.spec.ngram_sizes, segment
+            data, self._weights_view, spec.num_bits, spec.ngram_sizes, segment
         )
+        if spec.shape_sizes:
+            shape_sums, num_shape = segment_sums(
+                data.translate(SHAPE_TABLE), self._weights_view, spec.num_bits,
+                spec.shape_sizes, segment + SHAPE_SEGMENT_OFFSET,
+            )  # fmt: skip
+            sums = tuple(a + b for a, b in zip(sums, shape_sums, strict=True))
+            num_ngrams += num_shape
         scale = 1.0 / math.sqrt(num_ngrams) if num_ngrams else 0.0
         return [total * scale for total in sums], num_ngrams
 
@@ -191,6 +203,10 @@ class LinearClassifier:
         if unigram_weights is not None:
             sums += unigram_weights @ np.bincount(data, minlength=256).astype(np.float32)
             num_ngrams += data.size
+        if self.spec.shape_sizes:
+            shape = shape_buckets(data, self.spec, segment)
+            sums += np.take(self.weights, shape, axis=1).sum(axis=1).astype(np.float64)
+            num_ngrams += shape.size
         if not num_ngrams:
             return np.zeros(len(self.tasks)), 0
         result: npt.NDArray[np.float64] = sums / np.sqrt(num_ngrams)

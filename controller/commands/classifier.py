@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
         help="comma-separated byte n-gram sizes (default: FeatureSpec.ngram_sizes)",
     )
     train.add_argument(
+        "--shape-sizes",
+        default=None,
+        help="comma-separated n-gram sizes of the shape view (letters, digits and blanks "
+        "folded, punctuation kept), e.g. 3,6; 'none' for no shape view (default: none)",
+    )
+    train.add_argument(
         "--no-segments",
         action="store_true",
         help="hash the whole request as one text (the pre-segment model, for comparison)",
@@ -72,6 +78,21 @@ def register(subparsers: Any) -> None:
         help="also print N misclassified real-source requests, drawn at random (seed 0)",
     )
     evaluate.add_argument("--no-latency", action="store_true", help="skip the latency measurement")
+    evaluate.add_argument(
+        "--prompts",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also score a JSON-lines prompt set (task, messages or prompt, optional "
+        "human_language / programming_language / register / turns); repeatable, e.g. "
+        "bench/classifier_prompts/handwritten.jsonl",
+    )
+    evaluate.add_argument(
+        "--snippets",
+        action="store_true",
+        help="also score the Pygments sdist's tests/snippets (never trained on) as code",
+    )
     evaluate.add_argument(
         "--json",
         type=Path,
@@ -159,6 +180,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         spec = replace(spec, ngram_sizes=tuple(int(size) for size in args.ngram_sizes.split(",")))
     if args.num_bits is not None:
         spec = replace(spec, num_bits=args.num_bits)
+    if args.shape_sizes:
+        sizes = () if args.shape_sizes == "none" else args.shape_sizes.split(",")
+        spec = replace(spec, shape_sizes=tuple(int(size) for size in sizes))
     if args.no_segments:
         spec = replace(spec, is_segmented=False)
     if args.num_hidden is not None:
@@ -181,7 +205,8 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         classifier = load_classifier(args.artifact)
         dataset = load_dataset(args.shared_data, args.held_out_percent)
-    except (ArtifactError, MissingDataError) as error:
+        extra_sets = extra_examples(args)
+    except (ArtifactError, MissingDataError, ValueError) as error:
         logger.error("%s", error)
         return 2
     if args.validation_percent:
@@ -189,6 +214,11 @@ def run_eval(args: argparse.Namespace) -> int:
     examples = [dataset.examples[i] for i in dataset.eval_rows(args.validation_percent)]
     report = evaluate(classifier, examples)
     print(format_report(report, has_latency=False))
+    extra_reports = {}
+    for name, extra in extra_sets.items():
+        extra_reports[name] = evaluate(classifier, extra)
+        print(f"\n== {name} ==")
+        print(format_report(extra_reports[name], has_latency=False))
     if args.json is not None:
         split = "validation" if args.validation_percent else "held-out"
         document = {
@@ -199,6 +229,7 @@ def run_eval(args: argparse.Namespace) -> int:
             "held_out_percent": args.held_out_percent,
             "validation_percent": args.validation_percent,
             **report_json(report),
+            "prompt_sets": {name: report_json(extra) for name, extra in extra_reports.items()},
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
@@ -206,6 +237,17 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.list_errors:
         print(format_errors(classifier, examples, args.list_errors))
     return 0 if args.no_latency else measure_latency(examples, args.artifact)
+
+
+def extra_examples(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """The sets of ``--prompts`` and ``--snippets``, by name."""
+    from training.classifier.prompt_sets import load_prompt_file, snippet_examples
+    from training.classifier.pygments_source import fetch_sdist
+
+    sets: dict[str, list[Any]] = {str(path): load_prompt_file(path) for path in args.prompts}
+    if args.snippets:
+        sets["pygments snippets"] = snippet_examples(fetch_sdist())
+    return sets
 
 
 def measure_latency(examples: list[Any], artifact: Path | None) -> int:

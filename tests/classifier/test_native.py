@@ -14,7 +14,7 @@ import pytest
 
 from controller.classifier import features, load_classifier, model
 from controller.classifier.combiner import Combiner
-from controller.classifier.features import FeatureSpec, byte_buckets
+from controller.classifier.features import SHAPE_TABLE, FeatureSpec, byte_buckets
 from controller.classifier.model import HAS_NATIVE, NATIVE_ENV, LinearClassifier
 from controller.classifier.text import chat_pieces, request_segments
 from policies.types import TASKS
@@ -177,7 +177,9 @@ def test_builtin_artifact_gives_the_same_guesses_with_both_scorers(
 @needs_native
 def test_unsegmented_lowercase_model_without_combiner_scores_the_same() -> None:
     """Other n-gram sizes (one longer than most texts), lowercasing, the sigmoid path."""
-    spec = FeatureSpec(ngram_sizes=(2, 4, 9), num_bits=10, is_lowercase=True, is_segmented=False)
+    spec = FeatureSpec(
+        ngram_sizes=(2, 4, 9), num_bits=10, is_lowercase=True, is_segmented=False, shape_sizes=(3,)
+    )
     rng = np.random.default_rng(0)
     weights = rng.normal(size=(3, spec.num_buckets)).astype(np.float32)
     bias = rng.normal(size=3).astype(np.float32)
@@ -190,9 +192,15 @@ def test_unsegmented_lowercase_model_without_combiner_scores_the_same() -> None:
 
 
 @needs_native
-def test_lowercase_segmented_model_with_a_combiner_scores_the_same() -> None:
-    """request_probabilities on random weights: lowercasing, both segments, empty ones."""
-    spec = FeatureSpec(ngram_sizes=(1, 3, 5), num_bits=12, is_lowercase=True)
+@pytest.mark.parametrize("shape_sizes", [(), (3, 6), (1, 2)])
+def test_lowercase_segmented_model_with_a_combiner_scores_the_same(
+    shape_sizes: tuple[int, ...],
+) -> None:
+    """request_probabilities on random weights: lowercasing, both segments, empty ones, with
+    and without the shape view."""
+    spec = FeatureSpec(
+        ngram_sizes=(1, 3, 5), num_bits=12, is_lowercase=True, shape_sizes=shape_sizes
+    )
     rng = np.random.default_rng(2)
     weights = rng.normal(size=(3, spec.num_buckets)).astype(np.float32)
     bias = np.zeros(3, dtype=np.float32)
@@ -247,31 +255,73 @@ def test_segment_sums_rejects_bad_arguments(
 
 
 MLP = (np.zeros((4, 8)), np.zeros(4), np.zeros((3, 4)), np.zeros(3))
+NO_SHAPE = (SHAPE_TABLE, ())
 
 
 @needs_native
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3]), TypeError, r"takes 10 arguments \(9"),
-        ((b"a", "b", WEIGHTS, 8, (1,), 8.0, *MLP), TypeError, "focus must be a str, not bytes"),
-        (("a", None, WEIGHTS, 8, (1,), 8.0, *MLP), TypeError, "context must be a str"),
-        (("a", "b", WEIGHTS, 9, (1,), 8.0, *MLP), ValueError, "256 columns but num_bits 9"),
-        (("a", "b", WEIGHTS, 8, (1,), 0.0, *MLP), ValueError, "length_scale is 0.0"),
-        (("a", "b", WEIGHTS, 8, (1,), "8", *MLP), TypeError, "length_scale must be a float"),
-        (("a", "b", WEIGHTS, 8, (0,), 8.0, *MLP), ValueError, r"sizes\[0\] is 0"),
-        (("a", "b", WEIGHTS, 8, (1,), 8.0, MLP[0][:, :7].copy(), *MLP[1:]), ValueError, "shapes"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3]), TypeError, r"takes 12 arguments \(9"),
         (
-            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:2], MLP[2].T, MLP[3]),
+            (b"a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, *NO_SHAPE),
+            TypeError,
+            "focus must be a str, not bytes",
+        ),
+        (("a", None, WEIGHTS, 8, (1,), 8.0, *MLP, *NO_SHAPE), TypeError, "context must be a str"),
+        (
+            ("a", "b", WEIGHTS, 9, (1,), 8.0, *MLP, *NO_SHAPE),
+            ValueError,
+            "256 columns but num_bits 9",
+        ),
+        (("a", "b", WEIGHTS, 8, (1,), 0.0, *MLP, *NO_SHAPE), ValueError, "length_scale is 0.0"),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), "8", *MLP, *NO_SHAPE),
+            TypeError,
+            "length_scale must be a float",
+        ),
+        (("a", "b", WEIGHTS, 8, (0,), 8.0, *MLP, *NO_SHAPE), ValueError, r"sizes\[0\] is 0"),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, MLP[0][:, :7].copy(), *MLP[1:], *NO_SHAPE),
+            ValueError,
+            "shapes",
+        ),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:2], MLP[2].T, MLP[3], *NO_SHAPE),
             ValueError,
             "w2 must be C-",
         ),
         (
-            ("a", "b", WEIGHTS, 8, (1,), 8.0, MLP[0], MLP[1].astype(np.float32), *MLP[2:]),
+            (
+                "a",
+                "b",
+                WEIGHTS,
+                8,
+                (1,),
+                8.0,
+                MLP[0],
+                MLP[1].astype(np.float32),
+                *MLP[2:],
+                *NO_SHAPE,
+            ),
             ValueError,
             "b1 must have dtype float64",
         ),
-        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3], None), TypeError, "b2 must be a C-contig"),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3], None, *NO_SHAPE),
+            TypeError,
+            "b2 must be a C-contig",
+        ),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, b"ab", ()),
+            TypeError,
+            "shape_table must be bytes",
+        ),
+        (
+            ("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, SHAPE_TABLE, (0,)),
+            ValueError,
+            r"sizes\[0\] is 0",
+        ),
     ],
 )
 def test_request_probabilities_rejects_bad_arguments(
@@ -287,9 +337,10 @@ def test_request_probabilities_rejects_bad_arguments(
 def test_request_probabilities_of_text_without_ngrams_is_none() -> None:
     from controller.classifier._ngram import request_probabilities
 
-    assert request_probabilities("", "", WEIGHTS, 8, (1, 3), 8.0, *MLP) is None
-    assert request_probabilities("ab", "", WEIGHTS, 8, (3,), 8.0, *MLP) is None
-    probabilities = request_probabilities("abc", "", WEIGHTS, 8, (3,), 8.0, *MLP)
+    assert request_probabilities("", "", WEIGHTS, 8, (1, 3), 8.0, *MLP, *NO_SHAPE) is None
+    assert request_probabilities("ab", "", WEIGHTS, 8, (3,), 8.0, *MLP, *NO_SHAPE) is None
+    assert request_probabilities("ab", "", WEIGHTS, 8, (3,), 8.0, *MLP, SHAPE_TABLE, (4,)) is None
+    probabilities = request_probabilities("abc", "", WEIGHTS, 8, (3,), 8.0, *MLP, *NO_SHAPE)
     assert probabilities == pytest.approx([1 / 3] * 3)
 
 

@@ -92,3 +92,23 @@ def test_scraped_load_counts_toward_concurrency() -> None:
     plan = planner.plan(parsed, fleet, running)
     assert plan.concurrency == 71 and plan.decision.spec_tokens == 0
     assert plan.pools[0].name == "k0"
+
+
+def test_uncertain_scores_mix_the_task_priors() -> None:
+    """Not a hard fallback: the observation's acceptance is the score-weighted mixture."""
+    from policies.task_mixture import mixed_rates
+
+    planner, _ = _planner(None)
+    running = RunningPolicy.build(1, PolicySpec(kind="goodput"))
+    fields = {task: running.observe(task) for task in (Task.MATH, Task.CHAT)}
+    assert all(fields.values()), "goodput has online models with per-task priors"
+    rates = {task: tuple(f["accept_rates"]) for task, f in fields.items() if f is not None}
+    assert rates[Task.MATH] != rates[Task.CHAT]
+    scores = {Task.MATH: 0.5, Task.CODE: 0.0, Task.CHAT: 0.5}
+    _, observation = planner.decide(Task.CHAT, 0.5, _fleet(), running, scores)
+    assert observation is not None
+    assert observation.accept_rates == pytest.approx(mixed_rates(rates, scores))
+    sure = {Task.MATH: 0.995, Task.CODE: 0.0, Task.CHAT: 0.005}
+    _, observation = planner.decide(Task.MATH, 0.995, _fleet(), running, sure)
+    assert observation is not None
+    assert observation.accept_rates == pytest.approx(rates[Task.MATH])

@@ -36,6 +36,9 @@ class Example:
     # ShareGPT only: the answer that followed, from which the label came (topic switches
     # reuse a conversation with its answer as history; see switches.py).
     answer: str = ""
+    # Evaluation categories (name, value), e.g. ("programming_language", "go"); see
+    # prompt_sets.request_tags for what examples without them are filed under.
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 class MissingDataError(FileNotFoundError):

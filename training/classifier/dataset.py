@@ -21,8 +21,10 @@ from training.classifier.corpus import (
     mt_bench,
     sharegpt_turns,
 )
+from training.classifier.phrasings import phrasing_examples
+from training.classifier.pygments_source import DEFAULT_SDIST_DIR, fetch_sdist, source_files
 from training.classifier.split import DEFAULT_HELD_OUT_PERCENT, is_held_out, is_validation
-from training.classifier.switches import topic_switches
+from training.classifier.switches import is_single_turn, topic_switches
 from training.classifier.synthetic import synthetic_math
 
 
@@ -60,17 +62,25 @@ class Dataset:
         return [i for i in rows if is_validation(self.examples[i].group, validation_percent)]
 
 
-def all_examples(shared: Path, sharegpt_counts: dict[str, int]) -> Iterator[Example]:
+def all_examples(
+    shared: Path, sharegpt_counts: dict[str, int], sdist_dir: Path = DEFAULT_SDIST_DIR
+) -> Iterator[Example]:
     """Every labelled example in source order: the public sets, the ShareGPT turns (their
-    label counts go to ``sharegpt_counts``), synthetic maths, then topic switches built from
-    the first two."""
+    label counts go to ``sharegpt_counts``), synthetic maths, the phrasings of
+    ``phrasings.py`` (source files from the Pygments sdist in ``sdist_dir``, fetched with pip
+    when absent), then topic switches built from all single-turn requests before them."""
     public = [*gsm8k(shared), *math500(shared), *mbpp(shared), *mt_bench(shared)]
     public += [*human_eval(), *champ()]
     conversations = list(sharegpt_turns(sharegpt_counts))
+    singles = [example for example in public + conversations if is_single_turn(example)]
+    files = list(source_files(fetch_sdist(sdist_dir)))
+    phrased = list(phrasing_examples(shared, files, singles))
     yield from public
     yield from conversations
     yield from synthetic_math()
-    yield from topic_switches(public + conversations)
+    yield from phrased
+    phrased_singles = [example for example in phrased if is_single_turn(example)]
+    yield from topic_switches(public + conversations + phrased_singles)
 
 
 def build_dataset(
@@ -100,8 +110,10 @@ def load_dataset(
     shared_data: Path,
     held_out_percent: int = DEFAULT_HELD_OUT_PERCENT,
     max_chars: int = DEFAULT_MAX_CHARS,
+    sdist_dir: Path = DEFAULT_SDIST_DIR,
 ) -> Dataset:
     counts: dict[str, int] = {}
-    dataset = build_dataset(all_examples(shared_data, counts), held_out_percent, max_chars)
+    examples = all_examples(shared_data, counts, sdist_dir)
+    dataset = build_dataset(examples, held_out_percent, max_chars)
     dataset.sharegpt_counts = counts
     return dataset

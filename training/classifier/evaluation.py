@@ -16,6 +16,7 @@ from controller.classifier.base import Classifier, TaskGuess
 from controller.classifier.text import request_segments
 from policies.types import TASKS, Task
 from training.classifier.corpus import Example
+from training.classifier.prompt_sets import request_tags
 
 
 @dataclass
@@ -27,6 +28,10 @@ class EvalReport:
     confusion: Counter[tuple[Task, Task]] = field(default_factory=Counter)
     per_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [correct, total]
     latencies_s: list[float] = field(default_factory=list)
+    # category -> value -> [correct, total] (prompt_sets.request_tags)
+    per_category: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    # (confidence, is correct) of every guess, for the calibration error
+    confidences: list[tuple[float, bool]] = field(default_factory=list)
     scorer: str = "n/a"  # controller.classifier LinearClassifier.scorer: "native" or "numpy"
 
     @property
@@ -56,7 +61,30 @@ def evaluate(classifier: Classifier, examples: Sequence[Example]) -> EvalReport:
         tally = report.per_source.setdefault(f"{example.source} ({example.task})", [0, 0])
         tally[0] += is_correct
         tally[1] += 1
+        report.confidences.append((guess.confidence, is_correct))
+        for name, value in (*request_tags(example), ("task", str(example.task))):
+            cell = report.per_category.setdefault(name, {}).setdefault(value, [0, 0])
+            cell[0] += is_correct
+            cell[1] += 1
     return report
+
+
+def calibration_error(confidences: Sequence[tuple[float, bool]], num_bins: int = 10) -> float:
+    """Expected calibration error: the mean over equal-width confidence bins of |accuracy -
+    mean confidence|, weighted by the bin's share of the guesses."""
+    if not confidences:
+        return 0.0
+    bins: dict[int, list[tuple[float, bool]]] = {}
+    for confidence, is_correct in confidences:
+        bins.setdefault(min(int(confidence * num_bins), num_bins - 1), []).append(
+            (confidence, is_correct)
+        )
+    total = 0.0
+    for members in bins.values():
+        accuracy = sum(is_correct for _, is_correct in members) / len(members)
+        mean_confidence = sum(confidence for confidence, _ in members) / len(members)
+        total += len(members) * abs(accuracy - mean_confidence)
+    return total / len(confidences)
 
 
 def long_prompt_latencies_s(
@@ -132,6 +160,8 @@ def report_json(report: EvalReport) -> dict[str, Any]:
             str(truth): {str(guess): report.confusion[(truth, guess)] for guess in TASKS}
             for truth in TASKS
         },
+        "categories": {name: cells(values) for name, values in sorted(report.per_category.items())},
+        "calibration_error": calibration_error(report.confidences),
     }
 
 
@@ -162,9 +192,29 @@ def format_report(report: EvalReport, has_latency: bool = True) -> str:
     lines += ["", "confusion (rows: true, columns: predicted)", header]
     for truth in TASKS:
         lines.append(f"{truth:6}" + "".join(f"{report.confusion[(truth, g)]:8d}" for g in TASKS))
+    lines += ["", f"calibration error (ECE, 10 bins): {calibration_error(report.confidences):.2%}"]
+    lines += format_categories(report)
     if has_latency:
         lines += ["", format_latency("latency per held-out request", report.latencies_s)]
     return "\n".join(lines)
+
+
+def format_categories(report: EvalReport) -> list[str]:
+    """Accuracy per value of each category, largest first (values under 5 requests pooled
+    into 'other (<5 each)')."""
+    lines = []
+    for name, values in sorted(report.per_category.items()):
+        small = [0, 0]
+        cells = []
+        for value, (correct, total) in sorted(values.items(), key=lambda item: -item[1][1]):
+            if total < 5 and len(values) > 12:
+                small = [small[0] + correct, small[1] + total]
+            else:
+                cells.append(f"{value} {correct}/{total} {correct / total:.0%}")
+        if small[1]:
+            cells.append(f"other (<5 each) {small[0]}/{small[1]} {small[0] / small[1]:.0%}")
+        lines += ["", f"by {name}: " + "; ".join(cells)]
+    return lines
 
 
 def real_errors(classifier: Classifier, examples: Sequence[Example]) -> list[tuple[int, TaskGuess]]:

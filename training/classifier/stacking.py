@@ -63,6 +63,53 @@ def out_of_fold_features(
     return features
 
 
+# Temperatures tried by calibrate(): 0.25 to 4, evenly in log space.
+TEMPERATURES = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
+
+
+def calibrated_combiner(
+    features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
+) -> tuple[Combiner, float]:
+    """The combiner, its logits divided by a temperature (folded into ``w2`` and ``b2``) so
+    that its probabilities are calibrated, and that temperature.
+
+    The temperature minimises the combiner's log loss on its own training rows: they are
+    out-of-fold scores (the linear stage never saw them), and the MLP has a few hundred
+    weights for tens of thousands of rows, so their loss is close to that on unseen rows.
+    (A combiner fitted on 80% and calibrated on the other 20% doubled the fitting time, which
+    on this 2-core machine is most of a training run.)
+    """
+    combiner = fit_combiner(features, labels, num_hidden, seed)
+    temperature = fit_temperature(combiner, features, labels)
+    logger.info("combiner: temperature %.3f", temperature)
+    scaled = Combiner(
+        combiner.w1, combiner.b1, combiner.w2 / temperature, combiner.b2 / temperature
+    )
+    return scaled, temperature
+
+
+def combiner_logits(
+    combiner: Combiner, features: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    hidden = np.maximum(features @ combiner.w1.T + combiner.b1, 0.0)
+    logits: npt.NDArray[np.float64] = hidden @ combiner.w2.T + combiner.b2
+    return logits
+
+
+def fit_temperature(
+    combiner: Combiner, features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64]
+) -> float:
+    """The temperature of ``TEMPERATURES`` with the least log loss on ``features``."""
+    logits = combiner_logits(combiner, features)
+    losses = []
+    for temperature in TEMPERATURES:
+        scaled = logits / temperature
+        scaled -= scaled.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(scaled).sum(axis=1))
+        losses.append(float(np.mean(log_norm - scaled[np.arange(len(labels)), labels])))
+    return float(TEMPERATURES[int(np.argmin(losses))])
+
+
 def fit_combiner(
     features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
 ) -> Combiner:

@@ -35,7 +35,7 @@ def topic_switches(examples: Sequence[Example], seed: int = 0) -> Iterator[Examp
     rng = random.Random(seed)
     histories = _histories(examples)
     for task, history_tasks in HISTORY_TASKS.items():
-        requests = [e for e in examples if e.task == task and _single_turn(e)]
+        requests = [e for e in examples if e.task == task and is_single_turn(e)]
         for request in rng.sample(requests, min(NUM_PER_TASK, len(requests))):
             side = is_held_out(request.group)
             pool = histories[(rng.choice(history_tasks), side)]
@@ -57,7 +57,7 @@ def _histories(examples: Sequence[Example]) -> dict[tuple[Task, bool], list[list
     return pools
 
 
-def _single_turn(example: Example) -> bool:
+def is_single_turn(example: Example) -> bool:
     """A chat request of one user message (ShareGPT first turns with no history included)."""
     messages = example.body.get("messages")
     return isinstance(messages, list) and len(messages) == 1 and messages[0]["role"] == "user"

@@ -1,6 +1,8 @@
 """The committed artifact on the held-out split (never trained on, never used to choose a
 model), every source including ShareGPT, against the committed evaluation JSON
-(``draftctl classifier eval --no-latency --json bench/results/classifier_eval_2026-12-01.json``).
+(``draftctl classifier eval --no-latency --prompts bench/classifier_prompts/handwritten.jsonl
+--snippets --json bench/results/classifier_eval_2026-12-01_17.json``), and on the committed
+hand-written prompts and the Pygments snippets (never trained on).
 
 Each source must reach its committed accuracy minus that figure's noise (two standard errors
 of a proportion measured on that many requests, ``source_noise``): a retrained artifact may
@@ -21,7 +23,8 @@ from training.classifier.evaluation import evaluate, report_json
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-01.json"
+COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-01_17.json"
+PROMPTS = ROOT / "bench" / "classifier_prompts" / "handwritten.jsonl"
 SOURCES = sorted(json.loads(COMMITTED.read_text())["sources"])
 
 pytestmark = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")
@@ -55,3 +58,19 @@ def test_each_source_holds_its_measured_accuracy(
     floor = measured["accuracy"] - measured["noise"]
     got = live["sources"][source]
     assert got["accuracy"] >= floor, (source, got, f"floor {floor:.4f}")
+
+
+def test_prompt_sets_hold_their_measured_accuracy(committed: dict[str, Any]) -> None:
+    """The hand-written prompts and the Pygments snippets, overall and per task."""
+    from training.classifier.prompt_sets import load_prompt_file, snippet_examples
+    from training.classifier.pygments_source import fetch_sdist
+
+    sets = {str(PROMPTS.relative_to(ROOT)): load_prompt_file(PROMPTS)}
+    sets["pygments snippets"] = snippet_examples(fetch_sdist())
+    for name, examples in sets.items():
+        measured = committed["prompt_sets"][name]
+        live = report_json(evaluate(load_classifier(), examples))
+        assert live["examples"] == measured["examples"], name
+        for task, cell in measured["categories"]["task"].items():
+            got = live["categories"]["task"][task]["accuracy"]
+            assert got >= cell["accuracy"] - cell["noise"], (name, task, got, cell)
