@@ -40,7 +40,14 @@ class FleetServer:
         self._progress = progress
         self.stats = RunStats([(p.name, p.duration_s) for p in scenario.phases], scenario.bin_s)
         self.instances = [
-            Instance(scenario.max_batch_size, scenario.cost, c, cost, self.stats, self._finished)
+            Instance(
+                scenario.max_batch_size,
+                getattr(c, "engine_costs", None) or scenario.cost,  # a ragged server's own
+                c,
+                cost,
+                self.stats,
+                self._finished,
+            )
             for c in choosers
         ]
         self._arrivals: list[tuple[float, int, SimRequest]] = []  # heap by arrival time

@@ -21,8 +21,10 @@ from policies.costmodel import CostModel
 from policies.schedule import build_schedule
 from policies.types import StepCost, Task, max_spec_tokens
 from sim.choosers import KChooser, Oracle, StepChooser
-from sim.fleet_config import FleetLayout, FleetSpec, KMode, PoolLayout, RouterKind
+from sim.fleet_config import RAGGED_MODES, FleetLayout, FleetSpec, KMode, PoolLayout, RouterKind
+from sim.ragged_choosers import AllocatorChooser, VllmAvRaggedChooser
 from sim.router import LeastLoaded, RoundRobin, Router, TaskPools
+from sim.scenario import Scenario
 
 Rates = Mapping[Task, Sequence[float]]
 Ranges = tuple[tuple[int, int, int], ...]  # vLLM's [[batch_start, batch_end, k], ...]
@@ -115,6 +117,8 @@ def _resolve(pool: PoolLayout, layout: FleetLayout, fit: FitInputs, taken: set[i
     top = max_spec_tokens(fit.block_size)
     if pool.k_mode != "schedule":
         k = top if pool.spec_tokens is None else pool.spec_tokens
+        while pool.k_mode in RAGGED_MODES and k > 0 and k in taken:  # distinct k per pool
+            k -= 1
         return BuiltPool(pool.name, pool.instances, tasks, pool.k_mode, k)
     mix = _pool_mix(fit.mix, tasks if layout.router == "task-pools" else ())
     cap = top if pool.spec_tokens is None else pool.spec_tokens
@@ -155,15 +159,23 @@ def step_policy(pool: BuiltPool, cost: StepCost, max_batch_size: int) -> StepPol
 
 
 def instance_choosers(
-    fleet: BuiltFleet, cost: CostModel, block_size: int, max_batch_size: int
+    fleet: BuiltFleet,
+    cost: CostModel,
+    block_size: int,
+    max_batch_size: int,
+    scenario: Scenario | None = None,
 ) -> list[KChooser]:
-    """One chooser per instance, pools in order."""
+    """One chooser per instance, pools in order (``scenario``: what ragged pools need)."""
     snapshot = cost.snapshot()
     out: list[KChooser] = []
-    for pool in fleet.pools:
-        for _ in range(pool.instances):
+    for index, pool in enumerate(fleet.pools):
+        for instance in range(pool.instances):
             if pool.k_mode == "oracle":
                 out.append(Oracle(cost, block_size, 1, padded=True))
+            elif pool.k_mode in RAGGED_MODES:
+                if scenario is None:
+                    raise ValueError(f"pool {pool.name}: ragged k_mode needs the scenario")
+                out.append(_ragged_chooser(pool, cost, scenario, 1000 * index + instance))
             else:
                 out.append(StepChooser(step_policy(pool, snapshot, max_batch_size), block_size))
     return out
@@ -182,3 +194,19 @@ def make_router(fleet: BuiltFleet, block_size: int) -> Router:
         start += pool.instances
         homes.update({task: pool.name for task in pool.tasks})
     return TaskPools(pools, homes, block_size, fleet.spill_margin)
+
+
+def _ragged_chooser(pool: BuiltPool, cost: CostModel, scenario: Scenario, key: int) -> KChooser:
+    """A ragged server's chooser, charged at its own widths (``engine_costs``)."""
+    chosen = scenario.policies
+    auc = scenario.acceptance.confidence_auc
+    block = scenario.block_size
+    seed = scenario.seed * 7919 + key
+    chooser: AllocatorChooser | VllmAvRaggedChooser
+    if pool.k_mode == "ragged-allocator":
+        min_k = min(chosen.min_spec_tokens, pool.spec_tokens)
+        chooser = AllocatorChooser(chosen.goodput, cost.table, cost, block, min_k, auc, seed)
+    else:
+        chooser = VllmAvRaggedChooser(chosen.goodput, cost.table, cost, block, auc, seed)
+    chooser.engine_costs = scenario.cost.model_copy(update={"batch_verify": "ragged"})
+    return chooser

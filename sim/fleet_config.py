@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.types import Task
 
-KMode = Literal["fixed", "schedule", "vllm-av", "oracle"]
+KMode = Literal["fixed", "schedule", "vllm-av", "oracle", "ragged-vllm-av", "ragged-allocator"]
+RAGGED_MODES = ("ragged-vllm-av", "ragged-allocator")
 RouterKind = Literal["round-robin", "least-loaded", "task-pools"]
 
 
@@ -32,6 +33,9 @@ class PoolLayout(Section):
     # spec_tokens. vllm-av: vLLM's adaptive verification (policies/baselines/vllm_av.py).
     # oracle: a bound, not a policy: per step the one k that emits the most tokens per second
     # given every row's accepted run, known ahead (sim/choosers.py Oracle, padded).
+    # ragged-vllm-av / ragged-allocator: servers that verify each row at its own k (vLLM's Model
+    # Runner V2) with vLLM's adaptive verification or draftctl's per-slot allocator, both
+    # reading the draft's confidence (synthetic, acceptance.confidence_auc; sim/ragged_choosers.py).
     k_mode: KMode = "schedule"
     # The servers' num_speculative_tokens; default for schedule / vllm-av: the block's largest
     # k, lowered by one where two task pools would share it (the gateway routes by k).

@@ -96,7 +96,9 @@ def simulate_fleet(
     """One fleet's report entry: the run's figures, TTFT p99 and the layout it ran."""
     table = load_cost_table(scenario.resolve(scenario.cost.table))
     cost = engine_cost(scenario, table)
-    choosers = instance_choosers(fleet, cost, scenario.block_size, scenario.max_batch_size)
+    choosers = instance_choosers(
+        fleet, cost, scenario.block_size, scenario.max_batch_size, scenario
+    )
     router = make_router(fleet, scenario.block_size)
     stats = FleetServer(scenario, workload, choosers, cost, router, progress).run()
     out = stats.as_dict()

@@ -65,6 +65,9 @@ class _RaggedBase:
         self._gap = None if auc is None else separation(auc)
         self._seed = seed
 
+    # The server's own cost section when it differs from the scenario's (a ragged server in a
+    # fleet of padded ones); None: the scenario's.
+    engine_costs: Any = None
     # Share of the last step's rows that ran the draft forward (the simulator charges the
     # draft for them: confidence comes from the draft, so a row that sees it has drafted).
     last_drafted_share: float | None = None

@@ -146,3 +146,28 @@ def test_cli_prints_the_fleets_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(entry["goodput_tok_s"], float) and isinstance(entry["ttft_p99_s"], float)
     assert set(entry["phases"]) == {"c2-math", "c32-mixed"}
     assert entry["phases"]["c32-mixed"]["goodput_tok_s"] > 0
+
+
+def test_ragged_servers_run_at_their_own_widths_beside_padded_ones(tmp_path: Path) -> None:
+    """Fleets of ragged servers (vLLM Model Runner V2-like: each row its own k, the draft's
+    confidence read) run on the same requests; their pools get distinct k under task routing."""
+    text = (SCENARIOS / "ci-fleet.yaml").read_text()
+    text = text.replace("table: ../cost_tables/", f"table: {SCENARIOS.parent}/cost_tables/")
+    text = text.replace("acceptance:\n", "acceptance:\n  confidence_auc: 0.82\n", 1)
+    text = text.replace(
+        "  layouts:\n",
+        "  layouts:\n"
+        "    - name: uniform-ragged-vllm-av\n      router: least-loaded\n      pools:\n"
+        "        - {name: all, instances: 3, k_mode: ragged-vllm-av}\n"
+        "    - name: ragged-pools\n      pools:\n"
+        "        - {name: mc, instances: 2, tasks: [math, code], k_mode: ragged-allocator}\n"
+        "        - {name: chat, instances: 1, tasks: [chat], k_mode: ragged-allocator}\n",
+        1,
+    )
+    path = tmp_path / "ragged.yaml"
+    path.write_text(text)
+    fleets = run_fleets(load_scenario(path))["fleets"]
+    for name in ("uniform-ragged-vllm-av", "ragged-pools"):
+        assert fleets[name]["goodput_tok_s"] > fleets["uniform-no-spec"]["goodput_tok_s"] * 1.2
+    pools = fleets["ragged-pools"]["layout"]["pools"]
+    assert pools["mc"]["num_speculative_tokens"] != pools["chat"]["num_speculative_tokens"]
