@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policies.baselines.base import scored_outcomes
 from policies.baselines.ragged_cost import BudgetCosts, RaggedCost
 from policies.baselines.slot_budget import (
     Bools,
@@ -281,17 +282,9 @@ class SlotAllocator:
         self._predicted *= decay
         if scored is None:
             return
-        for row in rows:
-            j = scored.index.get(row.row_id)
-            if j is None:
-                continue
-            i = scored.seen[j]
-            if i >= len(row.accept_lengths) or i >= len(row.spec_tokens):
-                continue
-            ran = min(row.spec_tokens[i], self._k)
+        for j, ran, accepted in scored_outcomes(rows, scored.index, scored.seen, self._k):
             if ran <= 0:
                 continue
-            accepted = max(0, min(row.accept_lengths[i] - 1, ran))
             labelled = min(accepted + 1, ran)
             bins = scored.bins[j, :labelled]
             mask = bins >= 0

@@ -9,7 +9,7 @@ baseline here).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +35,29 @@ class StepPolicy(Protocol):
     name: str
 
     def decide_step(self, rows: Sequence[StepRow], batch_size: int) -> StepChoice: ...
+
+
+def scored_outcomes(
+    rows: Sequence[StepRow],
+    index: Mapping[Hashable, int],
+    seen: Sequence[int],
+    max_spec_tokens: int,
+) -> list[tuple[int, int, int]]:
+    """The outcome of the step each row was last scored for: ``(where it was scored, the k it
+    ran, the drafts it accepted)``; ``index``: row id -> scored row, ``seen``: per scored row,
+    ``len(accept_lengths)`` when scored (that step's outcome index). Rows not scored then, or
+    whose outcome has not arrived, are left out."""
+    out = []
+    for row in rows:
+        j = index.get(row.row_id)
+        if j is None:
+            continue
+        i = seen[j]
+        if i >= len(row.accept_lengths) or i >= len(row.spec_tokens):
+            continue
+        ran = min(row.spec_tokens[i], max_spec_tokens)
+        out.append((j, ran, max(0, min(row.accept_lengths[i] - 1, ran))))
+    return out
 
 
 def row_capacity(row: StepRow, max_spec_tokens: int) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.baselines.base import StepChoice, row_capacity
+from policies.baselines.base import StepChoice, row_capacity, scored_outcomes
 from policies.baselines.logistic_acceptance import LogisticAcceptance, confidence_features
 from policies.baselines.ragged_cost import BudgetCosts, RaggedCost
 from policies.baselines.slot_budget import (
@@ -184,16 +184,11 @@ class VllmAdaptiveVerification:
             ks: list[int] = []
             hits: list[int] = []
             where: list[int] = []
-            for row in rows:
-                j = scored.index.get(row.row_id)
-                if j is None:
-                    continue
-                i = scored.seen[j]
-                if i >= len(row.accept_lengths) or i >= len(row.spec_tokens):
-                    continue
-                k_ran = min(row.spec_tokens[i], self._positions)
+            for j, k_ran, accepted in scored_outcomes(
+                rows, scored.index, scored.seen, self._positions
+            ):
                 ks.append(k_ran)
-                hits.append(max(0, min(row.accept_lengths[i] - 1, k_ran)))
+                hits.append(accepted)
                 where.append(j)
             self.ema.record_step(ks, hits)
             at = np.array(where, dtype=np.int64)
