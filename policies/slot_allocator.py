@@ -222,13 +222,8 @@ class SlotAllocator:
                 values += [values[-1] if values else 0.5] * (k - len(values))
                 priors[i] = values
         prior_logit = logit(priors)[tasks]
-        offsets = np.array([self._offset(r, priors[tasks[i]]) for i, r in enumerate(rows)])
-        base_logit = prior_logit + offsets[:, None]
-        confidence = np.full((len(rows), k), np.nan)
-        for i, r in enumerate(rows):
-            if use_confidence and r.draft_confidence is not None and len(r.draft_confidence):
-                given = np.asarray(r.draft_confidence[:k], dtype=np.float64)
-                confidence[i, : len(given)] = given
+        base_logit = prior_logit + self._offsets(rows, priors, tasks)[:, None]
+        confidence = self._confidence(rows, use_confidence)
         has = ~np.isnan(confidence)
         bins = np.where(has, self._bins(np.nan_to_num(confidence, nan=0.5)), -1)
         learnt, weight = self.calibration()
@@ -250,29 +245,46 @@ class SlotAllocator:
         survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
         return survival, scored
 
-    def _offset(self, row: StepRow, prior: Floats) -> float:
-        """The request's own log-odds against its task's prior, over its recent steps."""
-        window = self.settings.request_window
-        lengths = row.accept_lengths[-window:]
-        ks = row.spec_tokens[-window:]
-        hits = trials = 0.0
-        expected = 0.0
-        for length, ran in zip(lengths, ks, strict=False):
-            ran = min(ran, self._k)
-            if ran <= 0:
-                continue
-            accepted = min(length - 1, ran)
-            labelled = min(accepted + 1, ran)
-            hits += accepted
-            trials += labelled
-            expected += float(prior[:labelled].sum())
-        if trials <= 0:
-            return 0.0
-        steps = len([k for k in ks if k > 0])
+    def _confidence(self, rows: Sequence[StepRow], use_confidence: bool) -> Floats:
+        """[rows, K] draft confidence, NaN where a row has none."""
+        k = self._k
+        values = [r.draft_confidence for r in rows] if use_confidence else []
+        if values and all(v is not None and len(v) >= k for v in values):
+            full: Floats = np.array([v[:k] for v in values], dtype=np.float64)  # type: ignore[index]
+            return full
+        confidence = np.full((len(rows), k), np.nan)
+        for i, v in enumerate(values):
+            if v is not None and len(v):
+                given = np.asarray(v[:k], dtype=np.float64)
+                confidence[i, : len(given)] = given
+        return confidence
+
+    def _offsets(self, rows: Sequence[StepRow], priors: Floats, tasks: Ints) -> Floats:
+        """[rows] each request's own log-odds against its task's prior over its last
+        ``request_window`` verify steps (accepted drafts against what the prior expected of
+        the positions those steps labelled), shrunk by ``request_strength`` steps."""
+        window, k = self.settings.request_window, self._k
+        lengths = np.zeros((len(rows), window), dtype=np.int64)
+        ks = np.zeros((len(rows), window), dtype=np.int64)
+        for i, r in enumerate(rows):
+            n = min(window, len(r.accept_lengths), len(r.spec_tokens))
+            if n:
+                lengths[i, window - n :] = r.accept_lengths[-n:]
+                ks[i, window - n :] = r.spec_tokens[-n:]
+        ran = np.minimum(ks, k)
+        drafted = ran > 0
+        accepted = np.clip(lengths - 1, 0, ran)
+        labelled = np.where(drafted, np.minimum(accepted + 1, ran), 0)
+        cumulative = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(priors, axis=1)], 1)
+        expected = cumulative[tasks[:, None], labelled].sum(axis=1)
+        hits = np.where(drafted, accepted, 0).sum(axis=1)
+        trials = labelled.sum(axis=1)
+        steps = drafted.sum(axis=1)
         weight = steps / (steps + self.settings.request_strength)
         rate = (hits + 1.0) / (trials + 2.0)
         predicted = (expected + 1.0) / (trials + 2.0)
-        return float(weight * (logit(np.array(rate)) - logit(np.array(predicted))))
+        offsets: Floats = np.where(trials > 0, weight * (logit(rate) - logit(predicted)), 0.0)
+        return offsets
 
     def _learn(self, rows: Sequence[StepRow]) -> None:
         scored = self._scored
@@ -282,16 +294,21 @@ class SlotAllocator:
         self._predicted *= decay
         if scored is None:
             return
-        for j, ran, accepted in scored_outcomes(rows, scored.index, scored.seen, self._k):
-            if ran <= 0:
-                continue
-            labelled = min(accepted + 1, ran)
-            bins = scored.bins[j, :labelled]
-            mask = bins >= 0
-            if not mask.any():
-                continue
-            t = scored.tasks[j]
-            labels = (np.arange(labelled) < accepted).astype(np.float64)
-            np.add.at(self._labels[t], bins[mask], 1.0)
-            np.add.at(self._hits[t], bins[mask], labels[mask])
-            np.add.at(self._predicted[t], bins[mask], scored.base[j, :labelled][mask])
+        outcomes = scored_outcomes(rows, scored.index, scored.seen, self._k)
+        if not outcomes:
+            return
+        where, ran, accepted = (np.array(x, dtype=np.int64) for x in zip(*outcomes, strict=True))
+        positions = np.arange(self._k)[None, :]
+        labelled = positions < np.minimum(accepted + 1, ran)[:, None]
+        bins = scored.bins[where]
+        use = labelled & (bins >= 0)
+        if not use.any():
+            return
+        shape = self._labels.shape
+        flat = (scored.tasks[where][:, None] * shape[1] + np.maximum(bins, 0))[use]
+        size = shape[0] * shape[1]
+        label = (positions < accepted[:, None])[use].astype(np.float64)
+        self._labels += np.bincount(flat, minlength=size).reshape(shape)
+        self._hits += np.bincount(flat, weights=label, minlength=size).reshape(shape)
+        base = scored.base[where][use]
+        self._predicted += np.bincount(flat, weights=base, minlength=size).reshape(shape)

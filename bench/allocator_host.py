@@ -1,0 +1,99 @@
+"""Host time of the per-slot allocator per engine step (``SlotAllocator.decide_rows``, learning
+included) at batch 1, 8 and 64: synthetic rows of mixed tasks with a full block of draft
+confidence, histories growing as the allocator's k and random accepted runs dictate.
+
+Thread CPU time (other processes on the machine do not count), the batch sizes interleaved
+over ``--repeats`` runs of ``--steps`` steps (the first 50 of each run dropped); per batch size
+the median over runs of each run's median, and the best run. In a two-phase step this time is
+spent while the device waits (docs/allocator.md), so it adds to every step.
+
+    .venv/bin/python bench/allocator_host.py > bench/results/allocator_host_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.types import TASKS, StepRow
+
+K = 15
+
+
+class TokenCost:
+    """A ragged step: 10 ms + 0.1 ms per row + 20 µs per draft (the shape of the 8B table)."""
+
+    def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
+        return 0.01 + 1e-4 * batch_size + 2e-5 * num_draft_tokens
+
+
+def one_run(batch: int, steps: int, seed: int) -> list[float]:
+    allocator = SlotAllocator(AllocatorSettings(K), TokenCost())
+    rng = random.Random(seed)
+    history: dict[int, tuple[list[int], list[int]]] = {i: ([], []) for i in range(batch)}
+    times = []
+    for _ in range(steps):
+        rows = [
+            StepRow(
+                i,
+                TASKS[i % 3],
+                history[i][0],
+                history[i][1],
+                K,
+                tuple(rng.random() for _ in range(K)),
+            )
+            for i in range(batch)
+        ]
+        started = time.thread_time()
+        choice = allocator.decide_rows(rows, batch, lambda task: [0.8] * K)
+        times.append(time.thread_time() - started)
+        for i, k in enumerate(choice.spec_tokens):
+            lengths, ks = history[i]
+            ks.append(k)
+            lengths.append(1 + min(k, rng.randint(0, K)))
+            if len(lengths) > 64:  # a request ends; the next one starts fresh
+                lengths.clear()
+                ks.clear()
+    return times[50:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    batches = (1, 8, 64)
+    runs: dict[int, list[float]] = {b: [] for b in batches}
+    for repeat in range(args.repeats):
+        for batch in batches:
+            runs[batch].append(statistics.median(one_run(batch, args.steps, repeat)))
+    result = {
+        "command": "python bench/allocator_host.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {platform.node()} (shared CPU)",
+        "python": platform.python_version(),
+        "clock": "thread CPU time",
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "us_per_step": {
+            str(b): {
+                "median": round(statistics.median(v) * 1e6, 1),
+                "best": round(min(v) * 1e6, 1),
+            }
+            for b, v in runs.items()
+        },
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
