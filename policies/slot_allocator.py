@@ -53,8 +53,8 @@ _EPS = 1e-4
 
 
 def logit(p: Floats) -> Floats:
-    q = np.clip(p, _EPS, 1 - _EPS)
-    return np.log(q) - np.log1p(-q)
+    q = np.minimum(np.maximum(p, _EPS), 1 - _EPS)  # (np.clip costs more on small arrays)
+    return np.log(q / (1.0 - q))
 
 
 def sigmoid(x: Floats) -> Floats:
@@ -113,6 +113,7 @@ class SlotAllocator:
         self._hits = np.zeros(shape)  # decayed accepted labels
         self._predicted = np.zeros(shape)  # decayed sum of base predictions
         self._scored: _Scored | None = None
+        self._edges = np.linspace(-4.0, 8.0, settings.confidence_bins + 1)[1:-1]
         self._budget_costs = BudgetCosts(cost, settings.max_spec_tokens)
 
     # -- calibration -------------------------------------------------------------------------
@@ -121,15 +122,10 @@ class SlotAllocator:
         """[tasks, bins] learnt log-odds correction of each confidence bin against the
         uncalibrated prediction, and its weight ``n / (n + prior_strength)`` (0 unlearned)."""
         n = self._labels
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = np.where(n > 0, (self._hits + 0.5) / (n + 1.0), 0.5)
-            predicted = np.where(n > 0, (self._predicted + 0.5) / (n + 1.0), 0.5)
+        rate = (self._hits + 0.5) / (n + 1.0)  # n >= 0: no division by zero
+        predicted = (self._predicted + 0.5) / (n + 1.0)
         weight = n / (n + self.settings.prior_strength)
         return np.where(n > 0, logit(rate) - logit(predicted), 0.0), weight
-
-    def _bins(self, confidence: Floats) -> Ints:
-        edges = np.linspace(-4.0, 8.0, self.settings.confidence_bins + 1)[1:-1]
-        return np.searchsorted(edges, logit(confidence)).astype(np.int64)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -225,14 +221,13 @@ class SlotAllocator:
         base_logit = prior_logit + self._offsets(rows, priors, tasks)[:, None]
         confidence = self._confidence(rows, use_confidence)
         has = ~np.isnan(confidence)
-        bins = np.where(has, self._bins(np.nan_to_num(confidence, nan=0.5)), -1)
+        confidence_logit = logit(np.where(has, confidence, 0.5))
+        bins = np.where(has, np.searchsorted(self._edges, confidence_logit), -1)
         learnt, weight = self.calibration()
         at = (tasks[:, None], np.maximum(bins, 0))
         # Until a bin has labels, trust the confidence half way: its log-odds against the
         # uncalibrated prediction, times ``cold_confidence_weight``.
-        cold = self.settings.cold_confidence_weight * (
-            logit(np.nan_to_num(confidence, nan=0.5)) - base_logit
-        )
+        cold = self.settings.cold_confidence_weight * (confidence_logit - base_logit)
         correction = weight[at] * learnt[at] + (1.0 - weight[at]) * cold
         p = sigmoid(base_logit + np.where(has, correction, 0.0))
         scored = _Scored(
