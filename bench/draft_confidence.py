@@ -110,6 +110,7 @@ async def collect(args: argparse.Namespace) -> tuple[dict[str, list[Any]], dict[
     engine = AsyncEngine.load(
         args.target, args.draft, device="cpu", max_batch_size=args.batch, max_seq_len=1024
     )
+    engine._engine.runner.measure_confidence = True  # off by default: every step reports it
     ceiling = max_spec_tokens(engine.block_size)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     by_task: dict[str, list[Any]] = {}

@@ -13,13 +13,14 @@ def format_report(report: dict[str, Any]) -> str:
     """Per policy: overall goodput, then goodput / TPOT / TTFT / mean k for each phase."""
     policies: dict[str, Any] = report["policies"]
     phases = [p["name"] for p in report["phases"]]
+    width = max(12, *(len(name) for name in policies))
     lines = [
         f"scenario {report['scenario']}: {report['duration_s']:.0f} s simulated; "
         f"acceptance: {report['acceptance_source']}; cost table: {report['cost_table']}",
         "",
-        f"{'policy':<12} {'overall tok/s':>13}  "
+        f"{'policy':<{width}} {'overall tok/s':>13}  "
         + "  ".join(f"{name[:22]:>22}" for name in phases),
-        f"{'':<12} {'':>13}  " + "  ".join(f"{'tok/s TPOTms TTFTms k':>22}" for _ in phases),
+        f"{'':<{width}} {'':>13}  " + "  ".join(f"{'tok/s TPOTms TTFTms k':>22}" for _ in phases),
     ]
     for name, result in policies.items():
         cells = []
@@ -30,7 +31,8 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{_fmt(p['ttft_ms_mean'], '5.0f'):>5} {p['mean_spec_tokens']:>2.0f}"
             )
         lines.append(
-            f"{name:<12} {result['goodput_tok_s']:>13.0f}  " + "  ".join(f"{c:>22}" for c in cells)
+            f"{name:<{width}} {result['goodput_tok_s']:>13.0f}  "
+            + "  ".join(f"{c:>22}" for c in cells)
         )
     summary = report.get("summary") or {}
     if summary:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -77,6 +77,9 @@ class ModelRunner:
         # Eager steps compute only the tokens each row uses (engines/embedded/packing.py);
         # CUDA graphs replay fixed padded shapes.
         self.pack_ragged = not use_cuda_graphs
+        # Report the draft's confidence with every step (two-phase steps measure it anyway):
+        # two reductions over [B, k, vocab] logits per step, so only when someone reads it.
+        self.measure_confidence = False
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         if compile_forwards:
@@ -236,6 +239,8 @@ class ModelRunner:
         sync, so on a GPU it takes no step time (the engine plans the next step there)."""
         started = self._clock()
         widest = max(spec_tokens)
+        measured = self.measure_confidence or allocate is not None
+        confidence = torch.zeros(len(rows), 0, device=self.device)
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
         is_greedy = all(r.params.temperature <= 0 for r in rows)
         # One host->device copy of the step's small inputs (cannot be avoided: they are new).
@@ -263,19 +268,13 @@ class ModelRunner:
                 *self._draft_packings(spec_tokens),
                 eager=eager,
             )[:, :widest]
-            # top-1 probability without a [B, k, vocab] float copy: exp(max - logsumexp)
-            top = draft_logits.amax(dim=-1).float()
-            confidence = (top - torch.logsumexp(draft_logits, dim=-1).float()).exp()
             if params is None:
                 drafts = draft_logits.argmax(dim=-1)
             else:
                 draft_probs = sampling_probs(draft_logits, *params)
                 drafts = sample_from_probs(draft_probs, u[:, :widest])
-                # sampling rows: of the distribution they sample (greedy rows are one-hot)
-                sampled = (params[0] > 0)[:, None]
-                confidence = torch.where(sampled, draft_probs.amax(dim=-1), confidence)
-        else:
-            confidence = torch.zeros(len(rows), 0, device=self.device)
+            if measured:
+                confidence = self._confidence(draft_logits, draft_probs, params)
         if allocate is not None and widest > 0:
             spec_tokens = self._allocated(allocate, confidence, spec_tokens)
             widest = max(spec_tokens)
@@ -317,7 +316,21 @@ class ModelRunner:
         packed = torch.cat([accepted.long(), drafts, bonus[:, None], fixed], dim=1)
         if overlap is not None:
             overlap()
-        return self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
+        result = self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
+        return result if measured else replace(result, draft_confidence=None)
+
+    @staticmethod
+    def _confidence(
+        logits: torch.Tensor, probs: torch.Tensor | None, params: tuple[torch.Tensor, ...] | None
+    ) -> torch.Tensor:
+        """[B, k] top-1 draft probability: of the raw logits for greedy rows (without a
+        [B, k, vocab] float copy: exp(max - logsumexp)), of the distribution a sampling row
+        samples from (greedy rows' is one-hot)."""
+        top = logits.amax(dim=-1).float()
+        confidence = (top - torch.logsumexp(logits, dim=-1).float()).exp()
+        if probs is None or params is None:
+            return confidence
+        return torch.where((params[0] > 0)[:, None], probs.amax(dim=-1), confidence)
 
     @staticmethod
     def _allocated(allocate: Allocate, confidence: torch.Tensor, drafted: list[int]) -> list[int]:

@@ -18,6 +18,7 @@ def test_reported_confidence_is_the_draft_top1_probability(
 ) -> None:
     engine = make_engine(agreeing_pair, max_batch_size=4)
     runner = engine.runner
+    runner.measure_confidence = True
     original = runner._run
     drafted: list[torch.Tensor] = []
 
@@ -74,3 +75,15 @@ def test_reported_confidence_is_the_draft_top1_probability(
             assert ((got > 0) & (got <= 1)).all()
             checked += 1
     assert checked >= 6
+
+
+def test_confidence_is_measured_only_when_asked(agreeing_pair: tuple[Path, Path]) -> None:
+    """Two reductions over the vocabulary per step: off unless a reader asks (the flag, or a
+    two-phase step), and then the report says so with an empty tuple."""
+    engine = make_engine(agreeing_pair, max_batch_size=1)
+    request = Request("r", random_prompt(0), SamplingParams(max_new_tokens=8), lambda v: 4, {})
+    engine.add(request)
+    reports = []
+    while engine.has_work:
+        reports += [e.report for _, e in engine.step() if getattr(e, "report", None)]
+    assert reports and all(r.draft_confidence == () for r in reports)
