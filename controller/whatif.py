@@ -75,9 +75,10 @@ class WhatIf:
             except TimeoutError:
                 child.kill()
                 await child.wait()
+                # The window the client asked for is what makes it long: a 4xx it can act on.
                 raise ApiError(
-                    504, f"the what-if took over {_TIMEOUT_S:.0f} s; try a shorter window_s",
-                    type="server_error", code="timeout",
+                    422, f"the what-if took over {_TIMEOUT_S:.0f} s; try a shorter window_s",
+                    code="whatif_timeout",
                 ) from None  # fmt: skip
         if child.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()
