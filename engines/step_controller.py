@@ -20,11 +20,22 @@ Two ways to decide:
 
 A policy that raises gives k = 0 for that step and is reported to the source (counted).
 Randomness comes from the ``random.Random`` passed in; policies stay pure.
+
+Host time. On a GPU ``record`` and ``prepare`` run while the device computes the step, so they
+cost nothing while the step is longer than they are. A small target's step is a few ms and
+host-bound: there every microsecond of the controller is step time. So while a batch keeps
+exactly the same rows, the shared k is re-decided only every ``cadence`` steps (the recorded
+steps are kept aside and folded into the online models just before the next decision): as few
+decisions as keep the controller's measured host time under ``host_budget`` of the measured step
+time, and at least one every ``max_replan_steps`` (the policy's goodput settings). A batch
+whose rows changed, a newer policy version, or a decision that was a probe (one step only) is
+decided afresh at once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -47,6 +58,33 @@ log = logging.getLogger(__name__)
 # A prepared decision is used when at least this share of the step's rows were among the rows
 # it was made for: a batch that changed more (a new request at batch 1, say) is decided afresh.
 _REUSE_SHARE = 0.75
+# Weight of each new measurement in the running means of decision host time and step time.
+_HOST_EMA = 0.1
+
+
+@dataclass
+class _Held:
+    """The shared k last decided, kept for the following steps of the same rows."""
+
+    spec_tokens: int
+    row_ids: frozenset[str]
+    version: int
+    serves: int  # steps it may serve: 1 for a probe, else the cadence when it was made
+    age: int = 1  # steps it has served
+
+
+@dataclass
+class _Pending:
+    """Steps recorded since the last fold into the online models (see the module docstring)."""
+
+    rows: dict[tuple[int, Task], tuple[OnlineModels, list[int], list[int]]] = field(
+        default_factory=dict
+    )
+    # per policy's models (by id): (models, [(batch size, width, drafting, seconds), ...])
+    times: dict[int, tuple[OnlineModels, list[tuple[int, float, float, float]]]] = field(
+        default_factory=dict
+    )
+    steps: int = 0
 
 
 class ActivePolicy(Protocol):
@@ -156,6 +194,13 @@ class StepController:
         # planned will allocate after drafting, and the allocator of that policy version.
         self._slots: tuple[ActivePolicy, list[int]] | None = None
         self._allocator: tuple[int, SlotAllocator] | None = None
+        # Decision cadence (module docstring): the decision kept for the same rows, the steps
+        # not yet folded, and running means of a decision's host time and of the step time.
+        self._held: _Held | None = None
+        self._pending = _Pending()
+        self._decision_s: float | None = None
+        self._step_s: float | None = None
+        self.decisions = 0  # shared-k decisions made (the rest reused a held one)
 
     @property
     def batch_width(self) -> BatchWidth | None:
@@ -196,7 +241,8 @@ class StepController:
 
     def _record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
         newest: ActivePolicy | None = None
-        groups: dict[tuple[int, Task], tuple[OnlineModels, list[int], list[int]]] = {}
+        pending = self._pending
+        groups = pending.rows
         for steps, report in zip(controllers, reports, strict=True):
             if not isinstance(steps, RequestSteps) or steps.active.models is None:
                 continue
@@ -206,11 +252,7 @@ class StepController:
             lengths.append(report.accept_length)
             if newest is None or steps.active.version > newest.version:
                 newest = steps.active
-        with self._lock:
-            for (_, task), (models, ks, lengths) in groups.items():
-                models.record_steps(task, ks, lengths)
-            if newest is None or newest.models is None or not reports:
-                return
+        if newest is not None and newest.models is not None and reports:
             widest = max(report.spec_tokens for report in reports)
             if _allocates(newest):  # every row drafted; each verified its own k + 1
                 width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
@@ -218,9 +260,42 @@ class StepController:
             else:
                 width = float(padded_width(widest, newest.models.spec.verify_width_multiple))
                 drafting = float(widest > 0)
-            newest.models.record_step_time(
-                reports[0].batch_size, width, drafting, reports[0].step_time_s
-            )
+            seconds = reports[0].step_time_s
+            models = newest.models
+            _, times = pending.times.setdefault(id(models), (models, []))
+            times.append((reports[0].batch_size, width, drafting, seconds))
+            if seconds > 0:
+                self._step_s = _ema(self._step_s, seconds)
+        pending.steps += 1
+        # Folded by the next decision, which comes within ``serves`` steps while the rows
+        # stay; sooner when decisions are not being spaced (or none are made).
+        held = self._held
+        if held is None or held.serves == 1 or pending.steps >= 2 * held.serves:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The steps recorded since the last fold, into their policies' online models. (The
+        engine calls ``record``, ``plan`` and ``prepare`` on its own thread, so the pending
+        steps need no lock; the models do, as ``start`` reads them on callers' threads.)"""
+        pending, self._pending = self._pending, _Pending()
+        if not pending.steps:
+            return
+        with self._lock:
+            for (_, task), (models, ks, lengths) in pending.rows.items():
+                models.record_steps(task, ks, lengths)
+            for models, times in pending.times.values():
+                models.record_step_times(times)
+
+    def cadence(self, active: ActivePolicy) -> int:
+        """Steps one shared decision serves while its rows stay the same: the fewest decisions
+        that keep their measured host time under ``host_budget`` of the step time, at most
+        ``max_replan_steps`` apart (1 until both times are measured)."""
+        models = active.models
+        if models is None or self._decision_s is None or not self._step_s:
+            return 1
+        spec = models.spec
+        wanted = math.ceil(self._decision_s / (spec.host_budget * self._step_s))
+        return max(1, min(spec.max_replan_steps, wanted))
 
     def plan(
         self, views: Sequence[RequestView], controllers: Sequence[SpecController]
@@ -239,7 +314,7 @@ class StepController:
         elif newest is not None:
             k = self._reuse_prepared(views, shared, newest)
             if k is None:
-                k = self._decide_shared(views, controllers, shared, newest)
+                k = self._decide_held(views, controllers, shared, newest)
             for i in shared:
                 ks[i] = k
         self.host_s += time.perf_counter() - started
@@ -319,8 +394,18 @@ class StepController:
         self._prepared = None
         shared, newest = self._split(views, controllers, None)
         if newest is not None and not _allocates(newest):
-            k = self._decide_shared(views, controllers, shared, newest)
             ids = frozenset(views[i].request_id for i in shared)
+            held = self._held
+            if (
+                held is not None
+                and held.age < held.serves
+                and held.version == newest.version
+                and held.row_ids == ids
+            ):
+                held.age += 1
+                k = held.spec_tokens
+            else:
+                k = self._decide_held(views, controllers, shared, newest, ids)
             self._prepared = (k, ids, newest.version)
         self.host_s += time.perf_counter() - started
 
@@ -357,6 +442,28 @@ class StepController:
         k, ids, _ = prepared
         known = sum(1 for i in shared if views[i].request_id in ids)
         return k if known >= _REUSE_SHARE * len(shared) else None
+
+    def _decide_held(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        shared: list[int],
+        newest: ActivePolicy,
+        ids: frozenset[str] | None = None,
+    ) -> int:
+        """A fresh shared decision from every step recorded so far, held for the next steps
+        of the same rows; its host time feeds the cadence."""
+        started = time.perf_counter()
+        self._fold()
+        k = self._decide_shared(views, controllers, shared, newest)
+        self.decisions += 1
+        self._decision_s = _ema(self._decision_s, time.perf_counter() - started)
+        width = self._width
+        probe = width is not None and width.last[0] == "probe"
+        if ids is None:
+            ids = frozenset(views[i].request_id for i in shared)
+        self._held = _Held(k, ids, newest.version, 1 if probe else self.cadence(newest))
+        return k
 
     def _decide_shared(
         self,
@@ -460,6 +567,10 @@ class FixedPolicySource:
 
     def policy_failed(self) -> None:
         self.failures += 1
+
+
+def _ema(mean: float | None, value: float) -> float:
+    return value if mean is None else mean + _HOST_EMA * (value - mean)
 
 
 def _allocates(active: ActivePolicy) -> bool:

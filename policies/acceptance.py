@@ -101,8 +101,8 @@ class PositionCounts:
     def num_positions(self) -> int:
         return len(self._prior)
 
-    def _tick(self) -> None:
-        self._scale *= self._growth
+    def _tick(self, steps: int = 1) -> None:
+        self._scale *= self._growth if steps == 1 else self._growth**steps
         if self._scale > _RESCALE_AT:
             self._successes = [s / self._scale for s in self._successes]
             self._trials = [t / self._scale for t in self._trials]
@@ -132,8 +132,7 @@ class PositionCounts:
             return
         ks = ks[drafted]
         accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64)[drafted] - 1, 0, ks)
-        for _ in range(len(ks)):
-            self._tick()
+        self._tick(len(ks))
         w = self._scale
         # reached[i]: steps that accepted more than i drafts (a success at position i + 1).
         reached = np.cumsum(np.bincount(accepted, minlength=n + 1)[::-1])[::-1][1:]

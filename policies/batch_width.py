@@ -110,21 +110,30 @@ class RowWindows:
         rows = np.fromiter(slots, np.intp, count)
         new = np.fromiter(steps, np.intp, count) - self._seen[rows]
         self._seen[rows] = steps
-        if 0 in steps:  # a row that has not run a step yet
-            spec_tokens = [k or [0] for k in spec_tokens]
-            accept_lengths = [n or [1] for n in accept_lengths]
-        last_k = np.fromiter(map(_newest, spec_tokens), np.intp, count)
-        last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
-        is_usual = bool((new == 1).all())  # every row brings the step that just ran
-        if not is_usual:
-            last_k[new != 1] = 0  # nothing, or written below
-        self._cell = (self._cell + 1) % self.size
-        self._write(rows, self._step_rows(last_k, last_length))
-        if not is_usual:
-            for i in np.flatnonzero((new < 0) | (new > 1)).tolist():
-                self._catch_up(
-                    int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i])
-                )
+        if bool((new == 1).all()):  # the usual step: every row brings the step that just ran
+            last_k = np.fromiter(map(_newest, spec_tokens), np.intp, count)
+            last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
+            self._cell = (self._cell + 1) % self.size
+            self._write(rows, self._step_rows(last_k, last_length))
+            return rows
+        # Several engine steps since the last call (decisions spaced by the step controller),
+        # or rows with none: one cell per engine step, oldest first; row i ran the step j back
+        # when it brought at least j new steps, else the cell holds zeros for it.
+        span = min(max(int(new.max()), 1), self.size)
+        ks = np.zeros((count, span), np.intp)
+        lengths = np.ones((count, span), np.intp)
+        for i in np.flatnonzero((new >= 1) & (new <= self.size)).tolist():
+            n = int(new[i])
+            ks[i, span - n :] = spec_tokens[i][-n:]
+            lengths[i, span - n :] = accept_lengths[i][-n:]
+        cells = (self._cell + np.arange(1, span + 1)) % self.size
+        self._cell = int(cells[-1])
+        entries = self._step_rows(ks, lengths)  # [rows, span, 2, positions]
+        at = (rows[:, None], cells[None, :])
+        self.counts[rows] += (entries - self._ring[at]).sum(axis=1)
+        self._ring[at] = entries
+        for i in np.flatnonzero((new < 0) | (new > self.size)).tolist():
+            self._catch_up(int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i]))
         return rows
 
     def _slots(self, row_ids: Sequence[Hashable], tasks: Sequence[Task]) -> list[int]:

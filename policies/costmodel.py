@@ -276,25 +276,39 @@ class CostModel:
     ) -> None:
         """Fold one measured step time into the fits of the nearest table rows: the row's
         scale and overhead, and that row's ratio for the step's padded width."""
-        if observed_s <= 0 or batch_size <= 0:
-            return
-        predicted = self.base_step_time_s(batch_size, mean_width, drafting)
-        width = self.width_index(mean_width)
-        i, w = _bracket(self.table.batch_sizes, batch_size)
-        w = min(max(w, 0.0), 1.0)
-        touched = []
-        for row, share in ((i, 1.0 - w), (i + 1, w)):
-            if share <= 0:
+        self.observe_steps(((batch_size, mean_width, drafting, observed_s),))
+
+    def observe_steps(self, steps: Sequence[tuple[int, float, float, float]]) -> None:
+        """``observe_step`` for each (batch size, mean width, drafting, seconds) in order; the
+        fits are solved once at the end (the same state as one call per step)."""
+        touched: set[int] = set()
+        shapes: dict[tuple[int, float, float], tuple[float, int, int, float]] = {}
+        for batch_size, mean_width, drafting, observed_s in steps:
+            if observed_s <= 0 or batch_size <= 0:
                 continue
-            rate = self.learning_rate * share
-            self._fits[row].add(predicted, observed_s, rate, share)
-            self._width_fits[row][width].add(predicted, observed_s, rate)
+            shape = shapes.get((batch_size, mean_width, drafting))
+            if shape is None:
+                i, w = _bracket(self.table.batch_sizes, batch_size)
+                shape = shapes[(batch_size, mean_width, drafting)] = (
+                    self.base_step_time_s(batch_size, mean_width, drafting),
+                    self.width_index(mean_width),
+                    i,
+                    min(max(w, 0.0), 1.0),
+                )
+            predicted, width, i, w = shape
+            for row, share in ((i, 1.0 - w), (i + 1, w)):
+                if share <= 0:
+                    continue
+                rate = self.learning_rate * share
+                self._fits[row].add(predicted, observed_s, rate, share)
+                self._width_fits[row][width].add(predicted, observed_s, rate)
+                touched.add(row)
+        for row in touched:
             prior = self.prior_overhead(self.table.batch_sizes[row])
             self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior)
             self._row_terms[row] = self._terms(row)
-            touched.append(row)
         # Keep the memoised snapshot until a touched row moved by more than 0.1%.
-        if self._snapshot is not None and self._moved(self._snapshot, touched):
+        if touched and self._snapshot is not None and self._moved(self._snapshot, sorted(touched)):
             self._snapshot = None
 
     def _terms(self, row: int) -> Terms:

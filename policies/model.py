@@ -145,6 +145,13 @@ class GoodputSpec(StrictModel):
     # task prior and the request's history; the eager path verifies each row at its own
     # width). Pools ignore it. See docs/allocator.md.
     step_mode: Literal["shared", "slots"] = "shared"
+    # Embedded engine, shared mode: while a batch keeps exactly the same rows, its k is
+    # re-decided only as often as keeps the controller's host time (recording the steps and
+    # deciding) under ``host_budget`` of the measured step time, and at least every
+    # ``max_replan_steps`` steps; a batch whose rows change is decided afresh. 1 = every step.
+    # It matters where a step is short (a small target: a few ms per step, host-bound).
+    max_replan_steps: int = Field(default=8, ge=1, le=64)
+    host_budget: float = Field(default=0.01, gt=0, le=1)
 
     @field_validator("prior_accept_rates")
     @classmethod

@@ -76,6 +76,12 @@ class OnlineModels:
         if self.cost is not None:
             self.cost.observe_step(batch_size, mean_verify_width, drafting_share, seconds)
 
+    def record_step_times(self, steps: Sequence[tuple[int, float, float, float]]) -> None:
+        """Many measured engine steps, in order: (batch size, mean verify width, drafting
+        share, seconds) each."""
+        if self.cost is not None and steps:
+            self.cost.observe_steps(steps)
+
     def record_outcome(
         self,
         task: Task,

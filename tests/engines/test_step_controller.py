@@ -248,3 +248,100 @@ def test_shared_mode_never_allocates_and_slots_need_a_cost_model() -> None:
     steps = controller.start(Task.MATH, 0.9, 7)
     controller.plan([_view("a", 3, 1, [4, 4, 4])], [steps])
     assert not controller.allocates()  # nothing to price a ragged step with: shared mode
+
+
+def _cadence_goodput(**settings: Any) -> Active:
+    spec = QUIET.model_copy(update=settings)
+    models = OnlineModels(spec, block_size=16, cost_table=TABLE)
+    policy_spec = PolicySpec(kind="goodput", goodput=spec)
+    return Active(1, policy_spec, build_policy(policy_spec), models)
+
+
+def _run_steps(
+    controller: StepController,
+    rows: list[Any],
+    ids: list[str],
+    steps: int,
+    step_time_s: float,
+    start: int = 0,
+) -> list[int]:
+    """Steps as the engine runs them (plan; the step; record and prepare behind it), with each
+    request's history lists growing in place as the engine's do; the shared k of each."""
+    lengths: dict[str, list[int]] = {rid: [] for rid in ids}
+    spec: dict[str, list[int]] = {rid: [] for rid in ids}
+
+    def views(n: int) -> list[RequestView]:
+        return [RequestView(r, n, lengths[r], len(ids), n, {}, spec[r], 15) for r in ids]
+
+    chosen = []
+    for n in range(start, start + steps):
+        ks = controller.plan(views(n), rows)
+        chosen.append(ks[0])
+        for rid, k in zip(ids, ks, strict=True):
+            lengths[rid].append(min(k, 3) + 1)
+            spec[rid].append(k)
+        reports = [
+            StepReport(k, min(k, 3) + 1, [True] * min(k, 3), step_time_s, len(ids)) for k in ks
+        ]
+        controller.record(rows, reports)
+        controller.prepare(views(n + 1), rows)
+    return chosen
+
+
+def test_short_steps_space_decisions_while_the_rows_stay_the_same() -> None:
+    """A host-bound engine (steps of 20 us here, far below any decision's host time): the
+    shared k is re-decided only every max_replan_steps steps, and the steps in between reach
+    the online models before the next decision."""
+    active = _cadence_goodput(max_replan_steps=4, host_budget=0.01)
+    controller = StepController(Source(active), 16, random.Random(0))
+    rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(2)]
+    _run_steps(controller, rows, ["a", "b"], 40, step_time_s=20e-6)
+    assert controller.cadence(active) == 4
+    assert 10 <= controller.decisions <= 12  # 40 steps, one decision per 4 (+ the first)
+    models = active.models
+    assert models is not None
+    trials = models.observe(Task.MATH)["accept_trials"]
+    # every drafted step but at most the last 2 x 4 unfolded ones is in the model (2 rows)
+    assert trials[0] >= 2 * (40 - 8) * 0.9
+
+
+def test_long_steps_decide_every_step() -> None:
+    """When the step is long against a decision (a large target), every step is decided,
+    as before: the controller's time hides behind the device."""
+    active = _cadence_goodput(max_replan_steps=8)
+    controller = StepController(Source(active), 16, random.Random(0))
+    rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(2)]
+    _run_steps(controller, rows, ["a", "b"], 20, step_time_s=5.0)
+    assert controller.cadence(active) == 1
+    assert controller.decisions >= 20
+
+
+def test_a_batch_whose_rows_change_is_decided_afresh_and_one_means_every_step() -> None:
+    active = _cadence_goodput(max_replan_steps=8)
+    controller = StepController(Source(active), 16, random.Random(0))
+    rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(2)]
+    _run_steps(controller, rows, ["a", "b"], 16, step_time_s=20e-6)
+    before = controller.decisions
+    # a new request in place of "b": its rows differ, so the next step is decided at once
+    rows[1] = controller.start(Task.CHAT, 1.0, 7)
+    _run_steps(controller, rows, ["a", "c"], 1, step_time_s=20e-6, start=16)
+    assert controller.decisions == before + 1
+    # max_replan_steps: 1 restores a decision per step
+    every = _cadence_goodput(max_replan_steps=1)
+    controller = StepController(Source(every), 16, random.Random(0))
+    rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(2)]
+    _run_steps(controller, rows, ["a", "b"], 20, step_time_s=20e-6)
+    assert controller.decisions >= 20
+
+
+def test_a_probe_serves_one_step_only() -> None:
+    """A probe (one captured width wider, to learn the positions past k) is no decision to
+    keep: however long decisions are spaced, the step after a probe is decided again."""
+    active = _cadence_goodput(max_replan_steps=8, probe_probability=1.0, probe_min_steps=1e9)
+    controller = StepController(Source(active), 16, random.Random(0))
+    rows = [controller.start(Task.CHAT, 1.0, 7) for _ in range(2)]
+    chosen = _run_steps(controller, rows, ["a", "b"], 30, step_time_s=20e-6)
+    width = controller.batch_width
+    assert width is not None and width.last[0] == "probe"
+    assert controller.decisions >= 29  # every step probes, so every step is decided
+    assert len(set(chosen)) >= 1

@@ -304,3 +304,30 @@ def test_expected_totals_match_the_policy_blend(rows: int, is_caught_up: bool) -
         want = [w + e for w, e in zip(want, expected_by_k(blended), strict=True)]
     got = width._expected_totals(slots, [15] * rows)
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_windows_read_every_few_steps_equal_windows_read_every_step() -> None:
+    """The step controller may decide only every few steps (host-bound engines): the rows'
+    windows then take several steps at once and must hold exactly what step-by-step reading
+    holds, rows that joined or left in between included."""
+    rng = random.Random(5)
+    every, spaced = BatchWidth(QUIET, 16, 4), BatchWidth(QUIET, 16, 4)
+    rows: dict[str, tuple[Task, list[int], list[int]]] = {}
+    learned = Learned({Task.MATH: 0.8, Task.CODE: 0.7, Task.CHAT: 0.5}, 16)
+    for step in range(120):
+        if step % 9 == 0 or not rows:  # a request joins
+            rows[f"r{step}"] = (rng.choice(list(Task)), [], [])
+        if step % 13 == 5 and len(rows) > 1:  # one leaves
+            rows.pop(next(iter(rows)))
+        batch = [StepRow(rid, task, lengths, ks, 15) for rid, (task, lengths, ks) in rows.items()]
+        every.decide(batch, learned)
+        if step % 4 == 3:
+            spaced.decide(batch, learned)
+            for rid in rows:
+                a = every.windows.counts[every.windows._slot_of[rid]]
+                b = spaced.windows.counts[spaced.windows._slot_of[rid]]
+                assert b == pytest.approx(a), (step, rid)
+        for _, lengths, ks in rows.values():
+            k = rng.choice((0, 4, 7, 15))
+            ks.append(k)
+            lengths.append(rng.randint(0, k) + 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,21 @@ def test_saved_width_fits_round_trip_and_bad_ones_name_the_key() -> None:
     rows = len(TABLE.batch_sizes)
     with pytest.raises(ValueError, match="cost_width_fits needs 3 rows of 3"):
         other.load_corrections([1.0] * rows, [], [[(1.0, 0.5)]] * rows)
+
+
+def test_steps_folded_together_leave_the_same_fits_as_one_at_a_time() -> None:
+    """The step controller folds the steps between two spaced decisions in one call."""
+    rng = random.Random(3)
+    steps = [
+        (rng.choice((1, 3, 8, 40, 64)), float(rng.choice((1, 8, 16))), 1.0, rng.uniform(1, 12))
+        for _ in range(200)
+    ]
+    one, many = CostModel(TABLE), CostModel(TABLE)
+    for step in steps:
+        one.observe_step(*step)
+    for start in range(0, len(steps), 7):
+        many.observe_steps(steps[start : start + 7])
+    a, b = one.snapshot(), many.snapshot()
+    for batch in (1, 5, 8, 30, 64):
+        for k in (0, 4, 7, 15):
+            assert b.step_time_s(batch, k) == pytest.approx(a.step_time_s(batch, k), rel=1e-12)
