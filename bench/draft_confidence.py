@@ -108,7 +108,7 @@ def summarise(rows: list[tuple[int, float, int]], positions: int) -> dict[str, A
 
 async def collect(args: argparse.Namespace) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     engine = AsyncEngine.load(
-        args.target, args.draft, device="cpu", max_batch_size=args.batch, max_seq_len=1024
+        args.target, args.draft, device=args.device, max_batch_size=args.batch, max_seq_len=1024
     )
     engine._engine.runner.measure_confidence = True  # off by default: every step reports it
     ceiling = max_spec_tokens(engine.block_size)
@@ -137,6 +137,11 @@ async def collect(args: argparse.Namespace) -> tuple[dict[str, list[Any]], dict[
     return by_task, {"block_size": engine.block_size, "spec_tokens": ceiling}
 
 
+def _fmt(value: float | None, digits: int) -> str:
+    """A figure, or "-" where too few observations gave none."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, default=ROOT / "models" / "demo" / "target")
@@ -148,6 +153,7 @@ def main() -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8, help="engine max batch size")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     started = time.time()
     by_task, shape = asyncio.run(collect(args))
@@ -155,7 +161,7 @@ def main() -> int:
     every = [row for rows in by_task.values() for row in rows]
     result = {
         "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.node()} {platform.machine()} (CPU)",
+        "machine": f"{platform.node()} {platform.machine()} ({args.device})",
         "pair": {"target": str(args.target), "draft": str(args.draft), **shape},
         "prompts_per_source": args.prompts_per_source,
         "max_new_tokens": args.max_new_tokens,
@@ -169,9 +175,9 @@ def main() -> int:
     for task, summary in [("all", result["all"]), *result["tasks"].items()]:
         aucs = [p["auc"] for p in summary["per_position"]]
         print(
-            f"{task:>5}: n={summary['observations']} accept={summary['accept_rate']:.3f} "
-            f"AUC(all)={summary['auc_all_positions']:.3f} per position: "
-            + " ".join("-" if a is None else f"{a:.2f}" for a in aucs)
+            f"{task:>5}: n={summary['observations']} accept={_fmt(summary['accept_rate'], 3)} "
+            f"AUC(all)={_fmt(summary['auc_all_positions'], 3)} per position: "
+            + " ".join(_fmt(a, 2) for a in aucs)
         )
     return 0
 

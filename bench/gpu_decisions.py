@@ -50,6 +50,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, required=True, help="JSON, rewritten after each run")
     parser.add_argument(
+        "--label",
+        default=None,
+        help="the arm's name in the results (default: --arm), e.g. synthetic-8b-split for "
+        "another trace on the same arm",
+    )
+    parser.add_argument(
         "--merge",
         type=Path,
         nargs="+",
@@ -116,7 +122,7 @@ def _main(args: argparse.Namespace) -> int:
         names.remove("oracle")  # it reads drawn acceptance: synthetic arms only
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv),
-        "arm": args.arm,
+        "arm": args.label or args.arm,
         "device": arm.device_name,
         "torch": torch.__version__,
         "load_s": time.perf_counter() - started,

@@ -6,7 +6,10 @@
 #   2. profiles this target's verify cost T(batch, tokens) (`draftctl profile-cost`, CUDA graphs)
 #      -> the goodput policy's cost table;
 #   3. runs bench/gpu_decisions.py --arm real-pair with it (every policy on the same seeded
-#      requests: no-spec, static k, dsd-schedule, vllm-av, goodput; greedy exactness check).
+#      requests: no-spec, static k, dsd-schedule, vllm-av, goodput; greedy exactness check on
+#      EXACTNESS prompts, default 256, 0 = skip);
+#   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
+#      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
 # Results land in $OUT as they are made (a stopped run keeps what it finished):
 #   goodput_h200.log, train_testbed.json, cost_table_testbed.json, goodput_h200.json.
@@ -95,12 +98,24 @@ EOF
 
 # 4. every policy on this pair (bench/gpu_decisions.py, real-pair arm: greedy exactness check,
 #    the pair's own acceptance, its profiled cost table), in the time left
-LEFT=$((BUDGET_S - $(date +%s) + T0 - 20))
+CONFIDENCE_S=${CONFIDENCE_S:-0}
+LEFT=$((BUDGET_S - $(date +%s) + T0 - 20 - CONFIDENCE_S))
 say "bench: real-pair arm, ${LEFT}s left"
 "$PY" bench/gpu_decisions.py --arm real-pair --target "$WORK/export/target" \
   --draft "$WORK/export/draft16" --prompts "$WORK/prompts.jsonl" --device "$DEVICE" \
   --scale "${SCALE:-0.5}" --repeats "${REPEATS:-3}" --budget-s "$LEFT" \
+  --exactness-prompts "${EXACTNESS:-256}" \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"
+
+# 5. the draft's confidence against acceptance on this pair (issue 16)
+if [ "$CONFIDENCE_S" -gt 0 ]; then
+  say "draft confidence: ${CONFIDENCE_S}s kept"
+  timeout "$CONFIDENCE_S" "$PY" bench/draft_confidence.py --target "$WORK/export/target" \
+    --draft "$WORK/export/draft16" --prompts .train/eval_prompts.json --device "$DEVICE" \
+    --prompts-per-source "${CONFIDENCE_PROMPTS:-40}" --batch 16 \
+    --out "$OUT/draft_confidence.json" 2>>"$LOG" | tee -a "$LOG"
+  say "draft confidence exit ${PIPESTATUS[0]}"
+fi
 exit $RC
