@@ -59,7 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--merge",
         type=Path,
         nargs="+",
-        help="merge arm JSONs into --out (files of one arm pool their runs)",
+        help="merge arm JSONs into --out (files of one arm pool their runs; PATH=NAME files "
+        "PATH under arm NAME)",
     )
     parser.add_argument("--policies", default=",".join((*NAMES, "oracle")))
     parser.add_argument("--repeats", type=int, default=3)

@@ -35,6 +35,8 @@ class PhaseTally:
     # Decode-only share: tokens and seconds of the steps that admitted no request.
     decode_tokens: int = 0
     decode_s: float = 0.0
+    # Every step: [rows that stepped, widest k, 1 if it admitted a request] (k over time).
+    timeline: list[tuple[int, int, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         host_s, calls = self.host
@@ -51,6 +53,7 @@ class PhaseTally:
             "host_us_per_step": 1e6 * host_s / calls if calls else None,
             # tok/s of the steps without a prefill: free of the prefill's run-to-run noise
             "decode_tok_s": self.decode_tokens / self.decode_s if self.decode_s else None,
+            "timeline": [list(step) for step in self.timeline],
         }
 
 
@@ -109,6 +112,7 @@ def _run_phase(
                 ks.append(event.report.spec_tokens)
                 tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
         tally.row_ks += ks
+        tally.timeline.append((len(ks), max(ks, default=0), int(admitted)))
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
             tally.by_shape[shape].append(step_s)

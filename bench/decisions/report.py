@@ -131,11 +131,13 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """The results file from one JSON per arm (each arm's own command kept with it). Several
     files of one arm (calls that added repeats of the same requests) pool their runs; they must
-    agree on the phases and the arm."""
+    agree on the phases and the arm. ``PATH=NAME`` counts a file under the arm name NAME (runs
+    of one arm made on different days or machines are kept apart, not pooled)."""
     reports: dict[str, list[dict[str, Any]]] = {}
-    for path in paths:
-        report = json.loads(path.read_text())
-        reports.setdefault(report["arm"], []).append(report)
+    for given in paths:
+        text, _, label = str(given).partition("=")
+        report = json.loads(Path(text).read_text())
+        reports.setdefault(label or report["arm"], []).append(report)
     arms: dict[str, Any] = {}
     for arm, group in reports.items():
         first = group[0]

@@ -109,3 +109,33 @@ def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> Non
     second.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="cannot pool"):
         main(["--merge", str(arm_json), str(second), "--out", str(merged)])
+
+
+def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_path: Path) -> None:
+    """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted],
+    whose rows add up to the row-steps the phase counted; the plot script draws both panels."""
+    pytest.importorskip("matplotlib")
+    from bench.decisions.plot import main as plot
+
+    report = json.loads(arm_json.read_text())
+    for run in report["runs"]:
+        for phase in run["phases"].values():
+            timeline = phase["timeline"]
+            assert len(timeline) == phase["steps"]
+            assert all(len(step) == 3 and step[2] in (0, 1) for step in timeline)
+            if run["policy"] == "no-spec":
+                assert all(k == 0 for _, k, _ in timeline)
+    png = tmp_path / "gpu.png"
+    assert plot([str(arm_json), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_file_can_be_merged_under_another_arm_name(arm_json: Path, tmp_path: Path) -> None:
+    """PATH=NAME keeps runs of one arm made on another day apart instead of pooling them."""
+    merged = tmp_path / "results.json"
+    assert (
+        main(["--merge", str(arm_json), f"{arm_json}=synthetic-tiny-b", "--out", str(merged)]) == 0
+    )
+    arms = json.loads(merged.read_text())["arms"]
+    assert set(arms) == {"synthetic-tiny", "synthetic-tiny-b"}
+    assert arms["synthetic-tiny"]["calls"] == arms["synthetic-tiny-b"]["calls"] == 1
