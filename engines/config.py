@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from engines.embedded.events import VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -71,6 +72,9 @@ class EmbeddedConfig(Section):
     max_batch_size: int = Field(default=8, ge=1)
     max_seq_len: int = Field(default=2048, ge=16)
     torch_compile: bool = False
+    # CUDA-graph verifies: every row padded to the widest k, or packed to the tokens the rows
+    # use (graphs keyed on a token bucket; more graphs at start-up). docs/engine.md.
+    verify_mode: VerifyMode = "padded"
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price

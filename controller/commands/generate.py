@@ -49,6 +49,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="torch.compile the forwards first (faster steps on CUDA; slow start-up)",
     )
+    parser.add_argument(
+        "--verify-mode",
+        default="padded",
+        choices=["padded", "ragged"],
+        help="CUDA-graph verifies padded to the widest k, or packed to the tokens rows use",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)
 
@@ -116,6 +122,7 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
         compile_forwards=args.compile,
+        verify_mode=args.verify_mode,
     )
     ceiling = max_spec_tokens(engine.block_size)
     k = ceiling if args.spec_tokens is None else args.spec_tokens

@@ -31,6 +31,7 @@ from engines.embedded.events import (
     SpecController,
     StepPlanner,
     TokenEvent,
+    VerifyMode,
 )
 from engines.embedded.loader import load_runner, resolve_device
 from engines.embedded.request import Request
@@ -81,12 +82,14 @@ class AsyncEngine:
         synthetic: SyntheticAcceptance | None = None,
         planner: StepPlanner | None = None,
         before_serving: Callable[[Engine], None] | None = None,
+        verify_mode: VerifyMode = "padded",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
         ``planner``: chooses k for all rows of each step (else each request's controller).
         ``before_serving``: runs on the loaded, idle engine before its thread starts (the
-        start-up cost profile)."""
+        start-up cost profile). ``verify_mode``: ``padded`` or ``ragged`` CUDA-graph verifies
+        (docs/engine.md, "Ragged verify on CUDA")."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -99,6 +102,7 @@ class AsyncEngine:
             use_cuda_graphs,
             compile_forwards=compile_forwards,
             synthetic=synthetic,
+            verify_mode=verify_mode,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

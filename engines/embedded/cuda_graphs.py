@@ -3,6 +3,10 @@
 Set-up (warm-up, capture) happens at engine start; the hot path only copies inputs into the
 static buffers and replays. All graphs share one memory pool; outputs are valid until the next
 replay of any graph, so callers consume them first.
+
+``StaticCall`` is the same contract without the graph: inputs are copied into the same static
+buffers and the function runs eagerly on them, so the fixed-shape path (padding, whole-cache
+attention, static index buffers) runs, and is tested, on the CPU.
 """
 
 from __future__ import annotations
@@ -13,14 +17,33 @@ from typing import Any
 import torch
 
 
-class GraphedCall:
+class StaticCall:
     def __init__(
         self,
         fn: Callable[..., torch.Tensor],
         static_inputs: tuple[torch.Tensor, ...],
         pool: Any = None,
     ) -> None:
-        self.static_inputs = static_inputs
+        self.fn, self.static_inputs = fn, static_inputs
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        self._copy_inputs(inputs)
+        return self.fn(*self.static_inputs)
+
+    def _copy_inputs(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        # Rows past an input's own (the padded batch) keep what an earlier call left there.
+        for static, value in zip(self.static_inputs, inputs, strict=True):
+            static[: value.shape[0]].copy_(value)
+
+
+class GraphedCall(StaticCall):
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        static_inputs: tuple[torch.Tensor, ...],
+        pool: Any = None,
+    ) -> None:
+        super().__init__(fn, static_inputs)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -32,8 +55,7 @@ class GraphedCall:
             self.output = fn(*static_inputs)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        for static, value in zip(self.static_inputs, inputs, strict=True):
-            static[: value.shape[0]].copy_(value)
+        self._copy_inputs(inputs)
         self.graph.replay()
         return self.output
 

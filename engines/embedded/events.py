@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
+# How CUDA-graph verifies run (docs/engine.md, "Ragged verify on CUDA"): every row padded to the
+# widest k, or packed to the tokens the rows use (graphs keyed on a token bucket).
+VerifyMode = Literal["padded", "ragged"]
+VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

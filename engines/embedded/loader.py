@@ -15,6 +15,7 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
+from engines.embedded.events import VerifyMode
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -76,8 +77,10 @@ def load_runner(
     dtype: torch.dtype | None = None,
     compile_forwards: bool = False,
     synthetic: SyntheticAcceptance | None = None,
+    verify_mode: VerifyMode = "padded",
 ) -> ModelRunner:
-    """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py)."""
+    """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
+    ``verify_mode``: how CUDA-graph verifies run (``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -93,13 +96,14 @@ def load_runner(
     )
     graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
     logger.info(
-        "loaded target %s and draft %s on %s (%s, cuda graphs: %s, compiled: %s)",
+        "loaded target %s and draft %s on %s (%s, cuda graphs: %s, compiled: %s, verify: %s)",
         target_dir,
         draft_dir,
         device,
         dtype,
         graphs,
         compile_forwards,
+        verify_mode,
     )
     return ModelRunner(
         target,
@@ -111,4 +115,5 @@ def load_runner(
         graphs,
         compile_forwards,
         synthetic=synthetic,
+        verify_mode=verify_mode,
     )

@@ -1,9 +1,10 @@
 """Runs the models for one batch: prefill a request, or one speculative step for all running rows.
 
 A step is: draft proposes a block for every row -> target verifies ``[last, drafts...]``
-(padded to a captured width) -> the verified positions' target features go into the draft's
-context cache -> accept (greedy or rejection sampling; benchmark only: drawn from a synthetic
-profile, engines/embedded/synthetic.py). One device->host copy at the end.
+(padded to a captured width; with ``verify_mode="ragged"`` graphs the GEMMs run on the packed
+tokens the rows use, engines/embedded/ragged.py) -> the verified positions' target features go
+into the draft's context cache -> accept (greedy or rejection sampling; benchmark only: drawn
+from a synthetic profile, engines/embedded/synthetic.py). One device->host copy at the end.
 Rows with k = 0 verify only their last token but still get their draft context updated.
 """
 
@@ -16,10 +17,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engines.embedded.cuda_graphs import GraphedCall, padded_size
+from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.draft import DraftModel
+from engines.embedded.events import VERIFY_MODES, VerifyMode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.packing import Packing, unpack
+from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
 from engines.embedded.request import Request
 from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
@@ -62,7 +65,14 @@ class ModelRunner:
         use_cuda_graphs: bool,
         compile_forwards: bool = False,
         synthetic: SyntheticAcceptance | None = None,
+        verify_mode: VerifyMode = "padded",
     ) -> None:
+        """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
+        the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
+        (graph runners): ``padded`` verifies every row at the widest k; ``ragged`` replays
+        graphs whose GEMMs run on the packed tokens the rows use."""
+        if verify_mode not in VERIFY_MODES:
+            raise ValueError(f"verify_mode={verify_mode!r}: use one of {', '.join(VERIFY_MODES)}")
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
         # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
         # into a few kernels; the graphs below then capture the compiled forwards. Costs a
@@ -82,9 +92,11 @@ class ModelRunner:
         self.measure_confidence = False
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
+        self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
         if compile_forwards:
             self._verify = torch.compile(self._verify_forward, fullgraph=True)
             self._draft = torch.compile(self._draft_forward, fullgraph=True)
+            self._ragged_verify = torch.compile(self._ragged_verify_forward, fullgraph=True)
         self.block_size = draft.spec.block_size
         self.mask_token_id = draft.spec.mask_token_id
         # Benchmark only (engines/embedded/synthetic.py): accept decisions drawn, not verified.
@@ -112,9 +124,22 @@ class ModelRunner:
         self.draft_cache = KVCache(
             ds.num_layers, max_batch_size, ds.num_kv_heads, cache_len, ds.head_dim, dtype, device
         )
-        self._graphs: dict[tuple[str, int, int], GraphedCall] = {}
+        self.verify_mode = verify_mode
+        self.ragged_shapes = RaggedShapes(self.batch_sizes, self.widths)
+        # Ragged verify graphs unpack their logits into this one buffer (each graph's own
+        # output would hold B * W * vocab logits per captured token bucket).
+        self._ragged_logits = torch.empty(0, device=device, dtype=dtype)
+        self._graphs: dict[tuple[str, int, int], StaticCall] = {}
+        self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
+        # Start-up seconds spent capturing the padded graphs and the ragged verify graphs.
+        self.capture_s = {"padded": 0.0, "ragged": 0.0}
         if use_cuda_graphs:
+            started = time.perf_counter()
             self._capture()
+            self.capture_s["padded"] = time.perf_counter() - started
+            if verify_mode == "ragged":
+                self._capture_ragged()
+                self.capture_s["ragged"] = time.perf_counter() - started - self.capture_s["padded"]
 
     # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
 
@@ -149,17 +174,50 @@ class ModelRunner:
             outputs=outputs,
         )
 
+    def _ragged_verify_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, index: torch.Tensor
+    ) -> torch.Tensor:
+        """The verify forward of a ragged graph: ids, positions [B, W]; index [2, N] (gather,
+        scatter; engines/embedded/ragged.py). Returns logits [B, W, vocab] in the shared
+        buffer, valid at the tokens the index packs (the rest is stale)."""
+        batch, width = ids.shape
+        packing = Packing.from_indices((batch, width), index[0], index[1])
+        hidden, features = self.target(ids, positions, self.target_cache, packing=packing)
+        self.draft.insert_context(features, positions, self.draft_cache, packing=packing)
+        return packing.unpack(self.target.logits(hidden), out=self._ragged_logits)
+
+    def _static_call(self) -> tuple[type[StaticCall], object]:
+        """CUDA graphs sharing one pool on a CUDA device; eager static calls elsewhere."""
+        if self.device.type == "cuda":
+            return GraphedCall, torch.cuda.graph_pool_handle()
+        return StaticCall, None
+
     def _capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
+        call, pool = self._static_call()
         for batch in reversed(self.batch_sizes):  # largest first so smaller ones reuse the pool
             for width in reversed(self.widths):
                 ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
                 pos = torch.arange(width, device=self.device).repeat(batch, 1)
-                self._graphs["verify", batch, width] = GraphedCall(self._verify, (ids, pos), pool)
+                self._graphs["verify", batch, width] = call(self._verify, (ids, pos), pool)
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
-            self._graphs["draft", batch, self.block_size] = GraphedCall(
-                self._draft, (ids, pos), pool
+            self._graphs["draft", batch, self.block_size] = call(self._draft, (ids, pos), pool)
+
+    def _capture_ragged(self) -> None:
+        """One graph per (B, W, N) of ``ragged_shapes`` (largest first), one shared pool."""
+        if not self.ragged_shapes.keys:
+            return  # batch 1 only: no token bucket below a padded width
+        call, pool = self._static_call()
+        rows = self.batch_sizes[-1] * self.widths[-1] + 1  # + the scratch row
+        vocab = self.target.shape.vocab_size
+        self._ragged_logits = torch.zeros(rows, vocab, device=self.device, dtype=self.dtype)
+        for batch, width, num_tokens in self.ragged_shapes.keys:
+            ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+            pos = torch.arange(width, device=self.device).repeat(batch, 1)
+            lengths = full_rows(num_tokens, width)  # any rows that sum to N
+            index = ragged_index(lengths, batch, width, num_tokens).to(self.device)
+            self._ragged_graphs[batch, width, num_tokens] = call(
+                self._ragged_verify, (ids, pos, index), pool
             )
 
     def _run(
@@ -184,6 +242,24 @@ class ModelRunner:
         forward = self._verify_forward if name == "verify" else self._draft_forward
         num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
         return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
+
+    def _run_verify(
+        self, ids: torch.Tensor, positions: torch.Tensor, spec_tokens: list[int], eager: bool
+    ) -> torch.Tensor:
+        """The verify forward: a ragged graph replay when this runner has one for the step's
+        token count, else ``_run`` (padded replay, or the eager packed forward)."""
+        rows, width = ids.shape
+        # verify_mode may be switched to "padded" after capture (benchmarks compare the two).
+        if self.verify_mode == "ragged" and self._ragged_graphs and not eager:
+            batch = padded_size(rows, self.batch_sizes)
+            lengths = [k + 1 for k in spec_tokens]
+            num_tokens = self.ragged_shapes.choose(lengths, batch, width)
+            if num_tokens is not None:
+                # Built on the host from k (no device sync); one small host->device copy.
+                index = ragged_index(lengths, batch, width, num_tokens).to(self.device)
+                graph = self._ragged_graphs[batch, width, num_tokens]
+                return graph(ids, positions, index)[:rows]
+        return self._run("verify", ids, positions, self._verify_packing(spec_tokens), eager=eager)
 
     # -- prefill -----------------------------------------------------------------------------
 
@@ -286,13 +362,9 @@ class ModelRunner:
         ids = torch.cat([last[:, None], drafts], dim=1)
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
-        logits = self._run(
-            "verify",
-            ids,
-            start[:, None] + offsets[:width],
-            self._verify_packing(spec_tokens),
-            eager=eager,
-        )[:, : widest + 1]
+        logits = self._run_verify(ids, start[:, None] + offsets[:width], spec_tokens, eager)[
+            :, : widest + 1
+        ]
         if self.synthetic is not None:
             return self._synthetic_result(
                 rows, spec_tokens, drafts, logits, params, u, started, overlap

@@ -59,6 +59,18 @@ def test_torch_compile_on_cpu_is_a_config_problem() -> None:
     assert parse_config(text.replace("cpu", "cuda"), Path("/cfg")).backends[0].torch_compile
 
 
+def test_verify_mode_defaults_to_padded_and_names_a_bad_value() -> None:
+    text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
+    backend = parse_config(text, Path("/cfg")).backends[0]
+    assert isinstance(backend, EmbeddedConfig) and backend.verify_mode == "padded"
+    ragged = parse_config(text.replace("d}", "d, verify_mode: ragged}"), Path("/cfg"))
+    assert ragged.backends[0].verify_mode == "ragged"  # type: ignore[union-attr]
+    (problem,) = _problems(text.replace("d}", "d, verify_mode: packed}"))
+    assert problem == (
+        "backends.0.verify_mode: Input should be 'padded' or 'ragged' (got 'packed') (line 2)"
+    )
+
+
 def test_problems_name_dotted_key_and_line() -> None:
     text = (
         POOL.replace("spec_tokens: 7", "spec_tokens: 7\n    colour: red") + "server:\n  port: x\n"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ import pytest
 import torch
 
 from engines.embedded.engine import Engine
-from engines.embedded.events import RequestView, SamplingParams, TokenEvent
+from engines.embedded.events import RequestView, SamplingParams, TokenEvent, VerifyMode
 from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 
@@ -273,3 +274,40 @@ def test_random_k_per_step_with_ragged_steps_equals_target_greedy(
     assert share_multi_token(run) > 0.35
     assert run.num_mixed_k_steps > 0.8 * len(run.rows_per_step), "mixed-k (packed) steps"
     assert len(set(run.rows_per_step)) > 8 and run.num_join_steps > 30, "joins/leaves"
+
+
+@pytest.mark.parametrize("mode", ["padded", "ragged"])
+def test_graph_path_with_random_k_equals_target_greedy(
+    mode: VerifyMode, prompts: list[list[int]], target_greedy: list[list[int]]
+) -> None:
+    """The fixed-shape (CUDA-graph) step path, its static calls run eagerly on the CPU: padded
+    verifies, and ragged ones whose GEMMs run on a token bucket (engines/embedded/ragged.py)."""
+    runner = load_runner(
+        DEMO / "target",
+        DEMO / "draft",
+        torch.device("cpu"),
+        MAX_BATCH_SIZE,
+        MAX_SEQ_LEN,
+        use_cuda_graphs=True,
+        verify_mode=mode,
+    )
+    replays = Counter[str]()
+    for key, call in list(runner._ragged_graphs.items()):
+        runner._ragged_graphs[key] = _counted(call, replays)  # type: ignore[assignment]
+    run = run_staggered(Engine(runner, MAX_BATCH_SIZE, MAX_SEQ_LEN), prompts, random_k)
+    assert_same_tokens(run, target_greedy, f"graph path, {mode} verify, random k")
+    assert run.num_mixed_k_steps > 0.8 * len(run.rows_per_step), "mixed-k steps"
+    if mode == "ragged":
+        assert replays["ragged"] > 0.5 * len(run.rows_per_step), (replays, len(run.rows_per_step))
+    else:
+        assert not replays
+
+
+def _counted(
+    call: Callable[..., torch.Tensor], replays: Counter[str]
+) -> Callable[..., torch.Tensor]:
+    def counted(*inputs: torch.Tensor) -> torch.Tensor:
+        replays["ragged"] += 1
+        return call(*inputs)
+
+    return counted

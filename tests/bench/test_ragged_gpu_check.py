@@ -1,0 +1,40 @@
+"""bench/ragged_gpu_check.py on the CPU (tiny random shape, graphs replayed as eager static
+calls): it runs end to end, the ragged and padded verifies agree, and the JSON holds what the
+lead reads off the GPU run (capture, exactness, timing ratios)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from bench.ragged_gpu_check import k_mixes, main
+
+
+def test_k_mixes_hold_eight_tokens_per_row_where_promised() -> None:
+    for batch in (1, 8, 64):
+        mixes = k_mixes(batch, seed=0)
+        for name in ("k0_k14_halves", "k3_k11_halves", "random_mean7"):
+            assert sum(k + 1 for k in mixes[name]) == 8 * batch, (batch, name)
+        assert all(len(ks) == batch and 0 <= min(ks) and max(ks) <= 15 for ks in mixes.values())
+
+
+def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "ragged.json"
+    argv = ["--device", "cpu", "--tiny", "--batches", "4", "--context-len", "48"]
+    assert main([*argv, "--repeats", "1", "--rounds", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    setup = result["setup"]
+    assert setup["num_graphs"]["ragged"] > 0 and set(setup["capture_s"]) == {"padded", "ragged"}
+    summary = result["exactness_summary"]
+    assert summary["steps_same_tokens"] == summary["steps_compared"] == 12
+    assert summary["min_argmax_agreement"] == 1.0
+    mixed = result["timing"]["b4/k0_k14_halves"]
+    assert mixed["num_tokens"] == 32 and mixed["width"] == 16
+    assert mixed["token_bucket"] == 32, "32 tokens, not 4 x 16 = 64"
+    assert {"verify_ragged_over_widest", "step_ragged_over_padded"} <= set(mixed)
+    assert "verify_ragged_over_equal_tokens" in mixed  # the padded width-8 graph at batch 4
+    assert not result["skipped"]

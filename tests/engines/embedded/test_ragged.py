@@ -1,0 +1,199 @@
+"""Ragged verify graphs (issue 16): token buckets, static index buffers, and the fixed-shape
+step that replays them. CUDA graphs cannot run on the CPU, so the runner's graph path runs here
+with the same static buffers called eagerly (``StaticCall``): padded batch and width buckets,
+whole-cache attention, index buffers filled on the host, the shared logits buffer. Tokens must
+equal the padded graph path, the eager packed path and target-only greedy decoding."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.embedded.cuda_graphs import StaticCall
+from engines.embedded.engine import Engine
+from engines.embedded.events import RequestView, VerifyMode
+from engines.embedded.loader import load_runner
+from engines.embedded.packing import Packing
+from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index, token_ladder
+from engines.embedded.request import Request
+from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
+from tests.engines.embedded.conftest import BLOCK_SIZE, greedy_request, random_prompt
+from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
+from tests.engines.embedded.test_two_phase import RandomAllocation
+
+NUM_PROMPTS, NEW_TOKENS, MAX_BATCH = 10, 24, 6
+
+
+def test_token_ladder_rounds_up_by_at_most_an_eighth_past_64() -> None:
+    ladder = token_ladder(2048)
+    assert ladder[:9] == [8, 16, 24, 32, 40, 48, 56, 64, 72]
+    assert ladder[-1] == 2048 and ladder == sorted(set(ladder))
+    for n in range(65, 2049):
+        bucket = next(b for b in ladder if b >= n)
+        assert bucket - n <= n / 8, (n, bucket)
+    with pytest.raises(ValueError, match="steps_per_doubling=0"):
+        token_ladder(64, steps_per_doubling=0)
+
+
+def test_buckets_are_bounded_and_stay_below_the_padded_token_count() -> None:
+    for max_batch, most in ((8, 40), (64, 200), (128, 280)):
+        batches = [b for b in GRAPH_BATCH_SIZES if b < max_batch] + [max_batch]
+        shapes = RaggedShapes(batches, [1, 8, 16])
+        keys = shapes.keys
+        assert len(keys) == len(set(keys)) <= most, (max_batch, len(keys))
+        assert all(n < b * w for b, w, n in keys), "a bucket reaching B * W is the padded graph"
+        assert (1, 8) not in shapes.buckets, "batch 1 pads at most 7 tokens: no ragged graph"
+
+
+def test_choose_picks_the_smallest_bucket_or_falls_back_to_padded() -> None:
+    shapes = RaggedShapes([1, 2, 4, 8], [1, 8])
+    assert shapes.buckets[8, 8][0] == 8 and shapes.buckets[8, 8][-1] == 56
+    assert shapes.choose([1, 8, 1, 1, 1], 8, 8) == 16  # 12 tokens, not 8 x 8 = 64
+    assert shapes.choose([8, 8, 8, 8, 8, 8, 8, 3], 8, 8) is None  # 59 -> 64 = padded
+    assert shapes.choose([8] * 7, 8, 8) == 56  # 7 rows padded to 8: the last row costs nothing
+    assert shapes.choose([1], 1, 1) is None
+
+
+def test_ragged_index_packs_rows_and_sends_padding_to_the_scratch_row() -> None:
+    index = ragged_index([1, 3, 0], 4, 3, 8)
+    assert index[0].tolist() == [0, 3, 4, 5, 0, 0, 0, 0]  # padding gathers token 0
+    assert index[1].tolist() == [0, 3, 4, 5, 12, 12, 12, 12]  # and scatters to row 4 * 3
+    assert full_rows(19, 8) == [8, 8, 3] and full_rows(16, 8) == [8, 8]
+    with pytest.raises(ValueError, match="do not fit"):
+        ragged_index([4, 4], 2, 4, 7)
+
+
+def test_static_packing_matches_the_mask_packing_and_drops_padding() -> None:
+    x = torch.arange(24.0).view(4, 3, 2)
+    lengths = torch.tensor([1, 3, 0, 2])
+    eager = Packing.from_lengths(lengths, 3)
+    index = ragged_index(lengths.tolist(), 4, 3, 9)
+    static = Packing.from_indices((4, 3), index[0], index[1])
+    assert static.num_tokens == 9 and eager.num_tokens == 6
+    packed = static.pack(x)
+    torch.testing.assert_close(packed[:, :6], eager.pack(x))
+    torch.testing.assert_close(static.unpack(packed * 2), eager.unpack(eager.pack(x)) * 2)
+    out = torch.full((13, 2), -1.0)  # a reused buffer: padding lands in its scratch row 12
+    got = static.unpack(packed, out=out)
+    valid = torch.arange(3)[None, :] < lengths[:, None]
+    torch.testing.assert_close(got[valid], x[valid])
+    assert (got[~valid] == -1).all(), "positions without a token are left as they were"
+
+
+def graph_runner(pair: tuple[Path, Path], mode: VerifyMode, max_batch: int = 4) -> ModelRunner:
+    return load_runner(
+        *pair, torch.device("cpu"), max_batch, 64, use_cuda_graphs=True, verify_mode=mode
+    )
+
+
+@torch.inference_mode()
+def test_ragged_verify_forward_matches_the_padded_forward(agreeing_pair: tuple[Path, Path]) -> None:
+    padded, ragged = graph_runner(agreeing_pair, "padded"), graph_runner(agreeing_pair, "ragged")
+    spec_tokens = [0, 5, 2]
+    batch, width = 4, 8  # 3 rows padded to the batch bucket 4, widest 6 to the width bucket 8
+    ids = torch.randint(0, 256, (batch, width), generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[10], [20], [7], [30]]) + torch.arange(width)
+    for runner in (padded, ragged):  # the same earlier context in both caches
+        runner._verify_forward(ids, positions - width)
+    lengths = [k + 1 for k in spec_tokens]
+    num_tokens = ragged.ragged_shapes.choose(lengths, batch, width)
+    assert num_tokens == 16, num_tokens  # 10 tokens -> bucket 16, not 4 x 8 = 32
+    index = ragged_index(lengths, batch, width, num_tokens)
+    want = padded._verify_forward(ids, positions)
+    got = ragged._ragged_verify_forward(ids, positions, index)
+    for row, k in enumerate(spec_tokens):
+        torch.testing.assert_close(got[row, : k + 1], want[row, : k + 1])
+        written = positions[row, : k + 1]
+        for cache in ("target_cache", "draft_cache"):
+            mine, theirs = getattr(ragged, cache), getattr(padded, cache)
+            torch.testing.assert_close(mine.k[:, row, :, written], theirs.k[:, row, :, written])
+            torch.testing.assert_close(mine.v[:, row, :, written], theirs.v[:, row, :, written])
+
+
+@torch.inference_mode()
+def test_ragged_verify_traces_as_one_graph(agreeing_pair: tuple[Path, Path]) -> None:
+    """``torch_compile`` wraps the ragged forward in ``fullgraph=True``: no host sync or graph
+    break may hide in it (the eager backend traces without compiling kernels)."""
+    runner = graph_runner(agreeing_pair, "ragged")
+    ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
+    positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
+    index = ragged_index([3, 1, 8, 2], 4, 8, 16)
+    want = runner._ragged_verify_forward(ids, positions, index).clone()
+    torch._dynamo.reset()
+    traced = torch.compile(runner._ragged_verify_forward, fullgraph=True, backend="eager")
+    got = traced(ids, positions, index)
+    valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
+    torch.testing.assert_close(got[valid], want[valid])
+
+
+class CountingCall:
+    """Wraps a static call and counts its replays."""
+
+    def __init__(self, call: StaticCall, counts: Counter[str], name: str) -> None:
+        self.call, self.counts, self.name = call, counts, name
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        self.counts[self.name] += 1
+        return self.call(*inputs)
+
+
+def counting(runner: ModelRunner) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for key, call in runner._graphs.items():
+        runner._graphs[key] = CountingCall(call, counts, key[0])  # type: ignore[assignment]
+    for shape, ragged in runner._ragged_graphs.items():
+        runner._ragged_graphs[shape] = CountingCall(ragged, counts, "ragged")  # type: ignore[assignment]
+    return counts
+
+
+def mixed_k(i: int) -> Callable[[RequestView], int]:
+    rng = random.Random(i)
+    return lambda view: rng.choice([0, 0, 1, 3, 7])
+
+
+def run(engine: Engine, prompts: list[list[int]]) -> list[Request]:
+    requests = [greedy_request(f"r{i}", p, NEW_TOKENS, mixed_k(i)) for i, p in enumerate(prompts)]
+    for request in requests:  # more than max_batch: requests join and leave mid-run
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    return requests
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return [random_prompt(4000 + i, PROMPT_LEN) for i in range(NUM_PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def expected(agreeing_pair: tuple[Path, Path], prompts: list[list[int]]) -> list[list[int]]:
+    return target_only_greedy(agreeing_pair[0], prompts, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("mode", ["padded", "ragged"])
+@pytest.mark.parametrize("two_phase", [False, True])
+def test_graph_steps_equal_target_only_greedy(
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    mode: VerifyMode,
+    two_phase: bool,
+) -> None:
+    runner = graph_runner(agreeing_pair, mode, MAX_BATCH)
+    counts = counting(runner)
+    engine = Engine(runner, MAX_BATCH, 64)
+    if two_phase:
+        engine.planner = RandomAllocation(1)
+    requests = run(engine, prompts)
+    assert [r.output_ids for r in requests] == expected
+    assert len({k for r in requests for k in r.spec_tokens}) > 3
+    if mode == "ragged":
+        assert runner.ragged_shapes.keys and counts["ragged"] > 10, counts
+    else:
+        assert counts["ragged"] == 0 and counts["verify"] > 10, counts
+    assert runner.block_size == BLOCK_SIZE
