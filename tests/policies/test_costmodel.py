@@ -184,3 +184,29 @@ def test_steps_folded_together_leave_the_same_fits_as_one_at_a_time() -> None:
     for batch in (1, 5, 8, 30, 64):
         for k in (0, 4, 7, 15):
             assert b.step_time_s(batch, k) == pytest.approx(a.step_time_s(batch, k), rel=1e-12)
+
+
+def test_a_width_the_row_has_barely_run_is_not_priced_below_the_rows_mean_ratio() -> None:
+    """Fault found on the H200 (2026-12-02, task-split trace): real 8B-shape decode steps of
+    33-64 rows cost the same (width 8: 28.8-29.2 ms), unlike the table's interpolation between
+    its rows 32 and 64. Fitted across those batch sizes, the row of 64 found a tiny scale and a
+    large overhead and priced width 16 at 1.03x width 8 (measured 1.49x), so a math batch of
+    64 ran width 16 until that width's own ratio had learned otherwise."""
+    path = Path(__file__).resolve().parents[2] / "cost_tables/qwen3-8b-h200.json"
+    table = CostTable.from_dict(json.loads(path.read_text()))
+    model = CostModel(table, block_size=16, verify_width_multiple=8, draft_cost_fraction=0.16)
+    measured = {  # (rows, width): seconds, decode steps of the H200 run
+        (16, 8): 13.01e-3,
+        (16, 16): 15.19e-3,
+        (32, 8): 17.95e-3,
+        (40, 8): 28.7e-3,
+        (48, 8): 28.77e-3,
+        (56, 8): 28.9e-3,
+        (64, 8): 29.15e-3,
+    }
+    steps = [(b, float(w), 1.0, s) for (b, w), s in measured.items() for _ in range(60)]
+    random.Random(1).shuffle(steps)
+    model.observe_steps(steps)
+    snap = model.snapshot()
+    assert snap.step_time_s(64, 15) / snap.step_time_s(64, 7) > 1.3  # measured 1.49
+    assert snap.step_time_s(64, 7) == pytest.approx(29.15e-3, rel=0.15)
