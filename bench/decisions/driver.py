@@ -35,8 +35,8 @@ class PhaseTally:
     # Decode-only share: tokens and seconds of the steps that admitted no request.
     decode_tokens: int = 0
     decode_s: float = 0.0
-    # Every step: [rows that stepped, widest k, 1 if it admitted a request] (k over time).
-    timeline: list[tuple[int, int, int]] = field(default_factory=list)
+    # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms] (k over time).
+    timeline: list[tuple[int, int, int, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         host_s, calls = self.host
@@ -112,7 +112,7 @@ def _run_phase(
                 ks.append(event.report.spec_tokens)
                 tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
         tally.row_ks += ks
-        tally.timeline.append((len(ks), max(ks, default=0), int(admitted)))
+        tally.timeline.append((len(ks), max(ks, default=0), int(admitted), round(1e3 * step_s, 3)))
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
             tally.by_shape[shape].append(step_s)

@@ -28,7 +28,7 @@ def _k_series(run: dict[str, Any]) -> tuple[list[float], list[float], list[tuple
         start = float(len(xs)) if timeline else float(index)
         starts.append((start, name))
         if timeline:
-            for rows, k, _ in timeline:
+            for rows, k, *_ in timeline:
                 if rows:
                     xs.append(float(len(xs)))
                     ks.append(float(k))

@@ -112,7 +112,7 @@ def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> Non
 
 
 def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_path: Path) -> None:
-    """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted],
+    """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted, ms],
     whose rows add up to the row-steps the phase counted; the plot script draws both panels."""
     pytest.importorskip("matplotlib")
     from bench.decisions.plot import main as plot
@@ -122,9 +122,9 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
         for phase in run["phases"].values():
             timeline = phase["timeline"]
             assert len(timeline) == phase["steps"]
-            assert all(len(step) == 3 and step[2] in (0, 1) for step in timeline)
+            assert all(len(step) == 4 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
             if run["policy"] == "no-spec":
-                assert all(k == 0 for _, k, _ in timeline)
+                assert all(k == 0 for _, k, _, _ in timeline)
     png = tmp_path / "gpu.png"
     assert plot([str(arm_json), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
