@@ -160,3 +160,19 @@ def test_combiner_follows_its_sample_weights() -> None:
         weights = np.where(labels == 0, math_weight, 1.0)
         combiner = fit_combiner(features, labels, num_hidden=4, seed=0, weights=weights)
         assert int(np.argmax(combiner_logits(combiner, features[:1]))) == expected
+
+
+def test_train_command_reads_source_weights_and_rejects_a_bad_one(tmp_path: Path) -> None:
+    from controller.cli import build_parser
+    from controller.commands.classifier import settings_from
+    from training.classifier.training import SOURCE_WEIGHTS
+
+    def settings(*extra: str):  # type: ignore[no-untyped-def]
+        argv = ["classifier", "train", "--out", str(tmp_path), *extra]
+        return settings_from(build_parser().parse_args(argv))
+
+    assert settings().source_weights == SOURCE_WEIGHTS
+    assert settings("--source-weights", "none").source_weights is None
+    assert settings("--source-weights", "pygments=2").source_weights == "pygments=2"
+    with pytest.raises(ValueError, match="'pygments=-1'"):
+        settings("--source-weights", "pygments=-1")
