@@ -39,6 +39,12 @@ def register(subparsers: Any) -> None:
         "(default: TrainSettings.class_weight)",
     )
     train.add_argument(
+        "--source-weights",
+        default=None,
+        help="sample weights by source-name prefix, PREFIX=WEIGHT[,PREFIX=WEIGHT] such as "
+        "synthetic=0.5; 'none' weighs every example 1 (default: TrainSettings.source_weights)",
+    )
+    train.add_argument(
         "--num-bits", type=int, default=None, help="log2 of the number of hash buckets"
     )
     train.add_argument(
@@ -151,7 +157,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
     except ValueError as error:
-        logger.error("--class-weight %s: %s", args.class_weight, error)
+        logger.error("%s", error)
         return 2
     try:
         dataset = load_dataset(args.shared_data, args.held_out_percent)
@@ -166,7 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def settings_from(args: argparse.Namespace) -> Any:
-    from training.classifier.training import TrainSettings, class_weights
+    from training.classifier.training import TrainSettings, class_weights, parse_source_weights
 
     settings = TrainSettings(seed=args.seed, validation_percent=args.validation_percent)
     if args.alpha is not None:
@@ -175,6 +181,10 @@ def settings_from(args: argparse.Namespace) -> Any:
         weighting = None if args.class_weight == "none" else args.class_weight
         class_weights(weighting)  # a bad value fails here, before the data is read
         settings = replace(settings, class_weight=weighting)
+    if args.source_weights is not None:
+        source_weights = None if args.source_weights == "none" else args.source_weights
+        parse_source_weights(source_weights)  # a bad value fails here, before the data is read
+        settings = replace(settings, source_weights=source_weights)
     spec = settings.spec
     if args.ngram_sizes:
         spec = replace(spec, ngram_sizes=tuple(int(size) for size in args.ngram_sizes.split(",")))

@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 MAX_COMBINER_ITERATIONS = 1000
 
-FitLinear = Callable[[sp.csr_matrix, npt.NDArray[np.int64]], SGDClassifier]
+Weights = npt.NDArray[np.float64] | None  # per-row sample weights; None: unweighted
+FitLinear = Callable[[sp.csr_matrix, npt.NDArray[np.int64], Weights], SGDClassifier]
 
 
 def segment_scores(model: SGDClassifier, segment: sp.csr_matrix) -> npt.NDArray[np.float64]:
@@ -50,6 +51,7 @@ def out_of_fold_features(
     groups: Sequence[str],
     fit_linear: FitLinear,
     num_folds: int,
+    weights: Weights = None,
 ) -> npt.NDArray[np.float64]:
     folds = np.array([fold_of(group, num_folds) for group in groups])
     whole = (segments[0] + segments[1]).tocsr()
@@ -57,7 +59,9 @@ def out_of_fold_features(
     for fold in range(num_folds):
         is_in = folds == fold
         logger.info("combiner: linear model for fold %d of %d", fold + 1, num_folds)
-        model = fit_linear(whole[~is_in], labels[~is_in])
+        model = fit_linear(
+            whole[~is_in], labels[~is_in], None if weights is None else weights[~is_in]
+        )
         rows = [segment[is_in] for segment in segments]
         features[is_in] = combiner_features(model, rows, [size[is_in] for size in sizes])
     return features
@@ -68,7 +72,11 @@ TEMPERATURES = np.exp(np.linspace(np.log(0.25), np.log(4.0), 81))
 
 
 def calibrated_combiner(
-    features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
+    features: npt.NDArray[np.float64],
+    labels: npt.NDArray[np.int64],
+    num_hidden: int,
+    seed: int,
+    weights: Weights = None,
 ) -> tuple[Combiner, float]:
     """The combiner, its logits divided by a temperature (folded into ``w2`` and ``b2``) so
     that its probabilities are calibrated, and that temperature.
@@ -79,7 +87,7 @@ def calibrated_combiner(
     (A combiner fitted on 80% and calibrated on the other 20% doubled the fitting time, which
     on this 2-core machine is most of a training run.)
     """
-    combiner = fit_combiner(features, labels, num_hidden, seed)
+    combiner = fit_combiner(features, labels, num_hidden, seed, weights)
     temperature = fit_temperature(combiner, features, labels)
     logger.info("combiner: temperature %.3f", temperature)
     scaled = Combiner(
@@ -111,7 +119,11 @@ def fit_temperature(
 
 
 def fit_combiner(
-    features: npt.NDArray[np.float64], labels: npt.NDArray[np.int64], num_hidden: int, seed: int
+    features: npt.NDArray[np.float64],
+    labels: npt.NDArray[np.int64],
+    num_hidden: int,
+    seed: int,
+    weights: Weights = None,
 ) -> Combiner:
     """The MLP fitted full-batch with L-BFGS: on the validation split (docs/classifier.md)
     Adam's stochastic fit moved accuracy by up to 0.3 points between seeds with 8 hidden
@@ -123,7 +135,7 @@ def fit_combiner(
         max_iter=MAX_COMBINER_ITERATIONS,
         random_state=seed,
     )
-    mlp.fit(features, labels)
+    mlp.fit(features, labels, sample_weight=weights)
     w1, w2 = (np.asarray(c, dtype=np.float64).T for c in mlp.coefs_)
     b1, b2 = (np.asarray(b, dtype=np.float64) for b in mlp.intercepts_)
     return Combiner(w1, b1, w2, b2)

@@ -45,6 +45,16 @@ def default_spec() -> FeatureSpec:
     return FeatureSpec()
 
 
+# The default of TrainSettings.source_weights. The generated maths of #17 (3,000+ word
+# problems in ten languages, GSM8K behind casual prefixes) at full weight taught "everyday
+# words with numbers -> maths" and, with the generated code requests, cost ShareGPT
+# first-turn chat ~5 points on the validation split; MATH-500 and CHAMP (a few hundred
+# training problems each) were outvoted by MBPP task phrases ("find the number of ways to
+# ...") asked for as code. Weights chosen on the validation split and the hand-written
+# prompts (docs/classifier.md, "Regressions of #17: causes and fix").
+SOURCE_WEIGHTS = "synthetic_math_words=0.5,math500=2,champ=2"
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     spec: FeatureSpec = field(default_factory=default_spec)
@@ -68,6 +78,10 @@ class TrainSettings:
     # Percent of the training groups left out for choosing models (0: train on all of them;
     # the committed artifact). ``classifier eval --split validation`` scores the rest.
     validation_percent: int = 0
+    # Sample weights by source-name prefix (the first prefix that matches wins; other
+    # sources weigh 1), in the linear stage, its out-of-fold fits and the combiner.
+    # ``parse_source_weights`` reads it; None weighs every example 1.
+    source_weights: str | None = SOURCE_WEIGHTS
 
 
 def segment_matrices(
@@ -123,8 +137,11 @@ def fit_with_temperature(
     segments, sizes = segment_matrices(bodies, settings.spec, dataset.max_chars, is_progress)
     matrix = sum(segments[1:], segments[0]).tocsr()
     targets = labels(dataset, rows)
+    weights_of_rows = sample_weights(
+        [dataset.examples[i].source for i in rows], parse_source_weights(settings.source_weights)
+    )
     logger.info("fitting %d examples x %d buckets", matrix.shape[0], matrix.shape[1])
-    linear = fit_linear(matrix, targets, settings)
+    linear = fit_linear(matrix, targets, settings, weights_of_rows)
     weights = linear.coef_.astype(np.float32)
     bias = linear.intercept_.astype(np.float32)
     combiner, temperature = None, None
@@ -132,17 +149,20 @@ def fit_with_temperature(
         groups = [dataset.examples[i].group for i in rows]
         features = out_of_fold_features(
             segments, sizes, targets, groups,
-            lambda x, y: fit_linear(x, y, settings), settings.num_folds,
+            lambda x, y, w: fit_linear(x, y, settings, w), settings.num_folds, weights_of_rows,
         )  # fmt: skip
         combiner, temperature = calibrated_combiner(
-            features, targets, settings.num_hidden, settings.seed
+            features, targets, settings.num_hidden, settings.seed, weights_of_rows
         )
     model = LinearClassifier(settings.spec, TASKS, weights, bias, dataset.max_chars, combiner)
     return model, temperature
 
 
 def fit_linear(
-    matrix: sp.csr_matrix, targets: npt.NDArray[np.int64], settings: TrainSettings
+    matrix: sp.csr_matrix,
+    targets: npt.NDArray[np.int64],
+    settings: TrainSettings,
+    weights: npt.NDArray[np.float64] | None = None,
 ) -> SGDClassifier:
     model = SGDClassifier(
         loss="log_loss",
@@ -153,7 +173,39 @@ def fit_linear(
         class_weight=class_weights(settings.class_weight),
         average=settings.is_averaged,
     )
-    return model.fit(matrix, targets)
+    return model.fit(matrix, targets, sample_weight=weights)
+
+
+def parse_source_weights(setting: str | None) -> tuple[tuple[str, float], ...]:
+    """``"synthetic=0.5,math500=2"`` -> (("synthetic", 0.5), ("math500", 2.0)); None -> ()."""
+    if not setting:
+        return ()
+    pairs = []
+    for item in setting.split(","):
+        prefix, _, value = item.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not prefix.strip() or not weight > 0:
+            raise ValueError(
+                f"source weight {item!r}: expected SOURCE_PREFIX=WEIGHT with WEIGHT > 0, "
+                "e.g. synthetic=0.5"
+            )
+        pairs.append((prefix.strip(), weight))
+    return tuple(pairs)
+
+
+def sample_weights(
+    sources: Iterable[str], weights: tuple[tuple[str, float], ...]
+) -> npt.NDArray[np.float64] | None:
+    """Per example, the weight of the first prefix its source starts with (else 1); None
+    when no weights are set (scikit-learn's unweighted fit)."""
+    if not weights:
+        return None
+    return np.array(
+        [next((w for prefix, w in weights if source.startswith(prefix)), 1.0) for source in sources]
+    )
 
 
 def class_weights(setting: str | None) -> str | dict[int, float] | None:
@@ -192,6 +244,7 @@ def manifest(
         "combiner_solver": "lbfgs",
         "combiner_temperature": temperature,
         "class_weight": settings.class_weight,
+        "source_weights": settings.source_weights,
         "validation_percent": settings.validation_percent,
         "data_versions": {**data_versions(shared_data), SDIST_NAME: SDIST_SHA256},
         "num_train": len(train_rows),

@@ -1,8 +1,10 @@
 """The committed artifact on the held-out split (never trained on, never used to choose a
 model), every source including ShareGPT, against the committed evaluation JSON
-(``draftctl classifier eval --no-latency --prompts bench/classifier_prompts/handwritten.jsonl
---snippets --json bench/results/classifier_eval_2026-12-01_17.json``), and on the committed
-hand-written prompts and the Pygments snippets (never trained on).
+(``draftctl classifier eval --prompts bench/classifier_prompts/handwritten.jsonl --prompts
+bench/classifier_prompts/cyrillic.jsonl --snippets --json
+bench/results/classifier_eval_2026-12-02_h17.json``), and on the committed hand-written
+prompts (English and others; Russian and Ukrainian) and the Pygments snippets (never
+trained on).
 
 Each source must reach its committed accuracy minus that figure's noise (two standard errors
 of a proportion measured on that many requests, ``source_noise``): a retrained artifact may
@@ -23,8 +25,10 @@ from training.classifier.evaluation import evaluate, report_json
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-01_17.json"
-PROMPTS = ROOT / "bench" / "classifier_prompts" / "handwritten.jsonl"
+COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-02_h17.json"
+PROMPT_FILES = [
+    ROOT / "bench" / "classifier_prompts" / name for name in ("handwritten.jsonl", "cyrillic.jsonl")
+]
 SOURCES = sorted(json.loads(COMMITTED.read_text())["sources"])
 
 pytestmark = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")
@@ -65,7 +69,7 @@ def test_prompt_sets_hold_their_measured_accuracy(committed: dict[str, Any]) -> 
     from training.classifier.prompt_sets import load_prompt_file, snippet_examples
     from training.classifier.pygments_source import fetch_sdist
 
-    sets = {str(PROMPTS.relative_to(ROOT)): load_prompt_file(PROMPTS)}
+    sets = {str(path.relative_to(ROOT)): load_prompt_file(path) for path in PROMPT_FILES}
     sets["pygments snippets"] = snippet_examples(fetch_sdist())
     for name, examples in sets.items():
         measured = committed["prompt_sets"][name]

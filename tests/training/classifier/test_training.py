@@ -1,6 +1,7 @@
 """Training on a tiny corpus, and the artifact round trip (no pickle)."""
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,68 @@ def test_class_weights_by_task_name() -> None:
     assert class_weights("balanced") == "balanced" and class_weights(None) is None
     with pytest.raises(ValueError, match=r"'prose=2'.*math, code, chat"):
         class_weights("prose=2")
+
+
+def test_source_weights_parse_match_by_prefix_and_name_a_bad_item() -> None:
+    from training.classifier.training import parse_source_weights, sample_weights
+
+    weights = parse_source_weights("synthetic=0.5, math500=3")
+    assert weights == (("synthetic", 0.5), ("math500", 3.0))
+    assert parse_source_weights(None) == () and sample_weights(["a"], ()) is None
+    got = sample_weights(["synthetic_paste", "math500", "sharegpt_first"], weights)
+    assert got is not None and got.tolist() == [0.5, 3.0, 1.0]
+    for bad in ("synthetic", "synthetic=0", "=2", "synthetic=lots"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            parse_source_weights(bad)
+
+
+def conflicting_dataset():  # type: ignore[no-untyped-def]
+    """The same kind of request labelled math by source "a" and chat by source "b" (and some
+    code, so that every task has examples)."""
+    examples = [
+        Example(user(f"Tell me about the number {i} please"), task, source, f"{source}-{i}")
+        for source, task, numbers in (
+            ("a", Task.MATH, range(0, 40)),
+            ("b", Task.CHAT, range(40, 80)),
+        )
+        for i in numbers
+    ]
+    examples += [Example(user(text), Task.CODE, "c", text) for text in CODE]
+    return build_dataset(examples, held_out_percent=0)
+
+
+def test_source_weights_decide_between_conflicting_sources() -> None:
+    base = TrainSettings(spec=FeatureSpec(num_bits=10), alpha=1e-4, num_epochs=20, num_hidden=0)
+    request = user("Tell me about the number 123 please")
+    for setting, task in (("a=20", Task.MATH), ("b=20", Task.CHAT)):
+        model = fit(conflicting_dataset(), replace(base, source_weights=setting))
+        assert model.classify(request).task == task, setting
+
+
+def test_combiner_follows_its_sample_weights() -> None:
+    from training.classifier.stacking import combiner_logits, fit_combiner
+
+    rng = np.random.default_rng(0)
+    features = np.repeat(rng.normal(size=(3, 8)), 30, axis=0)  # 3 distinct inputs
+    labels = np.repeat(np.array([0, 1, 2]), 30)
+    labels[:15] = 2  # the first input: half math, half chat
+    for math_weight, expected in ((20.0, 0), (0.05, 2)):
+        weights = np.where(labels == 0, math_weight, 1.0)
+        combiner = fit_combiner(features, labels, num_hidden=4, seed=0, weights=weights)
+        assert int(np.argmax(combiner_logits(combiner, features[:1]))) == expected
+
+
+def test_train_command_reads_source_weights_and_rejects_a_bad_one(tmp_path: Path) -> None:
+    from controller.cli import build_parser
+    from controller.commands.classifier import settings_from
+    from training.classifier.training import SOURCE_WEIGHTS
+
+    def settings(*extra: str):  # type: ignore[no-untyped-def]
+        argv = ["classifier", "train", "--out", str(tmp_path), *extra]
+        return settings_from(build_parser().parse_args(argv))
+
+    assert settings().source_weights == SOURCE_WEIGHTS
+    assert settings("--source-weights", "none").source_weights is None
+    assert settings("--source-weights", "pygments=2").source_weights == "pygments=2"
+    with pytest.raises(ValueError, match="'pygments=-1'"):
+        settings("--source-weights", "pygments=-1")
