@@ -41,6 +41,7 @@ from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
+from engines.embedded.events import VERIFY_MODES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -75,6 +76,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=Path, help="real-pair: JSONL of {task, prompt}")
     parser.add_argument(
         "--exactness-prompts", type=int, default=256, help="real-pair: greedy check (0: skip)"
+    )
+    parser.add_argument(
+        "--verify-mode",
+        choices=list(VERIFY_MODES),
+        default="padded",
+        help="the engine's CUDA-graph verify: every row at the widest k (padded) or each row at "
+        "its own k (ragged: goodput allocates per slot, vllm-av per row, the oracle verifies "
+        "each row's drawn run)",
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
@@ -124,6 +133,7 @@ def _main(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv),
         "arm": args.label or args.arm,
+        "engine": args.verify_mode,
         "device": arm.device_name,
         "torch": torch.__version__,
         "load_s": time.perf_counter() - started,

@@ -1,13 +1,13 @@
 """Choosers for a ragged engine (each row verified at its own width) that read the draft's
 confidence: draftctl's per-slot allocator and vLLM's adaptive verification without collapse.
 
-The simulator has no draft model, so confidence is synthetic (``synthetic_confidence``): per
+The simulator has no draft model, so confidence is synthetic (``synthetic_confidence``), the
+model the engine's synthetic-acceptance mode also uses (policies/confidence_model.py): per
 drafted position, ``c = sigmoid(bias + separation * (y - 1/2) + e)``, ``e ~ N(0, 1)``, ``y`` =
 whether the position survives this step (from the request's trace: positions before its
-accepted run survive, the rest do not). With unit noise the AUC of c against y is
-``Phi(separation / sqrt(2))``, so ``separation = sqrt(2) * Phi^-1(auc)``; the scenario sets
-``acceptance.confidence_auc`` from what a trained pair measured (bench/draft_confidence.py).
-Deterministic per (seed, request, step).
+accepted run survive, the rest do not), ``separation = sqrt(2) * Phi^-1(auc)``; the scenario
+sets ``acceptance.confidence_auc`` from what a trained pair measured
+(bench/draft_confidence.py). Deterministic per (seed, request, step).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import math
 import random
 import zlib
 from collections.abc import Sequence
-from statistics import NormalDist
 from typing import Any
 
 from policies.baselines.ragged_cost import TableRaggedCost
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
+from policies.confidence_model import confidence_logit, separation
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
@@ -28,14 +28,6 @@ from policies.slot_allocator import AllocatorSettings, SlotAllocator
 from policies.types import StepRow, Task, max_spec_tokens
 from sim.choosers import record_online
 from sim.request import SimRequest
-
-CONFIDENCE_BIAS = 1.0  # log-odds of a position's confidence halfway between the two classes
-
-
-def separation(auc: float) -> float:
-    if not 0.5 <= auc < 1.0:
-        raise ValueError(f"confidence AUC must be in [0.5, 1), got {auc}")
-    return math.sqrt(2.0) * NormalDist().inv_cdf(auc)
 
 
 def synthetic_confidence(
@@ -48,7 +40,7 @@ def synthetic_confidence(
     out = []
     for j in range(positions):
         y = 1.0 if j < survives else 0.0
-        z = CONFIDENCE_BIAS + gap * (y - 0.5) + rng.gauss(0.0, 1.0)
+        z = confidence_logit(y, rng.gauss(0.0, 1.0), gap)
         out.append(1.0 / (1.0 + math.exp(-z)))
     return tuple(out)
 

@@ -61,14 +61,18 @@ class Arm:
         """Every captured batch size and verify width, and prefills of every prompt length the
         trace uses (eager kernels pick their algorithms on first use of a shape)."""
         lengths = list(range(prompt_tokens[0], prompt_tokens[1] + 1))
-        for k in (0, 7, max_spec_tokens(self.context.block_size)):
+        top = max_spec_tokens(self.context.block_size)
+        ks: list[int | None] = [0, 7, top]
+        if self.context.verify_mode == "ragged":
+            ks.append(None)  # every row its own k: the ragged graphs' token buckets
+        for k in ks:
             for batch in (1, 8, MAX_BATCH):
                 requests = [
                     Request(
                         f"warm-{k}-{batch}-{i}",
                         self.prompt_for(random.Random(i), Task.CHAT, lengths[i % len(lengths)]),
                         SamplingParams(max_new_tokens=24),
-                        lambda v, k=k: k,
+                        _fixed_k(k if k is not None else (i * 7) % (top + 1)),
                         {"task": "chat", "synthetic_key": f"warm-{i}"},
                     )
                     for i in range(batch)
@@ -95,6 +99,11 @@ class Arm:
         return exactness.check(self.engine, prompts, Path(target) if target else None)
 
 
+def _fixed_k(k: int) -> Callable[[Any], int]:
+    """A controller that always asks for k."""
+    return lambda view: k
+
+
 def load_arm(args: argparse.Namespace) -> Arm:
     if args.arm == "real-pair":
         return _real_pair(args)
@@ -119,6 +128,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         max_seq_len,
         device.type == "cuda",
         synthetic=synthetic,
+        verify_mode=args.verify_mode,
     )
     table = load_cost_table(args.cost_table or COST_TABLES[args.arm])
     vocab = shape.vocab_size
@@ -129,6 +139,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
     context = _context(spec.block_size, table, _synthetic_rates(synthetic), synthetic, args)
     info = {
         "shape": args.arm,
+        "verify_mode": args.verify_mode,
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
@@ -143,7 +154,9 @@ def _real_pair(args: argparse.Namespace) -> Arm:
 
     device = torch.device(args.device)
     max_seq_len = 1024
-    runner = load_runner(args.target, args.draft, device, MAX_BATCH, max_seq_len)
+    runner = load_runner(
+        args.target, args.draft, device, MAX_BATCH, max_seq_len, verify_mode=args.verify_mode
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
     by_task: dict[Task, list[list[int]]] = defaultdict(list)
     for line in args.prompts.read_text().splitlines():
@@ -167,6 +180,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     info = {
         "target": str(args.target),
         "draft": str(args.draft),
+        "verify_mode": args.verify_mode,
         "block_size": runner.block_size,
         "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
         "measured_rates": _rounded(rates),
@@ -188,7 +202,17 @@ def _context(
     from bench.decisions.workload import overall_mix, parse_phases
 
     mix = overall_mix(parse_phases(args.phases, args.scale))
-    return Context(block_size, MAX_BATCH, table, GoodputSpec(), rates, mix, synthetic, args.seed)
+    return Context(
+        block_size,
+        MAX_BATCH,
+        table,
+        GoodputSpec(),
+        rates,
+        mix,
+        synthetic,
+        args.seed,
+        args.verify_mode,
+    )
 
 
 def _synthetic_rates(synthetic: SyntheticAcceptance, draws: int = 4000) -> dict[Task, list[float]]:

@@ -37,6 +37,10 @@ class PhaseTally:
     decode_s: float = 0.0
     # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms] (k over time).
     timeline: list[tuple[int, int, int, float]] = field(default_factory=list)
+    # Steps whose rows ran different k (a ragged engine's per-row choices), and the tokens
+    # each step verified (sum over rows of k + 1: what a ragged verify computes).
+    mixed_k_steps: int = 0
+    verify_tokens: int = 0
 
     def summary(self) -> dict[str, Any]:
         host_s, calls = self.host
@@ -53,6 +57,10 @@ class PhaseTally:
             "host_us_per_step": 1e6 * host_s / calls if calls else None,
             # tok/s of the steps without a prefill: free of the prefill's run-to-run noise
             "decode_tok_s": self.decode_tokens / self.decode_s if self.decode_s else None,
+            "mixed_k_steps": self.mixed_k_steps,
+            "verify_tokens_per_step": (
+                self.verify_tokens / len(self.step_s) if self.step_s else None
+            ),
             "timeline": [list(step) for step in self.timeline],
         }
 
@@ -112,6 +120,8 @@ def _run_phase(
                 ks.append(event.report.spec_tokens)
                 tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
         tally.row_ks += ks
+        tally.mixed_k_steps += int(len(set(ks)) > 1)
+        tally.verify_tokens += sum(ks) + len(ks)
         tally.timeline.append((len(ks), max(ks, default=0), int(admitted), round(1e3 * step_s, 3)))
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"

@@ -1,5 +1,6 @@
 """Results: per policy mean and spread over repeats, per phase, and the results file that other
-checks read (issue #13): ``{"engine", "command", "arms": {ARM: {"policies": {NAME:
+checks read (issue #13; ``engine`` is its input files' ``padded`` or ``ragged``, one engine
+per results file): ``{"engine", "command", "arms": {ARM: {"policies": {NAME:
 {"tok_s_mean", "tok_s_spread", "repeats", "phases": {PHASE: {"tok_s_mean",
 "mean_spec_tokens", "step_ms_mean"}}}}}}}``. Spread = (max - min) / 2 over repeats; each
 ratio of goodput to a baseline carries its noise (``noise_vs_<name>``, per phase ``noise``):
@@ -73,6 +74,8 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
                 "step_ms_mean": _mean([c["step_ms_mean"] for c in cells]),
                 "host_us_per_step": _mean([c["host_us_per_step"] for c in cells]),
                 "decode_tok_s_mean": _mean([c.get("decode_tok_s") for c in cells]),
+                "mixed_k_steps_mean": _mean([c.get("mixed_k_steps") for c in cells]),
+                "verify_tokens_per_step": _mean([c.get("verify_tokens_per_step") for c in cells]),
                 "accept_length_by_task": cells[-1]["accept_length_by_task"],
             }
         policies[name] = {
@@ -134,10 +137,19 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     agree on the phases and the arm. ``PATH=NAME`` counts a file under the arm name NAME (runs
     of one arm made on different days or machines are kept apart, not pooled)."""
     reports: dict[str, list[dict[str, Any]]] = {}
+    engines: dict[str, list[str]] = {}  # engine -> the files that ran on it
     for given in paths:
         text, _, label = str(given).partition("=")
         report = json.loads(Path(text).read_text())
         reports.setdefault(label or report["arm"], []).append(report)
+        # Files from before ``--verify-mode`` ran on the padded engine.
+        engines.setdefault(report.get("engine", "padded"), []).append(text)
+    if len(engines) > 1:
+        found = "; ".join(f"{engine}: {', '.join(files)}" for engine, files in engines.items())
+        raise ValueError(
+            f"the files ran on different engines ({found}); the results file holds one engine "
+            '(its top-level "engine"): merge each engine\'s files separately'
+        )
     arms: dict[str, Any] = {}
     for arm, group in reports.items():
         first = group[0]
@@ -158,4 +170,5 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
             **({"exactness": first["exactness"]} if "exactness" in first else {}),
         }
     commands = "; ".join(a["command"] for a in arms.values())
-    return {"engine": "padded", "command": commands, "arms": arms}
+    (engine,) = engines
+    return {"engine": engine, "command": commands, "arms": arms}

@@ -85,7 +85,8 @@ class StepReport:
     step_time_s: float  # device time of the whole batched step
     batch_size: int
     # Per drafted position: the draft distribution's top-1 probability (the draft's own
-    # confidence; empty when the engine does not measure it, e.g. synthetic acceptance).
+    # confidence; in synthetic-acceptance mode a drawn one, docs/synthetic.md; empty when the
+    # step did not measure it).
     draft_confidence: tuple[float, ...] = ()
 
 

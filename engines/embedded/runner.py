@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
@@ -42,12 +43,21 @@ Allocate = Callable[[list[list[float]]], list[int]]
 
 
 @dataclass(frozen=True)
+class _Draws:
+    """A synthetic step's draws: runs int64 [B]; confidence float64 [B, K] or None."""
+
+    runs: np.ndarray
+    confidence: np.ndarray | None
+
+
+@dataclass(frozen=True)
 class StepResult:
     accepted: list[list[bool]]  # per row, length k of that row
     new_tokens: list[list[int]]  # per row: accepted drafts then the bonus token
     step_time_s: float
     # Per row, length k of that row: the draft distribution's top-1 probability at each
-    # drafted position (temperature-scaled when the row samples); None in synthetic mode.
+    # drafted position (temperature-scaled when the row samples); in synthetic mode the drawn
+    # confidence (SyntheticAcceptance.draft_confidence). None when the step did not measure it.
     draft_confidence: list[list[float]] | None = None
     # The k each row verified when the step allocated after drafting (else the planned k).
     spec_tokens: list[int] | None = None
@@ -351,8 +361,13 @@ class ModelRunner:
                 drafts = sample_from_probs(draft_probs, u[:, :widest])
             if measured:
                 confidence = self._confidence(draft_logits, draft_probs, params)
+        draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
         if allocate is not None and widest > 0:
-            spec_tokens = self._allocated(allocate, confidence, spec_tokens)
+            drawn = None
+            if self.synthetic is not None:
+                draws = self._draws(rows, measured)
+                drawn = draws.confidence
+            spec_tokens = self._allocated(allocate, confidence, spec_tokens, drawn)
             widest = max(spec_tokens)
             width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
             num_draft = torch.tensor(spec_tokens, device=self.device)
@@ -366,8 +381,10 @@ class ModelRunner:
             :, : widest + 1
         ]
         if self.synthetic is not None:
+            if draws is None:  # drawn now, while the device runs the verify
+                draws = self._draws(rows, measured)
             return self._synthetic_result(
-                rows, spec_tokens, drafts, logits, params, u, started, overlap
+                rows, spec_tokens, drafts, logits, params, u, started, draws, overlap
             )
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
@@ -405,9 +422,18 @@ class ModelRunner:
         return torch.where((params[0] > 0)[:, None], probs.amax(dim=-1), confidence)
 
     @staticmethod
-    def _allocated(allocate: Allocate, confidence: torch.Tensor, drafted: list[int]) -> list[int]:
-        """The k each row verifies, from its drafted positions' confidence (host sync)."""
+    def _allocated(
+        allocate: Allocate,
+        confidence: torch.Tensor,
+        drafted: list[int],
+        drawn: np.ndarray | None = None,
+    ) -> list[int]:
+        """The k each row verifies, from its drafted positions' confidence (host sync).
+        ``drawn``: synthetic mode's confidence [B, >= widest], given to ``allocate`` in place
+        of the draft's own (which is still copied: the step's cost stays real)."""
         values = confidence.cpu().tolist()
+        if drawn is not None:
+            values = drawn.tolist()
         rows = [row[:k] for row, k in zip(values, drafted, strict=True)]
         chosen = [int(k) for k in allocate(rows)]
         if len(chosen) != len(drafted) or any(
@@ -425,32 +451,43 @@ class ModelRunner:
         params: tuple[torch.Tensor, ...] | None,
         u: torch.Tensor,
         started: float,
+        draws: _Draws,
         overlap: Callable[[], None] | None = None,
     ) -> StepResult:
         """Synthetic acceptance: a row accepts min(k, drawn run) drafts, then emits the target's
         own token at the first rejected position (its argmax, or a sample of its distribution
-        there with the bonus uniform). Every forward ran as usual; only the decision is drawn."""
+        there with the bonus uniform). Every forward ran as usual; only the decision is drawn,
+        and so is the draft confidence the step reports (when it measures it)."""
         if params is None:
             targets = logits.argmax(dim=-1)  # [B, widest + 1]
         else:
             probs = sampling_probs(logits, *params)
             targets = sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
-        assert self.synthetic is not None, "only called in synthetic mode"
-        identities = [self.synthetic.identity(r.request_id, r.context) for r in rows]
-        # Host draws while the device runs the step (no sync): [B] runs over every position.
-        runs = self.synthetic.accept_runs(
-            [task for task, _ in identities],
-            [key for _, key in identities],
-            [len(r.accept_lengths) for r in rows],  # the step index the controller saw
-            max_spec_tokens(self.block_size),
-        )
         if overlap is not None:
             overlap()
         packed = torch.cat([drafts, targets], dim=1).cpu()  # the sync
         accepted, tokens = assemble_rows(
-            packed.tolist(), spec_tokens, runs.tolist(), drafts.shape[1]
+            packed.tolist(), spec_tokens, draws.runs.tolist(), drafts.shape[1]
         )
-        return StepResult(accepted, tokens, self._clock() - started, None, spec_tokens)
+        confidence = None
+        if draws.confidence is not None:
+            values = draws.confidence.tolist()
+            confidence = [row[:k] for row, k in zip(values, spec_tokens, strict=True)]
+        return StepResult(accepted, tokens, self._clock() - started, confidence, spec_tokens)
+
+    def _draws(self, rows: list[Request], measured: bool) -> _Draws:
+        """Synthetic mode's host draws for a step (no device sync): each row's run over every
+        position and, when the step measures confidence, the synthetic confidence [B, K]."""
+        synthetic = self.synthetic
+        assert synthetic is not None, "only called in synthetic mode"
+        identities = [synthetic.identity(r.request_id, r.context) for r in rows]
+        keys = [key for _, key in identities]
+        steps = [len(r.accept_lengths) for r in rows]  # the step index the controller saw
+        positions = max_spec_tokens(self.block_size)
+        runs = synthetic.accept_runs([task for task, _ in identities], keys, steps, positions)
+        if not measured or synthetic.confidence_auc is None:
+            return _Draws(runs, None)
+        return _Draws(runs, synthetic.draft_confidence(keys, steps, runs, positions))
 
     def _verify_packing(self, spec_tokens: list[int]) -> Packing | None:
         """Eager steps whose rows verify different widths compute k + 1 tokens per row."""

@@ -12,6 +12,10 @@ all of the profile's positions, so one draw answers every k.
 Every draw is a pure function of (seed, request key, step): a counter-based hash, no
 generator state, so batch composition, timing and the policy's choice of k change nothing,
 and an oracle reads a step ahead with ``accept_run``. No torch here (numpy, host only).
+
+With random weights the draft's own confidence means nothing, so a step that reads confidence
+gets a synthetic one (``draft_confidence``) derived from the same step's drawn run, with the
+predictive power (AUC) a trained pair measured: policies/confidence_model.py.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from engines.embedded.synthetic_rates import TaskProfile, sigmoid
+from policies.confidence_model import confidence_logit, separation
 
 SYNTHETIC_WARNING = (
     "SYNTHETIC ACCEPTANCE (benchmark only): draft tokens are accepted by seeded draws from an "
@@ -37,7 +42,7 @@ CONTEXT_TASK, CONTEXT_KEY = "task", "synthetic_key"  # request context keys read
 # -- counter-based draws (splitmix64 finaliser over (seed, key, stream, step, position)) -------
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_STREAM_ACCEPT, _STREAM_REQUEST, _STREAM_DRIFT = 1, 2, 3
+_STREAM_ACCEPT, _STREAM_REQUEST, _STREAM_DRIFT, _STREAM_CONFIDENCE = 1, 2, 3, 4
 
 
 def _hash(h: np.ndarray, word: np.ndarray | int) -> np.ndarray:
@@ -79,11 +84,16 @@ class SyntheticAcceptance:
 
     A request is identified by ``identity(request_id, context)``: its task is
     ``context["task"]`` and its key ``context.get("synthetic_key", request_id)``; its step is
-    the number of decode steps it has run (``RequestView.step_index``)."""
+    the number of decode steps it has run (``RequestView.step_index``).
+
+    ``confidence_auc``: the AUC of the synthetic draft confidence against survival
+    (``draft_confidence``); None leaves the draft's own confidence in place (the profile file
+    always sets it)."""
 
     profiles: Mapping[str, TaskProfile]
     seed: int = 0
     name: str = "custom"
+    confidence_auc: float | None = None
     SYNTHETIC_WARNING: ClassVar[str] = SYNTHETIC_WARNING
 
     def __post_init__(self) -> None:
@@ -91,6 +101,8 @@ class SyntheticAcceptance:
             raise ValueError("synthetic acceptance needs at least one task profile")
         if type(self.seed) is not int or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed!r}: must be an integer in [0, 2**63)")
+        if self.confidence_auc is not None:
+            separation(self.confidence_auc)  # raises for an AUC outside [0.5, 1)
 
     @property
     def num_positions(self) -> int:
@@ -109,6 +121,7 @@ class SyntheticAcceptance:
             "warning": self.warning,
             "profile_set": self.name,
             "seed": self.seed,
+            "confidence_auc": self.confidence_auc,
             "expected_accept_length": {
                 task: {"k": k, "mean": round(p.expected_accept_length(k), 3)}
                 for task, p in self.profiles.items()
@@ -145,6 +158,23 @@ class SyntheticAcceptance:
         )
         accepted = u < sigmoid(logits)  # u < c_i; rates 0 and 1 stay exact
         return np.cumprod(accepted, axis=1).sum(axis=1)
+
+    def draft_confidence(
+        self, keys: Sequence[str], steps: Sequence[int], runs: np.ndarray, k: int
+    ) -> np.ndarray:
+        """Synthetic draft confidence at positions 1..k of each row's step: float64 [B, k].
+
+        ``runs``: the rows' drawn runs at these steps (``accept_runs``; position j survives iff
+        j < run). ``c = sigmoid(bias + separation * (y - 1/2) + e)`` with ``e`` a normal of
+        (seed, key, step, position): the same values whatever k, batch or timing, so its AUC
+        against survival is ``confidence_auc`` (policies/confidence_model.py)."""
+        if self.confidence_auc is None:
+            raise ValueError("this synthetic acceptance has no confidence_auc")
+        rows, step = self._rows(keys), np.asarray(steps, dtype=np.int64)
+        positions = np.arange(k, dtype=np.int64)[None, :]
+        noise = _normal(_hash(_hash(_hash(rows, _STREAM_CONFIDENCE), step)[:, None], positions))
+        survives = positions < np.asarray(runs, dtype=np.int64)[:, None]
+        return sigmoid(confidence_logit(survives, noise, separation(self.confidence_auc)))
 
     def accept_run(self, task: str, key: str, step: int, k_max: int) -> int:
         """One request's accepted drafts at ``step`` if k_max were drafted (oracle read-ahead)."""

@@ -72,6 +72,9 @@ class ProfileFile(_Section):
     num_positions: int = Field(ge=1)
     default_set: str
     defaults: Spreads
+    # AUC of the synthetic draft confidence against acceptance, and where it was measured.
+    confidence_auc: float = Field(ge=0.5, lt=1)
+    confidence_sources: list[str] = Field(min_length=1)
     sources: dict[str, str]
     sets: dict[str, ProfileSet] = Field(min_length=1)
 
@@ -81,6 +84,9 @@ class ProfileFile(_Section):
             raise ValueError(f"default_set {self.default_set!r} is not in sets {sorted(self.sets)}")
         if None in self.defaults.model_dump().values():
             raise ValueError("defaults needs request_spread, drift_spread and drift_corr")
+        unknown = [s for s in self.confidence_sources if s not in self.sources]
+        if unknown:
+            raise ValueError(f"confidence_sources: unknown ids {unknown}")
         for name, profile_set in self.sets.items():
             for task, entry in profile_set.tasks.items():
                 unknown = [s for s in entry.sources if s not in self.sources]
@@ -119,7 +125,9 @@ def load_profile_set(
             profiles[task] = entry.build(document.num_positions, entry.over(base))
         except ValueError as exc:
             raise ValueError(f"{path}: sets.{name}.tasks.{task}: {exc}") from exc
-    return SyntheticAcceptance(profiles, seed=seed, name=name)
+    return SyntheticAcceptance(
+        profiles, seed=seed, name=name, confidence_auc=document.confidence_auc
+    )
 
 
 def describe_file(path: str | Path = PROFILES_PATH) -> dict[str, Any]:

@@ -1,17 +1,22 @@
 """The GPU-decisions harness on the CPU (tiny random model): every policy runs, the results
-file has the shape other checks read (issue #13), and every policy serves the same requests."""
+file has the shape other checks read (issue #13), and every policy serves the same requests;
+on the ragged engine (issue #16) the confidence-reading policies give rows of one step their
+own k, and results of the two engines never mix."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
+from bench.decisions.planners import RowAllocationPlanner
 from bench.gpu_decisions import main
+from engines.step_controller import StepController
 
 POLICIES = "no-spec,static-k7,dsd-schedule,vllm-av,goodput,oracle"
 
@@ -139,3 +144,108 @@ def test_a_file_can_be_merged_under_another_arm_name(arm_json: Path, tmp_path: P
     arms = json.loads(merged.read_text())["arms"]
     assert set(arms) == {"synthetic-tiny", "synthetic-tiny-b"}
     assert arms["synthetic-tiny"]["calls"] == arms["synthetic-tiny-b"]["calls"] == 1
+
+
+# -- the ragged engine (issue #16) ---------------------------------------------------------------
+
+RAGGED_LOG = _Collect()
+# Per two-phase step of each policy: (drafted k per row, allocated k per row).
+ALLOCATIONS: dict[str, list[tuple[list[int], list[int]]]] = {"goodput": [], "vllm-av": []}
+
+
+def _spy(name: str, allocate: Any) -> Any:
+    def spied(self: Any, views: Any, controllers: Any, confidence: Any) -> list[int]:
+        ks = allocate(self, views, controllers, confidence)
+        ALLOCATIONS[name].append(([len(c) for c in confidence], list(ks)))
+        return ks
+
+    return spied
+
+
+@pytest.fixture(scope="module")
+def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One CPU run of every policy on the ragged engine (warm-up included: rows of mixed k);
+    the allocations of goodput's and vllm-av's two-phase steps are recorded."""
+    out = tmp_path_factory.mktemp("ragged") / "synthetic-tiny-ragged.json"
+    argv = [
+        "--arm",
+        "synthetic-tiny",
+        "--label",
+        "synthetic-tiny-ragged",
+        "--verify-mode",
+        "ragged",
+        "--device",
+        "cpu",
+        "--scale",
+        "0.04",
+        "--repeats",
+        "1",
+        "--prompt-tokens",
+        "8,12",
+        "--output-tokens",
+        "12,24",
+        "--out",
+        str(out),
+    ]
+    engine_logger = logging.getLogger("engines.embedded.engine")
+    engine_logger.addHandler(RAGGED_LOG)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepController, "allocate", _spy("goodput", StepController.allocate))
+        patch.setattr(
+            RowAllocationPlanner, "allocate", _spy("vllm-av", RowAllocationPlanner.allocate)
+        )
+        try:
+            assert main(argv) == 0
+        finally:
+            engine_logger.removeHandler(RAGGED_LOG)
+    return out
+
+
+def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
+    assert [r.getMessage() for r in RAGGED_LOG.records] == []
+    report = json.loads(ragged_json.read_text())
+    assert report["engine"] == "ragged" and report["arm_info"]["verify_mode"] == "ragged"
+    runs = {run["policy"]: run for run in report["runs"]}
+    assert set(runs) == {
+        "no-spec",
+        *(f"static-k{k}" for k in (4, 7, 11, 15)),
+        "dsd-schedule",
+        "vllm-av",
+        "goodput",
+        "oracle",
+    }
+    tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
+    assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
+    for phase in runs["oracle"]["phases"].values():  # verifies exactly each row's drawn run
+        assert phase["verify_tokens_per_step"] > 1
+
+
+def test_rows_of_one_step_get_their_own_k_on_the_ragged_engine(ragged_json: Path) -> None:
+    """goodput's per-slot allocator and vllm-av's per-row budget: within one step, rows that
+    drafted the same k verify different k (not the engine's clamp near a request's end)."""
+    for name, steps in ALLOCATIONS.items():
+        assert steps, f"{name} made no two-phase step"
+        differing = [
+            1
+            for drafted, ks in steps
+            if len({k for d, k in zip(drafted, ks, strict=True) if d == max(drafted)}) > 1
+        ]
+        assert differing, f"{name}: every row of every step got the same k"
+
+
+def test_merging_ragged_files_gives_a_ragged_results_file(
+    ragged_json: Path, arm_json: Path, tmp_path: Path
+) -> None:
+    merged = tmp_path / "gpu_decisions.json"
+    assert main(["--merge", str(ragged_json), "--out", str(merged)]) == 0
+    data = json.loads(merged.read_text())
+    assert data["engine"] == "ragged"
+    assert set(data["arms"]["synthetic-tiny-ragged"]["policies"]) >= {"goodput", "vllm-av"}
+    with pytest.raises(ValueError, match=r"different engines \(padded: .*; ragged: "):
+        main(["--merge", str(arm_json), str(ragged_json), "--out", str(merged)])
+    legacy = json.loads(arm_json.read_text())
+    del legacy["engine"]  # files from before --verify-mode: the padded engine
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(legacy))
+    assert main(["--merge", str(old), str(arm_json), "--out", str(merged)]) == 0
+    assert json.loads(merged.read_text())["engine"] == "padded"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.ragged_choosers import CONFIDENCE_BIAS, separation
+from policies.confidence_model import CONFIDENCE_BIAS, separation
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 
