@@ -34,23 +34,10 @@ from engines.embedded.loader import build_models
 from engines.embedded.profiler import cost_table_document, measure_cost_table
 from engines.embedded.request import Request
 from engines.embedded.runner import ModelRunner
-from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
+from engines.embedded.shapes import TARGET_SHAPES, TINY_SHAPE, dflash_draft_for
 
 logger = logging.getLogger("bench.engine_gpu")
-TINY = ModelShape(
-    vocab_size=4096,
-    hidden_size=128,
-    intermediate_size=256,
-    num_layers=8,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    has_qk_norm=True,
-    attention_bias=False,
-    tie_word_embeddings=False,
-)
+TINY = TINY_SHAPE
 
 
 def sync() -> float:

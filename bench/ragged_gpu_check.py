@@ -38,30 +38,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.embedded.checkpoint import ModelShape
 from engines.embedded.cuda_graphs import padded_size
 from engines.embedded.events import VERIFY_MODES, SamplingParams, VerifyMode
 from engines.embedded.loader import build_models
 from engines.embedded.ragged import RaggedShapes
 from engines.embedded.request import Request
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
-from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
+from engines.embedded.shapes import TARGET_SHAPES, TINY_SHAPE, dflash_draft_for
 
 logger = logging.getLogger("bench.ragged_gpu_check")
-TINY = ModelShape(
-    vocab_size=4096,
-    hidden_size=128,
-    intermediate_size=256,
-    num_layers=8,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    has_qk_norm=True,
-    attention_bias=False,
-    tie_word_embeddings=False,
-)
+TINY = TINY_SHAPE
 BLOCK = 16
 
 

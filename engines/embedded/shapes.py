@@ -36,6 +36,23 @@ TARGET_SHAPES: dict[str, ModelShape] = {
 }
 
 
+# A tiny random shape for CPU smoke runs of the GPU benchmarks (their timings mean nothing).
+TINY_SHAPE = ModelShape(
+    vocab_size=4096,
+    hidden_size=128,
+    intermediate_size=256,
+    num_layers=8,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    has_qk_norm=True,
+    attention_bias=False,
+    tie_word_embeddings=False,
+)
+
+
 def draft_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """``dflash.model.build_target_layer_ids``: spread over layers 1 .. n - 3."""
     if num_draft_layers == 1:
