@@ -43,8 +43,15 @@ TABLE = ROOT / "cost_tables/qwen3-8b-h200.json"
 
 
 def measure(
-    batch: int, steps: int, seed: int, step_s: float = 0.03, replan: int | None = None
+    batch: int,
+    steps: int,
+    seed: int,
+    step_s: float = 0.03,
+    replan: int | None = None,
+    churn: bool = False,
 ) -> dict[str, float]:
+    """``churn``: one request of the batch replaced by a new one every step (a busy server:
+    the rows change every step, so every step is decided afresh)."""
     spec = GoodputSpec() if replan is None else GoodputSpec(max_replan_steps=replan)
     models = OnlineModels(spec, 16, load_cost_table(TABLE))
     source = FixedPolicySource(
@@ -58,6 +65,13 @@ def measure(
     spent = {"plan": 0.0, "record": 0.0, "prepare": 0.0}
     warm = steps // 4
     for step in range(steps):
+        if churn and batch > 1:
+            rows[step % batch] = (
+                f"n{step}",
+                controller.start(list(Task)[step % 3], 1.0, 0),
+                [],
+                [],
+            )
         views = [RequestView(rid, len(a), a, batch, 0, {}, ks, 15) for rid, _, a, ks in rows]
         controllers = [steps_ for _, steps_, _, _ in rows]
         t0 = time.thread_time()
@@ -101,9 +115,14 @@ def main() -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         step_s = step_ms.get(batch, 30.0) / 1e3
         figures: dict[str, Any] = {"step_ms": step_s * 1e3}
-        for label, replan in (("every_step", 1), ("spaced", None)):
+        for label, replan, churn in (
+            ("every_step", 1, False),
+            ("spaced", None, False),
+            ("churn", None, True),
+        ):
             runs = [
-                measure(batch, args.steps, seed, step_s, replan) for seed in range(args.repeats)
+                measure(batch, args.steps, seed, step_s, replan, churn)
+                for seed in range(args.repeats)
             ]
             best = {key: min(r[key] for r in runs) for key in runs[0]}
             figures[label] = best

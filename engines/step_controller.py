@@ -131,6 +131,13 @@ class RequestSteps:
     active: ActivePolicy
     learned: Mapping[str, Any]  # observation fields captured when the request started
     row: StepRow | None = field(default=None, repr=False)  # its batch-planner row, reused
+    # (id of its policy's online models, task): the group its steps are recorded in; None when
+    # the policy has no online models (then it is asked alone). Fixed for the request's life.
+    group: tuple[int, Task] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        models = self.active.models
+        self.group = None if models is None else (id(models), self.task)
 
     def __call__(self, view: RequestView) -> int:
         """Asked alone (an engine without a planner, or a per-request policy)."""
@@ -240,18 +247,21 @@ class StepController:
             self.host_s += time.perf_counter() - started
 
     def _record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
-        newest: ActivePolicy | None = None
         pending = self._pending
         groups = pending.rows
+        seen: dict[tuple[int, Task], ActivePolicy] = {}  # this step's groups (one policy each)
         for steps, report in zip(controllers, reports, strict=True):
-            if not isinstance(steps, RequestSteps) or steps.active.models is None:
+            group = getattr(steps, "group", None)  # RequestSteps of a policy with online models
+            if group is None:
                 continue
-            models = steps.active.models
-            _, ks, lengths = groups.setdefault((id(models), steps.task), (models, [], []))
-            ks.append(report.spec_tokens)
-            lengths.append(report.accept_length)
-            if newest is None or steps.active.version > newest.version:
-                newest = steps.active
+            entry = groups.get(group)
+            if entry is None:
+                entry = groups[group] = (steps.active.models, [], [])  # type: ignore[attr-defined]
+            if group not in seen:
+                seen[group] = steps.active  # type: ignore[attr-defined]
+            entry[1].append(report.spec_tokens)
+            entry[2].append(report.accept_length)
+        newest = max(seen.values(), key=_version) if seen else None
         if newest is not None and newest.models is not None and reports:
             widest = max(report.spec_tokens for report in reports)
             if _allocates(newest):  # every row drafted; each verified its own k + 1
@@ -417,19 +427,21 @@ class StepController:
     ) -> tuple[list[int], ActivePolicy | None]:
         """Indices of the rows the batch planner decides together, and the newest policy
         among them; other rows are asked alone (into ``ks``) when ``ks`` is given."""
+        if len(views) != len(controllers):
+            raise ValueError(f"{len(views)} views for {len(controllers)} controllers")
         shared: list[int] = []
-        newest: ActivePolicy | None = None
-        for i, (view, steps) in enumerate(zip(views, controllers, strict=True)):
-            if (
-                self._shared_width
-                and isinstance(steps, RequestSteps)
-                and steps.active.models is not None
-            ):
-                shared.append(i)
-                if newest is None or steps.active.version > newest.version:
-                    newest = steps.active
-            elif ks is not None:
-                ks[i] = steps(view)
+        if self._shared_width:
+            shared = [i for i, steps in enumerate(controllers) if getattr(steps, "group", None)]
+        if ks is not None and len(shared) < len(controllers):
+            alone = set(range(len(controllers))).difference(shared)
+            for i in sorted(alone):
+                ks[i] = controllers[i](views[i])
+        if not shared:
+            return shared, None
+        first = controllers[shared[0]].active  # type: ignore[attr-defined]
+        if all(controllers[i].active is first for i in shared):  # type: ignore[attr-defined]
+            return shared, first
+        newest = max((controllers[i].active for i in shared), key=_version)  # type: ignore[attr-defined]
         return shared, newest
 
     def _reuse_prepared(
@@ -567,6 +579,10 @@ class FixedPolicySource:
 
     def policy_failed(self) -> None:
         self.failures += 1
+
+
+def _version(active: ActivePolicy) -> int:
+    return active.version
 
 
 def _ema(mean: float | None, value: float) -> float:

@@ -21,8 +21,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 # Renormalise lazily-decayed counts once the running scale gets this large.
 _RESCALE_AT = 1e12
 
@@ -123,25 +121,34 @@ class PositionCounts:
             self._trials[accepted] += w
 
     def add_steps(self, spec_tokens: Sequence[int], accept_lengths: Sequence[int]) -> None:
-        """``add_step`` for many steps at once (the rows of one engine step): the same counts
-        in O(rows + positions) numpy work, every step weighted as the last of them."""
+        """``add_step`` for many steps at once (the rows of one engine step, or the steps
+        between two spaced decisions): the same counts in O(rows + positions), every step
+        weighted as the last of them. Plain Python: for the few dozen rows of a step it is
+        several times faster than the numpy version it replaced."""
         n = self.num_positions
-        ks = np.minimum(np.asarray(spec_tokens, dtype=np.int64), n)
-        drafted = ks > 0
-        if not drafted.any():
+        ends = [0] * (n + 1)  # ends[a]: steps that accepted exactly a drafts
+        failed = [0] * (n + 1)  # failed[a]: of those, the ones rejected at position a + 1
+        count = 0
+        for k, length in zip(spec_tokens, accept_lengths, strict=True):
+            if k <= 0:
+                continue
+            if k > n:
+                k = n
+            accepted = min(max(length - 1, 0), k)
+            ends[accepted] += 1
+            if accepted < k:
+                failed[accepted] += 1
+            count += 1
+        if not count:
             return
-        ks = ks[drafted]
-        accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64)[drafted] - 1, 0, ks)
-        self._tick(len(ks))
+        self._tick(count)
         w = self._scale
-        # reached[i]: steps that accepted more than i drafts (a success at position i + 1).
-        reached = np.cumsum(np.bincount(accepted, minlength=n + 1)[::-1])[::-1][1:]
-        rejected = accepted < ks
-        failed = np.bincount(accepted[rejected], minlength=n + 1)[:n]
-        for i in range(n):
-            if reached[i] or failed[i]:
-                self._successes[i] += w * float(reached[i])
-                self._trials[i] += w * float(reached[i] + failed[i])
+        reached = 0  # steps that accepted more than i drafts: a success at position i + 1
+        for i in range(n - 1, -1, -1):
+            reached += ends[i + 1]
+            if reached or failed[i]:
+                self._successes[i] += w * float(reached)
+                self._trials[i] += w * float(reached + failed[i])
 
     def add_position_counts(self, num_drafts: int, accepted_per_position: Sequence[int]) -> None:
         """Record aggregate counts (vLLM style): drafts made, and accepts at each position.
