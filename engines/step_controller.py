@@ -251,14 +251,17 @@ class StepController:
         groups = pending.rows
         seen: dict[tuple[int, Task], ActivePolicy] = {}  # this step's groups (one policy each)
         for steps, report in zip(controllers, reports, strict=True):
-            group = getattr(steps, "group", None)  # RequestSteps of a policy with online models
-            if group is None:
+            if not isinstance(steps, RequestSteps) or steps.group is None:
                 continue
+            group = steps.group
             entry = groups.get(group)
             if entry is None:
-                entry = groups[group] = (steps.active.models, [], [])  # type: ignore[attr-defined]
-            if group not in seen:
-                seen[group] = steps.active  # type: ignore[attr-defined]
+                models = steps.active.models
+                assert models is not None, "a group is set only for a policy with models"
+                entry = groups[group] = (models, [], [])
+                seen[group] = steps.active
+            elif group not in seen:
+                seen[group] = steps.active
             entry[1].append(report.spec_tokens)
             entry[2].append(report.accept_length)
         newest = max(seen.values(), key=_version) if seen else None
@@ -430,19 +433,19 @@ class StepController:
         if len(views) != len(controllers):
             raise ValueError(f"{len(views)} views for {len(controllers)} controllers")
         shared: list[int] = []
-        if self._shared_width:
-            shared = [i for i, steps in enumerate(controllers) if getattr(steps, "group", None)]
-        if ks is not None and len(shared) < len(controllers):
-            alone = set(range(len(controllers))).difference(shared)
-            for i in sorted(alone):
-                ks[i] = controllers[i](views[i])
-        if not shared:
+        actives: list[ActivePolicy] = []
+        for i, steps in enumerate(controllers):
+            if self._shared_width and isinstance(steps, RequestSteps) and steps.group is not None:
+                shared.append(i)
+                actives.append(steps.active)
+            elif ks is not None:
+                ks[i] = steps(views[i])
+        if not actives:
             return shared, None
-        first = controllers[shared[0]].active  # type: ignore[attr-defined]
-        if all(controllers[i].active is first for i in shared):  # type: ignore[attr-defined]
+        first = actives[0]
+        if all(active is first for active in actives):  # the usual case: one policy version
             return shared, first
-        newest = max((controllers[i].active for i in shared), key=_version)  # type: ignore[attr-defined]
-        return shared, newest
+        return shared, max(actives, key=_version)
 
     def _reuse_prepared(
         self, views: Sequence[RequestView], shared: list[int], newest: ActivePolicy
