@@ -24,6 +24,7 @@ from engines.embedded.layers import (
     decoder_layers,
     load_strict,
     write_cache,
+    write_cache_at,
 )
 from engines.embedded.packing import Packing, pack, unpack
 from engines.embedded.target import TargetModel
@@ -65,12 +66,19 @@ class DraftModel(nn.Module):
         """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W] (packed
         ``[1, N, ...]`` with ``packing``)."""
         context = self.hidden_norm(self.fc(features))
-        rope = self.rotary.tables(positions, context.dtype)
+        token_positions = pack(positions, packing)
+        rope = self.rotary.tables(token_positions, context.dtype)
+        slots = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         for index, layer in enumerate(decoder_layers(self.layers)):
-            k, v = (unpack(t, packing) for t in layer.key_value(context))
+            k, v = layer.key_value(context)
+            k = Rotary.rotate(k, rope)
             k_cache, v_cache = cache.rows(index, first_slot, positions.shape[0])
-            write_cache(k_cache, positions, Rotary.rotate(k, rope))
-            write_cache(v_cache, positions, v)
+            if slots is None:
+                write_cache(k_cache, positions, k)
+                write_cache(v_cache, positions, v)
+            else:
+                write_cache_at(k_cache, slots, k)
+                write_cache_at(v_cache, slots, v)
 
     def propose(
         self,

@@ -1,8 +1,10 @@
 """Preallocated key/value cache: one contiguous slot per running request.
 
-Layout ``[layers, slots, kv_heads, max_len, head_dim]``: the rows of a batch are the slots
+Layout ``[layers, slots, kv_heads, max_len + 1, head_dim]``: the rows of a batch are the slots
 ``[0, batch)``, so attention reads a plain view (no gather). The scheduler keeps running
-requests packed in the lowest slots; ``move`` copies a slot when a request leaves.
+requests packed in the lowest slots; ``move`` copies a slot when a request leaves. Position
+``max_len`` of every slot is scratch: packed forwards send the cache writes of their padding
+tokens there (engines/embedded/packing.py), and attention never reads it (keys ``< max_len``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        shape = (num_layers, num_slots, num_kv_heads, max_len + 1, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.num_slots = num_slots
+
+    @property
+    def scratch_position(self) -> int:
+        """The position written by padding tokens and never read."""
+        return self.max_len
 
     @property
     def num_bytes(self) -> int:

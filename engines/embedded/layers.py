@@ -158,6 +158,15 @@ def write_cache(cache: torch.Tensor, positions: torch.Tensor, values: torch.Tens
     cache[rows, :, positions] = values
 
 
+def write_cache_at(
+    cache: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], values: torch.Tensor
+) -> None:
+    """Packed writes: ``slots`` = (rows [N], positions [N]) from ``Packing.cache_slots``;
+    values [1, N, kv_heads, head_dim]."""
+    rows, positions = slots
+    cache[rows, :, positions] = values[0]
+
+
 def attention_mask(visible: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
     """visible [B, W, L] bool -> the grouped mask [B, 1, group * W, L] ``cached_attention`` takes
     (built once per forward, shared by all layers)."""

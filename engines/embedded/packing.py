@@ -3,9 +3,12 @@
 
 A step verifies row r's ``k_r + 1`` tokens. Padding every row to the widest k makes the
 projections, the MLP and the LM head pay for ``B x W`` tokens; packed they pay for
-``N = sum(k_r + 1)``, so a row's own k (0 included) changes the step's cost. Attention and the
-KV-cache writes keep the padded ``[B, W]`` layout (each row attends to its own cache slot);
-padded positions hold zeros there and their outputs are dropped.
+``N = sum(k_r + 1)``, so a row's own k (0 included) changes the step's cost. Norms, RoPE and
+the KV-cache writes run on the packed tokens too (``cache_slots`` says where each one writes);
+only the attention itself takes the padded ``[B, W]`` layout (each row attends to its own cache
+slot): the queries are scattered there (``unpack``) and the outputs gathered back (``pack``),
+two index kernels per layer. Padded positions hold stale or zero queries there and their
+outputs are dropped.
 
 Two index vectors describe a packing: ``gather`` [N] picks the packed tokens out of the flattened
 ``B * W`` batch, ``scatter`` [N] puts them back. Eager packings compute both from a mask
@@ -30,6 +33,8 @@ class Packing:
         self.index = gather
         self.scatter = scatter
         self.num_tokens = int(gather.shape[0])  # metadata, no sync
+        # A reused buffer for ``unpack_queries`` (None: each call allocates zeros).
+        self.query_buffer: torch.Tensor | None = None
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, width: int) -> Packing:
@@ -46,6 +51,26 @@ class Packing:
         packing = cls.__new__(cls)
         packing._set(shape, gather, scatter)
         return packing
+
+    def cache_slots(
+        self, packed_positions: torch.Tensor, scratch_position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each packed token writes its K/V: (row [N], position [N]) for positions [1, N]
+        (``pack(positions)``). Padding tokens (scattered to the scratch row) write row 0's
+        ``scratch_position``, which attention never reads (engines/embedded/kv_cache.py)."""
+        width = self.shape[1]
+        padding = self.scatter >= self.shape[0] * width
+        rows = torch.where(padding, 0, self.scatter // width)
+        return rows, torch.where(padding, scratch_position, packed_positions[0])
+
+    def unpack_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """Packed queries [1, N, heads, head_dim] -> [B, W, heads, head_dim] for attention: into
+        ``query_buffer`` when set (one index kernel; positions without a token keep finite stale
+        queries whose outputs are dropped), else into zeros."""
+        if self.query_buffer is None:
+            return self.unpack(q)
+        flat = self.query_buffer.view(-1, *q.shape[2:])
+        return self.unpack(q, out=flat)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, W, ...] -> [1, N, ...]"""

@@ -139,6 +139,8 @@ class ModelRunner:
         # Ragged verify graphs unpack their logits into this one buffer (each graph's own
         # output would hold B * W * vocab logits per captured token bucket).
         self._ragged_logits = torch.empty(0, device=device, dtype=dtype)
+        # Queries scattered to [B, W] for attention (finite: zeros, then earlier queries).
+        self._ragged_queries: torch.Tensor | None = None
         self._graphs: dict[tuple[str, int, int], StaticCall] = {}
         self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
         # Start-up seconds spent capturing the padded graphs and the ragged verify graphs.
@@ -192,6 +194,7 @@ class ModelRunner:
         buffer, valid at the tokens the index packs (the rest is stale)."""
         batch, width = ids.shape
         packing = Packing.from_indices((batch, width), index[0], index[1])
+        packing.query_buffer = self._ragged_queries
         hidden, features = self.target(ids, positions, self.target_cache, packing=packing)
         self.draft.insert_context(features, positions, self.draft_cache, packing=packing)
         return packing.unpack(self.target.logits(hidden), out=self._ragged_logits)
@@ -221,6 +224,10 @@ class ModelRunner:
         rows = self.batch_sizes[-1] * self.widths[-1] + 1  # + the scratch row
         vocab = self.target.shape.vocab_size
         self._ragged_logits = torch.zeros(rows, vocab, device=self.device, dtype=self.dtype)
+        shape = self.target.shape
+        self._ragged_queries = torch.zeros(
+            rows * shape.num_heads * shape.head_dim, device=self.device, dtype=self.dtype
+        )
         for batch, width, num_tokens in self.ragged_shapes.keys:
             ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
             pos = torch.arange(width, device=self.device).repeat(batch, 1)

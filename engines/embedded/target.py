@@ -17,8 +17,9 @@ from engines.embedded.layers import (
     decoder_layers,
     load_strict,
     write_cache,
+    write_cache_at,
 )
-from engines.embedded.packing import Packing, pack, unpack
+from engines.embedded.packing import Packing, pack
 
 
 class TargetModel(nn.Module):
@@ -67,16 +68,23 @@ class TargetModel(nn.Module):
         visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
         mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
         h = self.embed_tokens(pack(input_ids, packing))
-        rope = self.rotary.tables(positions, h.dtype)
+        # Packed: norms, RoPE and cache writes on the N packed tokens, attention at [B, W].
+        token_positions = pack(positions, packing)
+        rope = self.rotary.tables(token_positions, h.dtype)
+        slots = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = (unpack(t, packing) for t in layer.qkv(layer.input_layernorm(h)))
+            q, k, v = layer.qkv(layer.input_layernorm(h))
+            q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, Rotary.rotate(k, rope))
-            write_cache(v_cache, positions, v)
-            attn = cached_attention(
-                Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
-            )
+            if packing is None or slots is None:
+                write_cache(k_cache, positions, k)
+                write_cache(v_cache, positions, v)
+            else:
+                write_cache_at(k_cache, slots, k)
+                write_cache_at(v_cache, slots, v)
+                q = packing.unpack_queries(q)
+            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
             h = layer.feed_forward(h + layer.attention_out(pack(attn, packing)))
             if index in self.aux_layer_ids:
                 saved[index] = h

@@ -116,6 +116,31 @@ def test_ragged_verify_forward_matches_the_padded_forward(agreeing_pair: tuple[P
 
 
 @torch.inference_mode()
+def test_a_ragged_verify_writes_only_its_tokens_positions_and_the_scratch_position(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """Cache writes run on the packed tokens: a row's padded positions and the rows of the
+    batch bucket without tokens are left as they were; bucket padding lands in the scratch
+    position (never read by attention), not at a real position."""
+    runner = graph_runner(agreeing_pair, "ragged")
+    lengths, batch, width = [3, 1, 5], 4, 8
+    ids = torch.randint(0, 256, (batch, width), generator=torch.Generator().manual_seed(2))
+    positions = torch.tensor([[12], [4], [9], [20]]) + torch.arange(width)
+    caches = [c for cache in (runner.target_cache, runner.draft_cache) for c in (cache.k, cache.v)]
+    for cache in caches:
+        cache.normal_(generator=torch.Generator().manual_seed(3))
+    before = [cache.clone() for cache in caches]
+    runner._ragged_verify_forward(ids, positions, ragged_index(lengths, batch, width, 16))
+    for cache, old in zip(caches, before, strict=True):
+        changed = (cache != old).any(dim=(0, 2, 4))  # [slots, positions]
+        expected = torch.zeros_like(changed)
+        for row, length in enumerate(lengths):
+            expected[row, positions[row, :length]] = True
+        expected[0, runner.target_cache.scratch_position] = True
+        assert torch.equal(changed, expected)
+
+
+@torch.inference_mode()
 def test_ragged_verify_traces_as_one_graph(agreeing_pair: tuple[Path, Path]) -> None:
     """``torch_compile`` wraps the ragged forward in ``fullgraph=True``: no host sync or graph
     break may hide in it (the eager backend traces without compiling kernels)."""
