@@ -267,7 +267,7 @@ class StepController:
         newest = max(seen.values(), key=_version) if seen else None
         if newest is not None and newest.models is not None and reports:
             widest = max(report.spec_tokens for report in reports)
-            if _allocates(newest):  # every row drafted; each verified its own k + 1
+            if reports[0].two_phase:  # every row drafted; each verified its own k + 1
                 width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
                 drafting = 1.0
             else:
@@ -318,7 +318,7 @@ class StepController:
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
         self._slots = None
-        if newest is not None and _allocates(newest):
+        if newest is not None and _two_phase(newest, len(shared)):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = newest.spec.bounds_for(self.block_size)[1]
             for i in shared:
@@ -406,7 +406,7 @@ class StepController:
         started = time.perf_counter()
         self._prepared = None
         shared, newest = self._split(views, controllers, None)
-        if newest is not None and not _allocates(newest):
+        if newest is not None and not _two_phase(newest, len(shared)):
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held
             if (
@@ -601,3 +601,9 @@ def _allocates(active: ActivePolicy) -> bool:
         and active.spec.kind == "goodput"
         and active.spec.goodput.step_mode == "slots"
     )
+
+
+def _two_phase(active: ActivePolicy, rows: int) -> bool:
+    """A step of ``rows`` rows the policy decides together is two-phase (slots mode, batch
+    of at least ``slots_min_batch``); otherwise one shared k."""
+    return _allocates(active) and rows >= active.spec.goodput.slots_min_batch

@@ -145,6 +145,12 @@ class GoodputSpec(StrictModel):
     # task prior and the request's history; the eager path verifies each row at its own
     # width). Pools ignore it. See docs/allocator.md.
     step_mode: Literal["shared", "slots"] = "shared"
+    # Slots mode: a step with fewer rows than this is planned as in shared mode (one k, one
+    # phase). A two-phase step waits on the host between draft and verify (the confidence
+    # crosses to the host, the allocator runs, the verify is launched), and a small batch has
+    # little to save by ragged widths: on the H200 8B shape that wait (0.5-1.1 ms) was more
+    # than the ragged saving at 1 and 8 rows (docs/allocator.md). 1 = always two-phase.
+    slots_min_batch: int = Field(default=32, ge=1)
     # Embedded engine, shared mode: while a batch keeps exactly the same rows, its k is
     # re-decided only as often as keeps the controller's host time (recording the steps and
     # deciding) under ``host_budget`` of the measured step time, and at least every

@@ -160,7 +160,10 @@ class Engine:
                 self._release(culprit)
                 continue
             verified = result.spec_tokens or spec_tokens
-            stepped = [self._postprocess(r, i, verified[i], result) for i, r in enumerate(rows)]
+            two_phase = allocate is not None
+            stepped = [
+                self._postprocess(r, i, verified[i], result, two_phase) for i, r in enumerate(rows)
+            ]
             self._unrecorded = stepped  # told to the planner while the next step runs
             events += stepped
             break
@@ -250,7 +253,12 @@ class Engine:
         return rows[bad - 1], error
 
     def _postprocess(
-        self, request: Request, index: int, spec_tokens: int, result: StepResult
+        self,
+        request: Request,
+        index: int,
+        spec_tokens: int,
+        result: StepResult,
+        two_phase: bool = False,
     ) -> StepEvent:
         try:
             report = StepReport(
@@ -262,6 +270,7 @@ class Engine:
                 draft_confidence=(
                     () if result.draft_confidence is None else tuple(result.draft_confidence[index])
                 ),
+                two_phase=two_phase,
             )
             request.accept_lengths.append(report.accept_length)
             request.spec_tokens.append(report.spec_tokens)

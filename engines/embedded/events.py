@@ -88,6 +88,8 @@ class StepReport:
     # confidence; in synthetic-acceptance mode a drawn one, docs/synthetic.md; empty when the
     # step did not measure it).
     draft_confidence: tuple[float, ...] = ()
+    # The step was two-phase: every row drafted all it might, then each verified its own k.
+    two_phase: bool = False
 
 
 @dataclass(frozen=True)

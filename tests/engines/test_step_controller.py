@@ -212,8 +212,8 @@ def test_the_reason_says_why_the_latest_k() -> None:
     assert static.last_reason.startswith("static:")
 
 
-def _slots(version: int = 1) -> Active:
-    goodput = QUIET.model_copy(update={"step_mode": "slots"})
+def _slots(version: int = 1, min_batch: int = 1) -> Active:
+    goodput = QUIET.model_copy(update={"step_mode": "slots", "slots_min_batch": min_batch})
     spec = PolicySpec(kind="goodput", goodput=goodput)
     models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
     return Active(version, spec, build_policy(spec), models)
@@ -230,11 +230,25 @@ def test_slots_mode_drafts_every_row_whole_then_allocates_per_row_from_confidenc
     assert controller.last_reason.startswith("allocator: B=2")
     # the step's time is recorded at the rows' own widths, every row drafting
     reports = [
-        StepReport(ks[0], 3, [True, True] + [False] * (ks[0] - 2), 0.01, 2),
-        StepReport(ks[1], 1, [False] * ks[1], 0.01, 2),
+        StepReport(ks[0], 3, [True, True] + [False] * (ks[0] - 2), 0.01, 2, two_phase=True),
+        StepReport(ks[1], 1, [False] * ks[1], 0.01, 2, two_phase=True),
     ]
     controller.record([a, b], reports)
     assert controller.plan(views, [a, b]) == [15, 15] and controller.allocates()
+
+
+def test_slots_mode_plans_a_batch_below_its_minimum_as_one_shared_k_in_one_phase() -> None:
+    """A two-phase step waits on the host between draft and verify; below ``slots_min_batch``
+    rows the slots policy plans one k for the batch, as in shared mode."""
+    controller = StepController(Source(_slots(min_batch=3)), 16, random.Random(0))
+    steps = [controller.start(Task.MATH, 0.9, 7) for _ in range(3)]
+    views = [_view(rid, 3, 2, [4, 4, 4]) for rid in "abc"]
+    ks = controller.plan(views[:2], steps[:2])
+    assert not controller.allocates() and ks[0] == ks[1]  # one k, decided before drafting
+    controller.record(
+        steps[:2], [StepReport(ks[0], 3, [True] * 2 + [False] * (ks[0] - 2), 0.01, 2)] * 2
+    )
+    assert controller.plan(views, steps) == [15, 15, 15] and controller.allocates()
 
 
 def test_shared_mode_never_allocates_and_slots_need_a_cost_model() -> None:

@@ -104,7 +104,7 @@ def test_any_allocation_keeps_greedy_output_exact(
 def test_the_goodput_slots_mode_drives_the_engine_losslessly(
     agreeing_pair: tuple[Path, Path], prompts: list[list[int]], expected: list[list[int]]
 ) -> None:
-    goodput = GoodputSpec(step_mode="slots", probe_probability=0.0)
+    goodput = GoodputSpec(step_mode="slots", slots_min_batch=1, probe_probability=0.0)
     spec = PolicySpec(kind="goodput", goodput=goodput)
     table = CostTable(
         batch_sizes=(1, 8),
