@@ -6,8 +6,9 @@ split, with its own per-source sample weights (``--source-weights`` syntax) and,
 ablations, some sources left out. The features of the whole corpus are computed once and
 shared by the variants. Reported per variant: accuracy per source and label on the
 validation split, per writing script, the out-of-fold accuracy of the training rows of the
-small curated maths sets (more rows than their validation share), and the committed prompt
-files (hand-written, Cyrillic). The held-out split is never read.
+small curated maths sets (more rows than their validation share), the committed prompt
+files (hand-written, Cyrillic, Korean, Japanese) and the Pygments snippets. The held-out
+split is never read.
 
     .venv/bin/python bench/classifier_variants.py --shared-data ../shared/data \\
         --variant 'none=' --variant 'committed=synthetic_math_words=0.5,math500=2,champ=2' \\
@@ -30,10 +31,12 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controller.classifier.features import FeatureSpec
 from controller.classifier.model import LinearClassifier
 from policies.types import TASKS
 from training.classifier.dataset import Dataset, load_dataset
-from training.classifier.prompt_sets import load_prompt_file, request_tags
+from training.classifier.prompt_sets import load_prompt_file, request_tags, snippet_examples
+from training.classifier.pygments_source import fetch_sdist
 from training.classifier.split import is_validation
 from training.classifier.stacking import (
     calibrated_combiner,
@@ -47,10 +50,11 @@ from training.classifier.training import (
     parse_source_weights,
     sample_weights,
     segment_matrices,
+    weight_key,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT_FILES = ("handwritten", "cyrillic")
+PROMPT_FILES = ("handwritten", "cyrillic", "korean", "japanese")
 CURATED = ("gsm8k", "math500", "champ", "mbpp", "human_eval", "mt_bench")
 
 
@@ -67,6 +71,7 @@ def run_variant(
     features: tuple[Any, Any, npt.NDArray[np.intp]],
     weights_setting: str,
     dropped: set[str],
+    spec: FeatureSpec,
 ) -> dict[str, Any]:
     segments, sizes, targets = features
     sources = np.array([example.source for example in dataset.examples])
@@ -74,8 +79,9 @@ def run_variant(
     is_val = np.array([is_validation(example.group, 20) for example in dataset.examples])
     rows = np.where(~is_test & ~is_val & ~np.isin(sources, sorted(dropped)))[0]
     evals = np.where(~is_test & is_val)[0]
-    settings = TrainSettings(source_weights=weights_setting or None)
-    weights = sample_weights(sources[rows], parse_source_weights(settings.source_weights))
+    settings = TrainSettings(spec=spec, source_weights=weights_setting or None)
+    keys = [weight_key(dataset.examples[i]) for i in rows]
+    weights = sample_weights(keys, parse_source_weights(settings.source_weights))
     whole = (segments[0] + segments[1]).tocsr()
     linear = fit_linear(whole[rows], targets[rows], settings, weights)
     row_segments = [segment[rows] for segment in segments]
@@ -107,6 +113,11 @@ def run_variant(
         linear.intercept_.astype(np.float32), dataset.max_chars, combiner,
     )  # fmt: skip
     report["prompt_files"] = {name: prompt_cells(model, name) for name in PROMPT_FILES}
+    snippets = [
+        model.classify(example.body).task == example.task
+        for example in snippet_examples(fetch_sdist())
+    ]
+    report["prompt_files"]["pygments snippets"] = {"all": cell(np.array(snippets))}
     return report
 
 
@@ -124,6 +135,8 @@ def validation_cells(
         script = dict(request_tags(example)).get("script", "none")
         keys = [f"{example.source}/{example.task}", f"script {script}", "all"]
         keys += ["real sources"] * is_real + ["curated sets"] * (example.source in CURATED)
+        # The real sources of the rounds before the ChatterBot corpus, for comparison.
+        keys += ["real sources without chatterbot"] * (is_real and example.source != "chatterbot")
         for key in keys:
             groups[key].append(bool(right))
     return {key: cell(np.array(values)) for key, values in sorted(groups.items())}
@@ -143,16 +156,20 @@ def main() -> int:
     parser.add_argument("--shared-data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--variant", action="append", required=True, help="NAME=WEIGHTS[;drop=S]")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape-sizes", default="", help="shape view n-gram sizes, e.g. 3,6")
     args = parser.parse_args()
+    spec = FeatureSpec(
+        shape_sizes=tuple(int(size) for size in filter(None, args.shape_sizes.split(",")))
+    )
     variants = [parse_variant(text) for text in args.variant]
     started_s = time.time()
     dataset = load_dataset(args.shared_data)
-    segments, sizes = segment_matrices((e.body for e in dataset.examples), TrainSettings().spec)
+    segments, sizes = segment_matrices((e.body for e in dataset.examples), spec)
     targets = np.array([TASKS.index(e.task) for e in dataset.examples], dtype=np.int64)
     features = (segments, np.stack(sizes, axis=1), targets)
     results = {}
     for name, weights_setting, dropped in variants:
-        results[name] = run_variant(dataset, features, weights_setting, dropped)
+        results[name] = run_variant(dataset, features, weights_setting, dropped, spec)
         print(name, json.dumps(results[name]["validation"]["real sources"]), flush=True)
     out = {
         "command": " ".join(["bench/classifier_variants.py", *sys.argv[1:]]),

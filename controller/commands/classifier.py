@@ -41,8 +41,9 @@ def register(subparsers: Any) -> None:
     train.add_argument(
         "--source-weights",
         default=None,
-        help="sample weights by source-name prefix, PREFIX=WEIGHT[,PREFIX=WEIGHT] such as "
-        "synthetic=0.5; 'none' weighs every example 1 (default: TrainSettings.source_weights)",
+        help="sample weights by prefix of SOURCE/LABEL, PREFIX=WEIGHT[,PREFIX=WEIGHT] such as "
+        "synthetic=0.5 or sharegpt_first/math=3; 'none' weighs every example 1 "
+        "(default: TrainSettings.source_weights)",
     )
     train.add_argument(
         "--num-bits", type=int, default=None, help="log2 of the number of hash buckets"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.classifier.text import DEFAULT_MAX_CHARS, request_text
+from training.classifier.chatterbot_source import chatterbot_examples
 from training.classifier.corpus import (
     Example,
     champ,
@@ -66,7 +67,8 @@ def all_examples(
     shared: Path, sharegpt_counts: dict[str, int], sdist_dir: Path = DEFAULT_SDIST_DIR
 ) -> Iterator[Example]:
     """Every labelled example in source order: the public sets, the ShareGPT turns (their
-    label counts go to ``sharegpt_counts``), synthetic maths, the phrasings of
+    label counts go to ``sharegpt_counts``), the ChatterBot corpus (real chat in ~30 human
+    languages; not used for system prompts or switches), synthetic maths, the phrasings of
     ``phrasings.py`` (source files from the Pygments sdist in ``sdist_dir``, fetched with pip
     when absent), then topic switches built from all single-turn requests before them."""
     public = [*gsm8k(shared), *math500(shared), *mbpp(shared), *mt_bench(shared)]
@@ -77,6 +79,7 @@ def all_examples(
     phrased = list(phrasing_examples(shared, files, singles))
     yield from public
     yield from conversations
+    yield from chatterbot_examples(sdist_dir)
     yield from synthetic_math()
     yield from phrased
     phrased_singles = [example for example in phrased if is_single_turn(example)]

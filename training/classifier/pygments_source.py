@@ -34,6 +34,19 @@ MAX_FILE_CHARS = 3000
 
 
 @dataclass(frozen=True)
+class Sdist:
+    """A pinned source distribution on PyPI that training reads data from."""
+
+    package: str
+    version: str
+    file_name: str
+    sha256: str
+
+
+PYGMENTS_SDIST = Sdist("pygments", PYGMENTS_VERSION, SDIST_NAME, SDIST_SHA256)
+
+
+@dataclass(frozen=True)
 class SourceFile:
     """One file of the sdist's test material: its lexer alias, display name and text."""
 
@@ -43,22 +56,24 @@ class SourceFile:
     text: str
 
 
-def sdist_path(folder: Path = DEFAULT_SDIST_DIR) -> Path:
-    return folder / SDIST_NAME
+def sdist_path(folder: Path = DEFAULT_SDIST_DIR, sdist: Sdist = PYGMENTS_SDIST) -> Path:
+    return folder / sdist.file_name
 
 
-def fetch_sdist(folder: Path = DEFAULT_SDIST_DIR) -> Path:
-    """The pinned sdist in ``folder``, downloaded with pip (from PyPI) when absent."""
-    path = sdist_path(folder)
+def fetch_sdist(folder: Path = DEFAULT_SDIST_DIR, sdist: Sdist = PYGMENTS_SDIST) -> Path:
+    """The pinned sdist in ``folder`` (Pygments' unless ``sdist`` says otherwise), downloaded
+    with pip (from PyPI) when absent."""
+    path = sdist_path(folder, sdist)
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
+        requirement = f"{sdist.package}=={sdist.version}"
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                   ":all:", "-q", "-d", str(folder), f"pygments=={PYGMENTS_VERSION}"]  # fmt: skip
+                   ":all:", "-q", "-d", str(folder), requirement]  # fmt: skip
         result = subprocess.run(command, check=False, capture_output=True, text=True)
         if result.returncode or not path.is_file():
             raise MissingDataError(
                 f"{path}: not found and `{' '.join(command)}` failed ({result.stderr.strip()}); "
-                "download the Pygments sdist there by hand"
+                f"download the {sdist.package} sdist there by hand"
             )
     return path
 

@@ -30,7 +30,8 @@ from controller.classifier.features import FeatureSpec, request_buckets
 from controller.classifier.model import LinearClassifier
 from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import TASKS, Task
-from training.classifier.corpus import data_versions
+from training.classifier.chatterbot_source import SDIST as CHATTERBOT_SDIST
+from training.classifier.corpus import Example, data_versions
 from training.classifier.dataset import Dataset
 from training.classifier.pygments_source import SDIST_NAME, SDIST_SHA256
 from training.classifier.stacking import calibrated_combiner, out_of_fold_features
@@ -51,8 +52,11 @@ def default_spec() -> FeatureSpec:
 # first-turn chat ~5 points on the validation split; MATH-500 and CHAMP (a few hundred
 # training problems each) were outvoted by MBPP task phrases ("find the number of ways to
 # ...") asked for as code. Weights chosen on the validation split and the hand-written
-# prompts (docs/classifier.md, "Regressions of #17: causes and fix").
-SOURCE_WEIGHTS = "synthetic_math_words=0.5,math500=2,champ=2"
+# prompts (docs/classifier.md, "Regressions of #17: causes and fix"). The ChatterBot corpus
+# (10,000 short chat lines) at 0.5: at 1 it scored 0.3 points higher on the validation split's
+# real sources but read 6 points more Pygments snippets (bare code) as chat and a code request
+# after a prose answer as chat ("Non-Latin scripts and ShareGPT maths").
+SOURCE_WEIGHTS = "synthetic_math_words=0.5,math500=2,champ=2,chatterbot=0.5"
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,8 @@ class TrainSettings:
     # Percent of the training groups left out for choosing models (0: train on all of them;
     # the committed artifact). ``classifier eval --split validation`` scores the rest.
     validation_percent: int = 0
-    # Sample weights by source-name prefix (the first prefix that matches wins; other
-    # sources weigh 1), in the linear stage, its out-of-fold fits and the combiner.
+    # Sample weights by prefix of ``source/label`` (the first prefix that matches wins; other
+    # examples weigh 1), in the linear stage, its out-of-fold fits and the combiner.
     # ``parse_source_weights`` reads it; None weighs every example 1.
     source_weights: str | None = SOURCE_WEIGHTS
 
@@ -138,7 +142,8 @@ def fit_with_temperature(
     matrix = sum(segments[1:], segments[0]).tocsr()
     targets = labels(dataset, rows)
     weights_of_rows = sample_weights(
-        [dataset.examples[i].source for i in rows], parse_source_weights(settings.source_weights)
+        [weight_key(dataset.examples[i]) for i in rows],
+        parse_source_weights(settings.source_weights),
     )
     logger.info("fitting %d examples x %d buckets", matrix.shape[0], matrix.shape[1])
     linear = fit_linear(matrix, targets, settings, weights_of_rows)
@@ -196,11 +201,17 @@ def parse_source_weights(setting: str | None) -> tuple[tuple[str, float], ...]:
     return tuple(pairs)
 
 
+def weight_key(example: Example) -> str:
+    """What a source-weight prefix is matched against: ``source/label``, so that a prefix
+    names a source (``math500``) or one label of it (``sharegpt_first/math``)."""
+    return f"{example.source}/{example.task}"
+
+
 def sample_weights(
     sources: Iterable[str], weights: tuple[tuple[str, float], ...]
 ) -> npt.NDArray[np.float64] | None:
-    """Per example, the weight of the first prefix its source starts with (else 1); None
-    when no weights are set (scikit-learn's unweighted fit)."""
+    """Per example, the weight of the first prefix its key (``weight_key``) starts with
+    (else 1); None when no weights are set (scikit-learn's unweighted fit)."""
     if not weights:
         return None
     return np.array(
@@ -246,7 +257,11 @@ def manifest(
         "class_weight": settings.class_weight,
         "source_weights": settings.source_weights,
         "validation_percent": settings.validation_percent,
-        "data_versions": {**data_versions(shared_data), SDIST_NAME: SDIST_SHA256},
+        "data_versions": {
+            **data_versions(shared_data),
+            SDIST_NAME: SDIST_SHA256,
+            CHATTERBOT_SDIST.file_name: CHATTERBOT_SDIST.sha256,
+        },
         "num_train": len(train_rows),
         "num_held_out": sum(dataset.is_test),
         "num_duplicates_dropped": dataset.num_duplicates,

@@ -137,3 +137,47 @@ def test_temperature_softens_an_over_confident_combiner() -> None:
     features[np.arange(600), guesses] = 1.0
     combiner = Combiner(np.eye(8)[:3] * 1.0, np.zeros(3), np.eye(3) * 6.0, np.zeros(3))
     assert fit_temperature(combiner, features, labels) > 2.0
+
+
+def tiny_chatterbot_sdist(folder: Path) -> Path:
+    path = folder / "chatterbot_corpus-1.3.3.tar.gz"
+    files = {
+        "c/chatterbot_corpus/data/korean/science.yml": (
+            "\ufeffcategories:\n- science\nconversations:\n- - 파장이 무엇이니\n  - 파장입니다.\n"
+            "  - 고마워\n  - 천만에요.\n"
+        ),
+        "c/chatterbot_corpus/data/russian/food.yml": "conversations:\n- - Привет!\n",
+        "c/chatterbot_corpus/data/README.yml": "conversations:\n- - not a language folder\n",
+    }
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_chatterbot_user_lines_are_single_turn_chat_grouped_by_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.classifier import chatterbot_source
+
+    tiny_chatterbot_sdist(tmp_path)
+    with pytest.raises(MissingDataError, match="sha256 is not"):
+        list(chatterbot_source.chatterbot_examples(tmp_path))
+    monkeypatch.setattr(
+        chatterbot_source, "sdist_sha256", lambda path: chatterbot_source.SDIST.sha256
+    )
+    examples = list(chatterbot_source.chatterbot_examples(tmp_path))
+    assert [e.body["messages"][-1]["content"] for e in examples] == [
+        "파장이 무엇이니",
+        "고마워",
+        "Привет!",
+    ]
+    assert [len(e.body["messages"]) for e in examples] == [1, 1, 1]
+    assert {e.task for e in examples} == {Task.CHAT} and {e.source for e in examples} == {
+        "chatterbot"
+    }
+    korean, russian = "chatterbot/korean/science.yml", "chatterbot/russian/food.yml"
+    assert [e.group for e in examples] == [korean, korean, russian]

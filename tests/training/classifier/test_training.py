@@ -121,6 +121,11 @@ def test_source_weights_parse_match_by_prefix_and_name_a_bad_item() -> None:
     assert parse_source_weights(None) == () and sample_weights(["a"], ()) is None
     got = sample_weights(["synthetic_paste", "math500", "sharegpt_first"], weights)
     assert got is not None and got.tolist() == [0.5, 3.0, 1.0]
+    # Keys are source/label (weight_key), so a prefix may name one label of a source.
+    by_label = parse_source_weights("sharegpt_first/math=3,sharegpt=0.5")
+    keys = ["sharegpt_first/math", "sharegpt_first/chat", "sharegpt_later/math", "gsm8k/math"]
+    got = sample_weights(keys, by_label)
+    assert got is not None and got.tolist() == [3.0, 0.5, 0.5, 1.0]
     for bad in ("synthetic", "synthetic=0", "=2", "synthetic=lots"):
         with pytest.raises(ValueError, match=re.escape(repr(bad))):
             parse_source_weights(bad)
