@@ -1,10 +1,11 @@
 """The committed artifact on the held-out split (never trained on, never used to choose a
 model), every source including ShareGPT, against the committed evaluation JSON
 (``draftctl classifier eval --prompts bench/classifier_prompts/handwritten.jsonl --prompts
-bench/classifier_prompts/cyrillic.jsonl --snippets --json
-bench/results/classifier_eval_2026-12-02_h17.json``), and on the committed hand-written
-prompts (English and others; Russian and Ukrainian) and the Pygments snippets (never
-trained on).
+bench/classifier_prompts/cyrillic.jsonl --prompts bench/classifier_prompts/korean.jsonl
+--prompts bench/classifier_prompts/japanese.jsonl --snippets --json
+bench/results/classifier_eval_2026-12-02_h18.json``), and on the committed hand-written
+prompts (English and others; Russian and Ukrainian; Korean; Japanese) and the Pygments
+snippets (never trained on).
 
 Each source must reach its committed accuracy minus that figure's noise (two standard errors
 of a proportion measured on that many requests, ``source_noise``): a retrained artifact may
@@ -25,9 +26,10 @@ from training.classifier.evaluation import evaluate, report_json
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-02_h17.json"
+COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-02_h18.json"
 PROMPT_FILES = [
-    ROOT / "bench" / "classifier_prompts" / name for name in ("handwritten.jsonl", "cyrillic.jsonl")
+    ROOT / "bench" / "classifier_prompts" / name
+    for name in ("handwritten.jsonl", "cyrillic.jsonl", "korean.jsonl", "japanese.jsonl")
 ]
 SOURCES = sorted(json.loads(COMMITTED.read_text())["sources"])
 
