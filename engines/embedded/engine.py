@@ -39,6 +39,26 @@ logger = logging.getLogger(__name__)
 StepEvent = tuple[Request, TokenEvent | RequestFailed]
 
 
+# Prompts prefilled together pad to the longest: a forward's rows x longest prompt stays
+# within this many tokens (its attention mask holds rows x heads/kv_heads x longest^2 bools).
+PREFILL_PADDED_TOKENS = 4096
+
+
+def plan_prefills(lengths: list[int], budget: int = PREFILL_PADDED_TOKENS) -> list[list[int]]:
+    """Consecutive runs of admitted requests (by index) prefilled in one forward each: a run
+    grows while (rows x its longest prompt) stays within ``budget``; a longer prompt alone."""
+    groups: list[list[int]] = []
+    longest = 0
+    for index, length in enumerate(lengths):
+        if groups and (len(groups[-1]) + 1) * max(longest, length) <= budget:
+            groups[-1].append(index)
+            longest = max(longest, length)
+        else:
+            groups.append([index])
+            longest = length
+    return groups
+
+
 class Engine:
     def __init__(
         self,
@@ -114,7 +134,7 @@ class Engine:
         return self.scheduler.has_work
 
     def step(self) -> list[StepEvent]:
-        events = [self._prefill(r) for r in self.scheduler.admit()]
+        events = self._prefill_admitted(self.scheduler.admit())
         self._release_ended(events)  # done or failed after the first token: never join the step
         if self.scheduler.running:
             events += self._decode()
@@ -123,11 +143,44 @@ class Engine:
             self._tell_planner()  # idle next: no step to hide it behind
         return events
 
-    def _prefill(self, request: Request) -> StepEvent:
+    def _prefill_admitted(self, admitted: list[Request]) -> list[StepEvent]:
+        """The newly admitted requests' prefills, several per forward (``plan_prefills``); a
+        forward that raises is retried one request at a time, so only the culprit fails."""
+        events: list[StepEvent] = []
+        for group in plan_prefills([len(r.prompt_ids) for r in admitted]):
+            requests = [admitted[i] for i in group]
+            # Drawn once: a retry one by one samples exactly what the batch would have.
+            uniforms: list[torch.Tensor | None] = []
+            for request in requests:
+                try:
+                    uniforms.append(self._uniforms(request))
+                except Exception:
+                    uniforms.append(None)  # its own prefill below fails it alone
+            if len(requests) > 1 and all(u is not None for u in uniforms):
+                try:
+                    stacked = torch.stack([u for u in uniforms if u is not None])
+                    firsts = self.runner.prefill_many(requests, stacked)
+                except Exception:
+                    logger.warning("a batched prefill failed; prefilling its requests one by one")
+                else:
+                    events += [
+                        self._first_event(r, t) for r, t in zip(requests, firsts, strict=True)
+                    ]
+                    continue
+            events += [self._prefill(r, u) for r, u in zip(requests, uniforms, strict=True)]
+        return events
+
+    def _prefill(self, request: Request, uniforms: torch.Tensor | None = None) -> StepEvent:
         try:
-            first = self.runner.prefill(request, self._uniforms(request))
-            return request, self._event(request, [first], None)
+            drawn = self._uniforms(request) if uniforms is None else uniforms
+            return self._first_event(request, self.runner.prefill(request, drawn))
         except Exception as exc:  # this request's own forward or sampling: fail it alone
+            return request, self._failed(request, "prefill", exc)
+
+    def _first_event(self, request: Request, token: int) -> StepEvent:
+        try:
+            return request, self._event(request, [token], None)
+        except Exception as exc:
             return request, self._failed(request, "prefill", exc)
 
     def _decode(self) -> list[StepEvent]:

@@ -79,6 +79,15 @@ async def test_a_request_failing_in_the_engine_ends_alone(engine, monkeypatch, s
         return real(target, *args, **kwargs)
 
     monkeypatch.setattr(runner, stage, poisoned)
+    if stage == "prefill":  # requests admitted together are prefilled in one forward first
+        real_many = runner.prefill_many
+
+        def poisoned_many(targets, *args, **kwargs):
+            if any(r.context.get("poison") for r in targets):
+                raise RuntimeError("injected prefill failure")
+            return real_many(targets, *args, **kwargs)
+
+        monkeypatch.setattr(runner, "prefill_many", poisoned_many)
     good = asyncio.create_task(tokens(engine, prompt))
     with pytest.raises(RequestFailed, match=f"failed in {stage}: RuntimeError") as failed:
         await asyncio.wait_for(
