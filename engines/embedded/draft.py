@@ -62,23 +62,28 @@ class DraftModel(nn.Module):
         cache: KVCache,
         first_slot: int = 0,
         packing: Packing | None = None,
+        slots: torch.Tensor | None = None,
     ) -> None:
         """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W] (packed
-        ``[1, N, ...]`` with ``packing``)."""
+        ``[1, N, ...]`` with ``packing``); ``slots``: as in ``TargetModel.forward``."""
         context = self.hidden_norm(self.fc(features))
         token_positions = pack(positions, packing)
         rope = self.rotary.tables(token_positions, context.dtype)
-        slots = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
+        packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         for index, layer in enumerate(decoder_layers(self.layers)):
             k, v = layer.key_value(context)
             k = Rotary.rotate(k, rope)
+            if slots is not None:
+                for full, values in zip(cache.rows(index, 0, cache.num_slots), (k, v), strict=True):
+                    write_cache(full, positions, values, slots)
+                continue
             k_cache, v_cache = cache.rows(index, first_slot, positions.shape[0])
-            if slots is None:
+            if packed is None:
                 write_cache(k_cache, positions, k)
                 write_cache(v_cache, positions, v)
             else:
-                write_cache_at(k_cache, slots, k)
-                write_cache_at(v_cache, slots, v)
+                write_cache_at(k_cache, packed, k)
+                write_cache_at(v_cache, packed, v)
 
     def propose(
         self,

@@ -151,10 +151,20 @@ def decoder_layers(layers: nn.ModuleList) -> list[DecoderLayer]:
     return [layer for layer in layers if isinstance(layer, DecoderLayer)]
 
 
-def write_cache(cache: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
+def write_cache(
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor | None = None,
+) -> None:
     """cache: [B, kv_heads, L, head_dim] (rows of the batch); positions: [B, W];
-    values: [B, W, kv_heads, head_dim]. Writes each row's values at its positions."""
-    rows = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(positions)
+    values: [B, W, kv_heads, head_dim]. Writes each row's values at its positions.
+    ``slots`` [B] (a device tensor, so a CUDA graph can take it as an input): ``cache`` is
+    then every slot of the layer and row b writes slot ``slots[b]``."""
+    if slots is None:
+        rows = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(positions)
+    else:
+        rows = slots[:, None].expand_as(positions)
     cache[rows, :, positions] = values
 
 

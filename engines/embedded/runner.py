@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rounded up
+PREFILL_BUCKET = 64  # captured prefill lengths: multiples of this, and max_seq_len
 CONFIDENCE_SCALE = 1_000_000  # draft confidence crosses to the host as integers of this scale
 
 
@@ -142,12 +143,17 @@ class ModelRunner:
         # Queries scattered to [B, W] for attention (finite: zeros, then earlier queries).
         self._ragged_queries: torch.Tensor | None = None
         self._graphs: dict[tuple[str, int, int], StaticCall] = {}
+        # Single-request prefills replay a graph of the prompt padded to a multiple of
+        # PREFILL_BUCKET (an eager prefill is bound by kernel launches on a GPU).
+        self.prefill_lengths = [*range(PREFILL_BUCKET, max_seq_len, PREFILL_BUCKET), max_seq_len]
+        self._prefill_graphs: dict[int, StaticCall] = {}
         self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
         # Start-up seconds spent capturing the padded graphs and the ragged verify graphs.
         self.capture_s = {"padded": 0.0, "ragged": 0.0}
         if use_cuda_graphs:
             started = time.perf_counter()
             self._capture()
+            self._capture_prefill()
             self.capture_s["padded"] = time.perf_counter() - started
             if verify_mode == "ragged":
                 self._capture_ragged()
@@ -215,6 +221,28 @@ class ModelRunner:
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
             self._graphs["draft", batch, self.block_size] = call(self._draft, (ids, pos), pool)
+
+    def _prefill_graph_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, last: torch.Tensor
+    ) -> torch.Tensor:
+        """One prompt padded to a captured length: ids, positions [1, L]; slot, last [1] (the
+        request's slot, its last prompt position). Logits [1, 1, vocab] at ``last``. The
+        padding writes K/V past the prompt, which the request's first steps overwrite before
+        reading (every step writes its positions before attending to them)."""
+        hidden, features = self.target(ids, positions, self.target_cache, slots=slot)
+        self.draft.insert_context(features, positions, self.draft_cache, slots=slot)
+        return self.target.logits(hidden.index_select(1, last))
+
+    def _capture_prefill(self) -> None:
+        call, pool = self._static_call()
+        slot = torch.zeros(1, dtype=torch.long, device=self.device)
+        for length in reversed(self.prefill_lengths):
+            ids = torch.zeros(1, length, dtype=torch.long, device=self.device)
+            positions = torch.arange(length, device=self.device)[None]
+            last = torch.full((1,), length - 1, dtype=torch.long, device=self.device)
+            self._prefill_graphs[length] = call(
+                self._prefill_graph_forward, (ids, positions, slot, last), pool
+            )
 
     def _capture_ragged(self) -> None:
         """One graph per (B, W, N) of ``ragged_shapes`` (largest first), one shared pool."""
@@ -297,6 +325,8 @@ class ModelRunner:
         return self._prefill_rows(requests, uniforms)
 
     def _prefill_rows(self, requests: list[Request], uniforms: torch.Tensor) -> list[int]:
+        if len(requests) == 1 and self._prefill_graphs:
+            return [self._prefill_replay(requests[0], uniforms)]
         first = requests[0].slot
         if [r.slot for r in requests] != list(range(first, first + len(requests))):
             raise ValueError(
@@ -325,6 +355,20 @@ class ModelRunner:
         probs = sampling_probs(logits, *self._params_tensors(requests))
         tokens = sample_from_probs(probs[:, 0], uniforms[:, 0].to(self.device))
         return [int(t) for t in tokens.tolist()]
+
+    def _prefill_replay(self, request: Request, uniforms: torch.Tensor) -> int:
+        """A single prompt through the captured prefill graph of its padded length."""
+        length = len(request.prompt_ids)
+        padded = padded_size(length, self.prefill_lengths)
+        ids = torch.zeros(1, padded, dtype=torch.long)
+        ids[0, :length] = torch.tensor(request.prompt_ids)
+        inputs = torch.tensor([request.slot, length - 1])
+        dev = self.device
+        positions = torch.arange(padded, device=dev)[None]
+        slot, last = inputs.to(dev).split(1)
+        logits = self._prefill_graphs[padded](ids.to(dev), positions, slot, last)
+        probs = sampling_probs(logits, *self._params_tensors([request]))
+        return int(sample_from_probs(probs[:, 0], uniforms[:1, 0].to(dev))[0])
 
     def release_slot(self, moved: tuple[int, int] | None, length: int) -> None:
         if moved is not None:

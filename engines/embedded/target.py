@@ -55,9 +55,12 @@ class TargetModel(nn.Module):
         first_slot: int = 0,
         num_keys: int | None = None,
         packing: Packing | None = None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: [B, W] for slots ``first_slot..+B``. Writes K/V at ``positions``
         and attends causally to cached keys ``< num_keys`` (default: the whole cache).
+        ``slots`` ([B] device tensor, no ``packing``): the rows' slots given as data instead
+        of ``first_slot`` (a captured prefill graph serves any slot).
 
         Returns (final-normed hidden [B, W, hidden], aux features [B, W, len(aux) * hidden]);
         with ``packing`` only its valid tokens are computed and both come back packed
@@ -71,18 +74,24 @@ class TargetModel(nn.Module):
         # Packed: norms, RoPE and cache writes on the N packed tokens, attention at [B, W].
         token_positions = pack(positions, packing)
         rope = self.rotary.tables(token_positions, h.dtype)
-        slots = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
+        packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
             q, k, v = layer.qkv(layer.input_layernorm(h))
             q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
-            k_cache, v_cache = cache.rows(index, first_slot, batch)
-            if packing is None or slots is None:
-                write_cache(k_cache, positions, k)
-                write_cache(v_cache, positions, v)
+            if slots is not None:  # write the slots' rows, then read copies of them
+                everything = cache.rows(index, 0, cache.num_slots)
+                for full, values in zip(everything, (k, v), strict=True):
+                    write_cache(full, positions, values, slots)
+                k_cache, v_cache = (full.index_select(0, slots) for full in everything)
             else:
-                write_cache_at(k_cache, slots, k)
-                write_cache_at(v_cache, slots, v)
+                k_cache, v_cache = cache.rows(index, first_slot, batch)
+                for part, values in zip((k_cache, v_cache), (k, v), strict=True):
+                    if packed is None:
+                        write_cache(part, positions, values)
+                    else:
+                        write_cache_at(part, packed, values)
+            if packing is not None:
                 q = packing.unpack_queries(q)
             attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
             h = layer.feed_forward(h + layer.attention_out(pack(attn, packing)))

@@ -78,3 +78,37 @@ def test_a_failing_batched_prefill_fails_only_its_culprit(
     events = engine.step()
     failed = {r.request_id for r, e in events if type(e).__name__ == "RequestFailed"}
     assert failed == {"r1"}
+
+
+@torch.inference_mode()
+def test_a_graph_runner_prefills_one_prompt_through_its_padded_length_graph(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """The captured prefill (run as static buffers on the CPU) takes the slot as data: the
+    request's slot gets the caches an eager prefill writes over its prompt, the first token
+    is the same, and no other slot changes."""
+    graphs = load_runner(*agreeing_pair, torch.device("cpu"), 4, 160, use_cuda_graphs=True)
+    eager = load_runner(*agreeing_pair, torch.device("cpu"), 4, 160)
+    assert sorted(graphs._prefill_graphs) == graphs.prefill_lengths == [64, 128, 160]
+    caches = [c for cache in (graphs.target_cache, graphs.draft_cache) for c in (cache.k, cache.v)]
+    for cache in caches:
+        cache.normal_(generator=torch.Generator().manual_seed(4))
+    before = [cache.clone() for cache in caches]
+    prompt = random_prompt(5, length=70)  # padded to 128
+    params = SamplingParams(max_new_tokens=4, temperature=0.7)
+    for runner in (graphs, eager):
+        request = Request("r", prompt, params, fixed_k(0), {})
+        request.slot = 2
+        uniforms = torch.rand(1, 9, generator=torch.Generator().manual_seed(1))
+        first = runner._prefill_rows([request], uniforms)
+        if runner is graphs:
+            got = first
+    assert got == first
+    for name in ("target_cache", "draft_cache"):
+        for kv in ("k", "v"):
+            a = getattr(getattr(graphs, name), kv)[:, 2, :, : len(prompt)]
+            b = getattr(getattr(eager, name), kv)[:, 2, :, : len(prompt)]
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for cache, old in zip(caches, before, strict=True):
+        others = [s for s in range(cache.shape[1]) if s != 2]
+        assert torch.equal(cache[:, others], old[:, others])
