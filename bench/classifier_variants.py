@@ -7,8 +7,9 @@ ablations, some sources left out. The features of the whole corpus are computed 
 shared by the variants. Reported per variant: accuracy per source and label on the
 validation split, per writing script, the out-of-fold accuracy of the training rows of the
 small curated maths sets (more rows than their validation share), the committed prompt
-files (hand-written, Cyrillic, Korean, Japanese) and the Pygments snippets. The held-out
-split is never read.
+files (hand-written, Cyrillic, Korean, Japanese), the Pygments snippets, and the
+calibration error (ECE) on the validation split with the temperature that would minimise
+its log loss. The held-out split is never read.
 
     .venv/bin/python bench/classifier_variants.py --shared-data ../shared/data \\
         --variant 'none=' --variant 'committed=synthetic_math_words=0.5,math500=2,champ=2' \\
@@ -31,10 +32,12 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controller.classifier.combiner import Combiner
 from controller.classifier.features import FeatureSpec
 from controller.classifier.model import LinearClassifier
 from policies.types import TASKS
 from training.classifier.dataset import Dataset, load_dataset
+from training.classifier.evaluation import calibration_error
 from training.classifier.prompt_sets import load_prompt_file, request_tags, snippet_examples
 from training.classifier.pygments_source import fetch_sdist
 from training.classifier.split import is_validation
@@ -42,6 +45,7 @@ from training.classifier.stacking import (
     calibrated_combiner,
     combiner_features,
     combiner_logits,
+    fit_temperature,
     out_of_fold_features,
 )
 from training.classifier.training import (
@@ -96,10 +100,12 @@ def run_variant(
     inputs = combiner_features(
         linear, [segment[evals] for segment in segments], [sizes[evals, 0], sizes[evals, 1]]
     )
-    is_right = np.argmax(combiner_logits(combiner, inputs), axis=1) == targets[evals]
+    logits = combiner_logits(combiner, inputs)
+    is_right = np.argmax(logits, axis=1) == targets[evals]
     report: dict[str, Any] = {"weights": weights_setting, "dropped": sorted(dropped)}
     report["temperature"] = temperature
     report["validation"] = validation_cells(dataset, evals, is_right)
+    report["calibration"] = calibration_cells(combiner, logits, inputs, targets[evals], is_right)
     oof_right = np.argmax(combiner_logits(combiner, oof), axis=1) == targets[rows]
     report["out_of_fold"] = {
         f"{source}/{TASKS[task]}": cell(oof_right[mask])
@@ -119,6 +125,28 @@ def run_variant(
     ]
     report["prompt_files"]["pygments snippets"] = {"all": cell(np.array(snippets))}
     return report
+
+
+def calibration_cells(
+    combiner: Combiner,
+    logits: npt.NDArray[np.float64],
+    inputs: npt.NDArray[np.float64],
+    targets: npt.NDArray[np.intp],
+    is_right: npt.NDArray[np.bool_],
+) -> dict[str, float]:
+    """ECE (10 bins) on the validation split at the fitted temperature, and the temperature
+    (relative to it) that would minimise the validation log loss, with its ECE: how far a
+    refit of the temperature could move calibration. Informational: no variant uses it."""
+    refit = fit_temperature(combiner, inputs, targets)
+    cells = {"ece": ece(logits, is_right), "validation_temperature": refit}
+    cells["ece_at_validation_temperature"] = ece(logits / refit, is_right)
+    return cells
+
+
+def ece(logits: npt.NDArray[np.float64], is_right: npt.NDArray[np.bool_]) -> float:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    confidences = shifted.max(axis=1) / shifted.sum(axis=1)
+    return calibration_error(list(zip(confidences.tolist(), is_right.tolist(), strict=True)))
 
 
 def cell(is_right: npt.NDArray[np.bool_]) -> dict[str, float | int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from controller.classifier.text import DEFAULT_MAX_CHARS, request_text
 from training.classifier.chatterbot_source import chatterbot_examples
+from training.classifier.code_fragments import fragment_examples
 from training.classifier.corpus import (
     Example,
     champ,
@@ -70,7 +71,8 @@ def all_examples(
     label counts go to ``sharegpt_counts``), the ChatterBot corpus (real chat in ~30 human
     languages; not used for system prompts or switches), synthetic maths, the phrasings of
     ``phrasings.py`` (source files from the Pygments sdist in ``sdist_dir``, fetched with pip
-    when absent), then topic switches built from all single-turn requests before them."""
+    when absent), then topic switches built from all single-turn requests before them, then
+    short bare fragments of the source files (``code_fragments.py``)."""
     public = [*gsm8k(shared), *math500(shared), *mbpp(shared), *mt_bench(shared)]
     public += [*human_eval(), *champ()]
     conversations = list(sharegpt_turns(sharegpt_counts))
@@ -84,6 +86,9 @@ def all_examples(
     yield from phrased
     phrased_singles = [example for example in phrased if is_single_turn(example)]
     yield from topic_switches(public + conversations + phrased_singles)
+    # Last, so that the sources above (and their deduplication) are those of the rounds
+    # before the fragments.
+    yield from fragment_examples(files)
 
 
 def build_dataset(
