@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Fewest pure decode steps of one (batch x width), summed over runs, that the controller-overhead
+# ratio (``decode_step_vs_static``) compares.
+MIN_SHAPE_STEPS = 20
+
 
 def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
@@ -32,25 +36,44 @@ def _noise(a: dict[str, Any], b: dict[str, Any]) -> float:
     return float(a["tok_s_spread"] / a["tok_s_mean"] + b["tok_s_spread"] / b["tok_s_mean"])
 
 
+def _step_counts_by_shape(runs: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many pure decode steps of each (batch x padded width) the runs made."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for shape, (_, count) in run.get("decode_step_s_by_shape", {}).items():
+            counts[shape] = counts.get(shape, 0) + int(count)
+    return dict(sorted(counts.items()))
+
+
 def _step_ms_by_shape(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Mean ms of the pure decode steps of each (batch x padded width), over all runs."""
     seconds: dict[str, float] = {}
-    counts: dict[str, int] = {}
     for run in runs:
         for shape, (mean_s, count) in run.get("decode_step_s_by_shape", {}).items():
             seconds[shape] = seconds.get(shape, 0.0) + mean_s * count
-            counts[shape] = counts.get(shape, 0) + int(count)
+    counts = _step_counts_by_shape(runs)
     return {shape: 1e3 * seconds[shape] / counts[shape] for shape in sorted(seconds)}
 
 
 def _step_vs_static(goodput: dict[str, Any], static: dict[str, Any]) -> dict[str, float]:
     """The controller's overhead: goodput's decode step time over the static runs' at the same
-    batch and width, for the shapes at batch 1, 8 and 64 that both ran."""
+    batch and width, for the shapes at batch 1, 8 and 64 that both ran at least
+    ``MIN_SHAPE_STEPS`` times (a ratio of a handful of steps measures nothing: one goodput
+    step at 8 x 8 read as +5%). Summaries from before step counts were kept compare every
+    shape."""
     out = {}
+    counts = goodput.get("decode_steps_by_shape", {})
     for shape, ms in goodput["decode_step_ms_by_shape"].items():
         if shape.split("x")[0] not in ("1", "8", "64"):
             continue
-        same = [v for p in static.values() if (v := p["decode_step_ms_by_shape"].get(shape))]
+        if counts.get(shape, MIN_SHAPE_STEPS) < MIN_SHAPE_STEPS:
+            continue
+        same = [
+            v
+            for p in static.values()
+            if (v := p["decode_step_ms_by_shape"].get(shape))
+            and p.get("decode_steps_by_shape", {}).get(shape, MIN_SHAPE_STEPS) >= MIN_SHAPE_STEPS
+        ]
         if same:
             out[shape] = ms / statistics.fmean(same)
     return out
@@ -80,6 +103,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
             }
         policies[name] = {
             "decode_step_ms_by_shape": _step_ms_by_shape(mine),
+            "decode_steps_by_shape": _step_counts_by_shape(mine),
             "tok_s_mean": statistics.fmean(totals),
             "tok_s_spread": _spread(totals),
             "tok_s_runs": totals,

@@ -249,3 +249,34 @@ def test_merging_ragged_files_gives_a_ragged_results_file(
     old.write_text(json.dumps(legacy))
     assert main(["--merge", str(old), str(arm_json), "--out", str(merged)]) == 0
     assert json.loads(merged.read_text())["engine"] == "padded"
+
+
+def _decode_run(policy: str, shapes: dict[str, tuple[float, int]]) -> dict[str, Any]:
+    phase = {
+        "tok_s": 100.0,
+        "mean_spec_tokens": 7.0,
+        "step_ms_mean": 10.0,
+        "host_us_per_step": None,
+        "accept_length_by_task": {},
+    }
+    return {
+        "policy": policy,
+        "tok_s": 100.0,
+        "phases": {"p": phase},
+        "decode_step_s_by_shape": {k: list(v) for k, v in shapes.items()},
+    }
+
+
+def test_the_overhead_ratio_skips_shapes_with_a_handful_of_steps() -> None:
+    """A shape goodput ran once (one step at 8 x 8 read as +5% on the H200) is no measure of
+    the controller's overhead: only shapes both sides ran at least MIN_SHAPE_STEPS times."""
+    from bench.decisions.report import MIN_SHAPE_STEPS, summarise
+
+    runs = [
+        _decode_run("goodput", {"8x8": (0.0120, 1), "8x16": (0.0122, 219)}),
+        _decode_run("static-k7", {"8x8": (0.0114, 258), "64x8": (0.028, 79)}),
+        _decode_run("static-k15", {"8x16": (0.0120, 224)}),
+    ]
+    ratios = summarise(runs, ["goodput", "static-k7", "static-k15"])["ratios"]
+    assert MIN_SHAPE_STEPS > 1
+    assert ratios["decode_step_vs_static"] == pytest.approx({"8x16": 0.0122 / 0.0120})

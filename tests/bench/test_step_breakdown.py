@@ -1,0 +1,37 @@
+"""bench/step_breakdown_gpu.py on the CPU (tiny random shape): every case is timed both ways
+(whole cache, used keys) and the SDPA backends this device refuses are named, not fatal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_step_breakdown_runs_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "breakdown.json"
+    argv = ["--shape", "tiny", "--device", "cpu", "--batches", "1,4", "--repeats", "1"]
+    argv += ["--cache-len", "128", "--context", "40", "--out", str(out)]
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "step_breakdown_gpu.py"), *argv],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    report = json.loads(out.read_text())
+    assert report["used_keys"] == 64  # context 40 + a block of 16, rounded up to 64
+    for batch in (1, 4):
+        for name in (f"verify {batch}x1", f"verify {batch}x8", f"verify {batch}x16"):
+            case = report["cases"][name]
+            assert case["graph_ms"] > 0 and case["graph_ms_used_keys"] > 0
+        attention = report["cases"][f"attention {batch}x16 (one layer)"]
+        assert isinstance(attention["MATH keys=128"], float)
+        for label, value in attention.items():  # a backend this device refuses is named
+            assert isinstance(value, float) or value.startswith("unsupported"), label
