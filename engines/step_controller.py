@@ -50,7 +50,7 @@ from policies.costmodel import CostTable, padded_width
 from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
-from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
 from policies.types import Policy, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,8 @@ class StepController:
         # Two-phase steps (goodput ``step_mode: slots``): the policy and the rows the step just
         # planned will allocate after drafting, and the allocator of that policy version.
         self._slots: tuple[ActivePolicy, list[int]] | None = None
+        # The coming allocation's confidence-free part: (policy version, rows, step).
+        self._allocation: tuple[int, tuple[int, ...], PreparedStep] | None = None
         self._allocator: tuple[int, SlotAllocator] | None = None
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
         # not yet folded, and running means of a decision's host time and of the step time.
@@ -317,7 +319,7 @@ class StepController:
         started = time.perf_counter()
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
-        self._slots = None
+        self._slots, self._allocation = None, None
         if newest is not None and _two_phase(newest, len(shared)):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = newest.spec.bounds_for(self.block_size)[1]
@@ -338,6 +340,31 @@ class StepController:
         """Whether the step just planned is two-phase (the engine then calls ``allocate``)."""
         return self._slots is not None
 
+    def prepare_allocation(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> None:
+        """The part of the coming ``allocate`` that needs no draft confidence (learning from
+        the rows' last outcomes, priors, own-history offsets), run by the engine while the
+        device drafts: only the rest then waits between draft and verify."""
+        started = time.perf_counter()
+        try:
+            self._allocation = None
+            slots = self._slots
+            if slots is None:
+                return
+            newest, _ = slots
+            shared, rows = self._allocation_rows(views, controllers)
+            rates = self._rates(newest)
+
+            def prepare() -> int:
+                step = self._slot_allocator(newest).prepare_step(rows, len(views), rates)
+                self._allocation = (newest.version, tuple(shared), step)
+                return 1
+
+            self.guarded(prepare)
+        finally:
+            self.host_s += time.perf_counter() - started
+
     def allocate(
         self,
         views: Sequence[RequestView],
@@ -345,7 +372,8 @@ class StepController:
         confidence: Sequence[Sequence[float]],
     ) -> list[int]:
         """k per row once the draft has run (``policies.slot_allocator``); rows the policy
-        does not decide together keep what they drafted."""
+        does not decide together keep what they drafted. Finishes the step
+        ``prepare_allocation`` prepared for the same rows (else decides it whole)."""
         started = time.perf_counter()
         try:
             ks = [len(c) for c in confidence]
@@ -353,25 +381,17 @@ class StepController:
             if slots is None:
                 return ks
             newest, _ = slots
-            shared = [
-                i
-                for i, steps in enumerate(controllers)
-                if isinstance(steps, RequestSteps) and steps.active.models is not None
-            ]
-            rows = [
-                controllers[i]  # type: ignore[attr-defined]
-                .step_row(views[i])
-                ._replace(draft_confidence=tuple(confidence[i]))
-                for i in shared
-            ]
-            observe = self._observe(newest)
-
-            def rates(task: Task) -> Sequence[float]:
-                values: Sequence[float] = observe(task)["accept_rates"]
-                return values
+            prepared, self._allocation = self._allocation, None
+            shared = self._shared_rows(controllers)
+            allocator = self._slot_allocator(newest)
 
             def decide() -> int:
-                choice = self._slot_allocator(newest).decide_rows(rows, len(views), rates)
+                if prepared is not None and prepared[:2] == (newest.version, tuple(shared)):
+                    step = prepared[2]
+                else:
+                    _, rows = self._allocation_rows(views, controllers)
+                    step = allocator.prepare_step(rows, len(views), self._rates(newest))
+                choice = allocator.finish_step(step, [confidence[i] for i in shared])
                 for i, k in zip(shared, choice.spec_tokens, strict=True):
                     ks[i] = k
                 self._batch_decision = None
@@ -384,6 +404,30 @@ class StepController:
             return ks
         finally:
             self.host_s += time.perf_counter() - started
+
+    @staticmethod
+    def _shared_rows(controllers: Sequence[SpecController]) -> list[int]:
+        return [
+            i
+            for i, steps in enumerate(controllers)
+            if isinstance(steps, RequestSteps) and steps.active.models is not None
+        ]
+
+    def _allocation_rows(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> tuple[list[int], list[StepRow]]:
+        shared = self._shared_rows(controllers)
+        rows = [controllers[i].step_row(views[i]) for i in shared]  # type: ignore[attr-defined]
+        return shared, rows
+
+    def _rates(self, active: ActivePolicy) -> Callable[[Task], Sequence[float]]:
+        observe = self._observe(active)
+
+        def rates(task: Task) -> Sequence[float]:
+            values: Sequence[float] = observe(task)["accept_rates"]
+            return values
+
+        return rates
 
     def _slot_allocator(self, active: ActivePolicy) -> SlotAllocator:
         """Rebuilt when a newer policy version arrives; prices steps with its cost model."""

@@ -46,7 +46,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
-from policies.types import TASKS, StepRow, Task
+from policies.types import TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
 _EPS = 1e-4
@@ -90,6 +90,21 @@ class RaggedChoice:
 
     spec_tokens: list[int]
     reason: str
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step's decision up to the draft's confidence (``SlotAllocator.prepare_step``)."""
+
+    rows: Sequence[StepRow]
+    batch_size: int
+    capacities: Ints  # [rows] the most each row may verify (0: it did not draft)
+    tasks: Ints  # [rows] task index
+    base_logit: Floats  # [rows, K] prior and own-history log-odds
+
+
+_NO_TASKS = np.zeros(0, dtype=np.int64)
+_NO_LOGITS = np.zeros((0, 1))
 
 
 @dataclass(frozen=True)
@@ -151,15 +166,40 @@ class SlotAllocator:
         drafted: Bools | None = None,
     ) -> RaggedChoice:
         """k per row. ``drafted``: the rows that ran the draft this step (default: all); the
-        others get k = 0."""
+        others get k = 0. The same as ``finish_step(prepare_step(...), confidence)`` with each
+        row's own ``draft_confidence``."""
+        prepared = self.prepare_step(rows, batch_size, rates, drafted)
+        return self.finish_step(prepared, [r.draft_confidence for r in rows])
+
+    def prepare_step(
+        self,
+        rows: Sequence[StepRow],
+        batch_size: int,
+        rates: Rates,
+        drafted: Bools | None = None,
+    ) -> PreparedStep:
+        """The part of a step's decision that needs no draft confidence: learn from the rows'
+        last outcomes, the rows' priors and own-history offsets, their capacities. An engine
+        runs it while the device drafts, so only ``finish_step`` waits between draft and
+        verify. Call ``finish_step`` once with the same rows before the next ``prepare_step``."""
         self._learn(rows)
         self._scored = None
-        if not rows:
-            return RaggedChoice([], "allocator: empty batch")
         capacities = self._capacities(rows)
         if drafted is not None:
             capacities = np.where(drafted, capacities, 0)
-        survival = self._score(rows, rates)
+        tasks, base_logit = self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS)
+        return PreparedStep(rows, batch_size, capacities, tasks, base_logit)
+
+    def finish_step(
+        self, prepared: PreparedStep, confidence: Sequence[PositionValues | None]
+    ) -> RaggedChoice:
+        """k per row of a prepared step from its rows' draft confidence (per row, its drafted
+        positions; None or empty: none)."""
+        rows, batch_size, capacities = prepared.rows, prepared.batch_size, prepared.capacities
+        if not rows:
+            return RaggedChoice([], "allocator: empty batch")
+        values = self._confidence_values(confidence)
+        survival, self._scored = self._calibrated(rows, prepared.tasks, prepared.base_logit, values)
         n = len(rows)
         scores = sorted_scores(survival, capacities)
         budget = draft_budget(scores, n, self._costs(batch_size, len(scores)))
@@ -200,14 +240,16 @@ class SlotAllocator:
         k = self._k
         return np.array([max(0, min(k, r.max_spec_tokens)) for r in rows], dtype=np.int64)
 
-    def _score(self, rows: Sequence[StepRow], rates: Rates) -> Floats:
-        survival, scored = self._survival(rows, rates, use_confidence=True)
-        self._scored = scored
-        return survival
-
     def _survival(
         self, rows: Sequence[StepRow], rates: Rates, use_confidence: bool
     ) -> tuple[Floats, _Scored]:
+        tasks, base_logit = self._base(rows, rates)
+        values = [r.draft_confidence for r in rows] if use_confidence else []
+        return self._calibrated(rows, tasks, base_logit, self._confidence_values(values, len(rows)))
+
+    def _base(self, rows: Sequence[StepRow], rates: Rates) -> tuple[Ints, Floats]:
+        """[rows] task index and [rows, K] log-odds from the task prior and each request's
+        own history (before the confidence)."""
         k = self._k
         task_index = {t: i for i, t in enumerate(TASKS)}
         tasks = np.array([task_index[r.task] for r in rows], dtype=np.int64)
@@ -218,8 +260,12 @@ class SlotAllocator:
                 values += [values[-1] if values else 0.5] * (k - len(values))
                 priors[i] = values
         prior_logit = logit(priors)[tasks]
-        base_logit = prior_logit + self._offsets(rows, priors, tasks)[:, None]
-        confidence = self._confidence(rows, use_confidence)
+        return tasks, prior_logit + self._offsets(rows, priors, tasks)[:, None]
+
+    def _calibrated(
+        self, rows: Sequence[StepRow], tasks: Ints, base_logit: Floats, confidence: Floats
+    ) -> tuple[Floats, _Scored]:
+        """Survival [rows, K] from the base log-odds and the confidence's calibration."""
         has = ~np.isnan(confidence)
         confidence_logit = logit(np.where(has, confidence, 0.5))
         bins = np.where(has, np.searchsorted(self._edges, confidence_logit), -1)
@@ -240,14 +286,16 @@ class SlotAllocator:
         survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
         return survival, scored
 
-    def _confidence(self, rows: Sequence[StepRow], use_confidence: bool) -> Floats:
-        """[rows, K] draft confidence, NaN where a row has none."""
+    def _confidence_values(
+        self, values: Sequence[PositionValues | None], num_rows: int | None = None
+    ) -> Floats:
+        """[rows, K] draft confidence, NaN where a row has none (``values`` empty: none at
+        all, for ``num_rows`` rows)."""
         k = self._k
-        values = [r.draft_confidence for r in rows] if use_confidence else []
         if values and all(v is not None and len(v) >= k for v in values):
             full: Floats = np.array([v[:k] for v in values], dtype=np.float64)  # type: ignore[index]
             return full
-        confidence = np.full((len(rows), k), np.nan)
+        confidence = np.full((len(values) if num_rows is None else num_rows, k), np.nan)
         for i, v in enumerate(values):
             if v is not None and len(v):
                 given = np.asarray(v[:k], dtype=np.float64)
@@ -259,13 +307,20 @@ class SlotAllocator:
         ``request_window`` verify steps (accepted drafts against what the prior expected of
         the positions those steps labelled), shrunk by ``request_strength`` steps."""
         window, k = self.settings.request_window, self._k
-        lengths = np.zeros((len(rows), window), dtype=np.int64)
-        ks = np.zeros((len(rows), window), dtype=np.int64)
-        for i, r in enumerate(rows):
+        # One array build from plain lists (a numpy row assignment per row costs ~10x more).
+        recent_lengths: list[Sequence[int]] = []
+        recent_ks: list[Sequence[int]] = []
+        for r in rows:
             n = min(window, len(r.accept_lengths), len(r.spec_tokens))
+            pad = [0] * (window - n)
             if n:
-                lengths[i, window - n :] = r.accept_lengths[-n:]
-                ks[i, window - n :] = r.spec_tokens[-n:]
+                recent_lengths.append(pad + list(r.accept_lengths[len(r.accept_lengths) - n :]))
+                recent_ks.append(pad + list(r.spec_tokens[len(r.spec_tokens) - n :]))
+            else:
+                recent_lengths.append(pad)
+                recent_ks.append(pad)
+        lengths = np.array(recent_lengths, dtype=np.int64).reshape(len(rows), window)
+        ks = np.array(recent_ks, dtype=np.int64).reshape(len(rows), window)
         ran = np.minimum(ks, k)
         drafted = ran > 0
         accepted = np.clip(lengths - 1, 0, ran)

@@ -16,11 +16,13 @@ other rows of the step go on. A controller that raises only costs its request dr
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
 from engines.embedded.events import (
     FailureStage,
+    PreparesAllocation,
     RequestFailed,
     RequestView,
     SlotPlanner,
@@ -205,7 +207,12 @@ class Engine:
                     result = self.runner.step(rows, spec_tokens, uniforms, overlap=self._overlap)
                 else:
                     result = self.runner.step(
-                        rows, spec_tokens, uniforms, overlap=self._overlap, allocate=allocate
+                        rows,
+                        spec_tokens,
+                        uniforms,
+                        overlap=self._overlap,
+                        allocate=allocate,
+                        before_allocate=self._before_allocation(rows),
                     )
             except Exception as exc:
                 culprit, error = self._find_culprit(rows, spec_tokens, uniforms, exc)
@@ -245,6 +252,25 @@ class Engine:
             return [max(0, min(k, d)) for k, d in zip(wanted, drafted, strict=True)]
 
         return allocate
+
+    def _before_allocation(self, rows: list[Request]) -> Callable[[], None] | None:
+        """The planner's confidence-free part of the allocation, which the runner runs while
+        the device drafts (a planner that raises there is logged; ``allocate`` then decides
+        the whole step)."""
+        planner = self.planner
+        if not isinstance(planner, PreparesAllocation):
+            return None
+        by_id = {view.request_id: view for view in self._planned[0]}
+        views = [by_id[r.request_id] for r in rows]
+        controllers = [r.controller for r in rows]
+
+        def before() -> None:
+            try:
+                planner.prepare_allocation(views, controllers)
+            except Exception:
+                logger.exception("step planner failed to prepare an allocation")
+
+        return before
 
     def _overlap(self) -> None:
         """Host work hidden behind the device's step (runner.step calls it before its sync):

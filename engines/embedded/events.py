@@ -143,6 +143,16 @@ class SlotPlanner(StepPlanner, Protocol):
         ...
 
 
+@runtime_checkable
+class PreparesAllocation(Protocol):
+    """A slot planner that can do the confidence-free part of ``allocate`` while the device
+    drafts (the engine calls it between the draft's launch and the confidence's copy)."""
+
+    def prepare_allocation(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> None: ...
+
+
 class RequestFailed(RuntimeError):
     """A request ended inside the engine by a failure of its own (or of the engine loop).
 

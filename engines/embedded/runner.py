@@ -395,6 +395,7 @@ class ModelRunner:
         eager: bool = False,
         overlap: Callable[[], None] | None = None,
         allocate: Allocate | None = None,
+        before_allocate: Callable[[], None] | None = None,
     ) -> StepResult:
         """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
 
@@ -402,6 +403,8 @@ class ModelRunner:
         draft has run, the rows' draft confidence (per row, its drafted positions) comes to
         the host (one extra sync) and ``allocate`` returns the k each row verifies, at most
         what it drafted (checked). Rows given 0 still get their draft context updated.
+        ``before_allocate``: host work of the allocation that needs no confidence, run once
+        the draft is queued and before that sync, so on a GPU it takes no step time.
 
         Writes each row's caches only at positions >= its ``position`` (scratch until the
         row advances), so a step whose result is dropped can be run again. ``eager``: see
@@ -452,6 +455,8 @@ class ModelRunner:
             if self.synthetic is not None:
                 draws = self._draws(rows, measured)
                 drawn = draws.confidence
+            if before_allocate is not None:
+                before_allocate()
             spec_tokens = self._allocated(allocate, confidence, spec_tokens, drawn)
             widest = max(spec_tokens)
             width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)

@@ -131,5 +131,39 @@ def test_survival_is_non_increasing_along_the_block() -> None:
     policy = allocator()
     rng = np.random.default_rng(0)
     rows = [row(str(i), Task.CODE, tuple(rng.uniform(0.01, 0.99, K))) for i in range(8)]
-    survival = policy._score(rows, rates_of({Task.CODE: 0.8}))
+    survival = policy._survival(rows, rates_of({Task.CODE: 0.8}), use_confidence=True)[0]
     assert (np.diff(survival, axis=1) <= 1e-12).all()
+
+
+def test_a_step_prepared_before_the_confidence_decides_what_decide_rows_does() -> None:
+    """``prepare_step`` (run while the device drafts) then ``finish_step`` with the draft's
+    confidence gives every step the same k and the same learning as ``decide_rows``."""
+    one, two = allocator(), allocator()
+    rng = np.random.default_rng(3)
+    histories: dict[str, tuple[list[int], list[int]]] = {str(i): ([], []) for i in range(12)}
+    rates = rates_of({Task.MATH: 0.85, Task.CODE: 0.8, Task.CHAT: 0.6})
+    tasks = [Task.MATH, Task.CODE, Task.CHAT]
+    for step in range(40):
+        rows = [
+            StepRow(
+                rid,
+                tasks[int(rid) % 3],
+                lengths,
+                ks,
+                K if step % 7 else 5,
+                None if int(rid) == 4 else tuple(rng.uniform(0.01, 0.99, K)),
+            )
+            for rid, (lengths, ks) in histories.items()
+        ]
+        drafted = np.array([int(r.row_id) != 7 or step % 2 == 0 for r in rows])
+        whole = one.decide_rows(rows, len(rows), rates, drafted)
+        prepared = two.prepare_step(
+            [r._replace(draft_confidence=None) for r in rows], len(rows), rates, drafted
+        )
+        split = two.finish_step(prepared, [r.draft_confidence for r in rows])
+        assert split == whole, step
+        for (lengths, ks), k in zip(histories.values(), whole.spec_tokens, strict=True):
+            ks.append(k)
+            lengths.append(int(rng.integers(0, k + 1)) + 1)
+    for a, b in zip(one.calibration(), two.calibration(), strict=True):
+        np.testing.assert_array_equal(a, b)

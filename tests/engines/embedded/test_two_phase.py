@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from policies.costmodel import CostTable
 from policies.model import GoodputSpec, PolicySpec
 from policies.online import OnlineModels
 from policies.registry import build_policy
+from policies.slot_allocator import SlotAllocator
 from policies.types import Task
 from tests.engines.embedded.conftest import greedy_request, make_engine, random_prompt
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
@@ -102,8 +104,21 @@ def test_any_allocation_keeps_greedy_output_exact(
 
 
 def test_the_goodput_slots_mode_drives_the_engine_losslessly(
-    agreeing_pair: tuple[Path, Path], prompts: list[list[int]], expected: list[list[int]]
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """... and the allocation's confidence-free part runs before the confidence's copy, once
+    per two-phase step (``prepare_allocation``), so ``allocate`` only finishes it."""
+    calls = {"prepare_allocation": 0, "prepare_step": 0}
+    original = SlotAllocator.prepare_step
+
+    def prepare_step(self: SlotAllocator, *args: Any, **kwargs: Any) -> Any:
+        calls["prepare_step"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlotAllocator, "prepare_step", prepare_step)
     goodput = GoodputSpec(step_mode="slots", slots_min_batch=1, probe_probability=0.0)
     spec = PolicySpec(kind="goodput", goodput=goodput)
     table = CostTable(
@@ -130,6 +145,13 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
             raise AssertionError("the allocator raised")
 
     controller = StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+    prepare_allocation = controller.prepare_allocation
+
+    def counted(*args: Any) -> None:
+        calls["prepare_allocation"] += 1
+        prepare_allocation(*args)
+
+    monkeypatch.setattr(controller, "prepare_allocation", counted)
     engine = make_engine(agreeing_pair, max_batch_size=6)
     engine.planner = controller
     requests = [
@@ -142,6 +164,8 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
         engine.step()
     assert [r.output_ids for r in requests] == expected
     assert controller.last_reason.startswith("allocator:")
+    assert calls["prepare_allocation"] > 0
+    assert calls["prepare_step"] == calls["prepare_allocation"]
     for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
         emitted = 1  # the prefill's token
         for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
