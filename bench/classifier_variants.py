@@ -76,6 +76,7 @@ def run_variant(
     weights_setting: str,
     dropped: set[str],
     spec: FeatureSpec,
+    is_unweighted_combiner: bool = False,
 ) -> dict[str, Any]:
     segments, sizes, targets = features
     sources = np.array([example.source for example in dataset.examples])
@@ -106,6 +107,25 @@ def run_variant(
     report["temperature"] = temperature
     report["validation"] = validation_cells(dataset, evals, is_right)
     report["calibration"] = calibration_cells(combiner, logits, inputs, targets[evals], is_right)
+    report["calibration_by_source"] = calibration_by_source(dataset, evals, logits, is_right)
+    if is_unweighted_combiner and weights is not None:
+        # The same out-of-fold inputs, the combiner fitted without the sample weights (they
+        # stay in the linear stage): does the weighting of the combiner cost calibration?
+        plain, plain_temperature = calibrated_combiner(
+            oof, targets[rows], settings.num_hidden, settings.seed, None
+        )
+        plain_logits = combiner_logits(plain, inputs)
+        plain_right = np.argmax(plain_logits, axis=1) == targets[evals]
+        report["unweighted_combiner"] = {
+            "temperature": plain_temperature,
+            "validation": validation_cells(dataset, evals, plain_right),
+            "calibration": calibration_cells(
+                plain, plain_logits, inputs, targets[evals], plain_right
+            ),
+            "calibration_by_source": calibration_by_source(
+                dataset, evals, plain_logits, plain_right
+            ),
+        }
     oof_right = np.argmax(combiner_logits(combiner, oof), axis=1) == targets[rows]
     report["out_of_fold"] = {
         f"{source}/{TASKS[task]}": cell(oof_right[mask])
@@ -140,6 +160,36 @@ def calibration_cells(
     refit = fit_temperature(combiner, inputs, targets)
     cells = {"ece": ece(logits, is_right), "validation_temperature": refit}
     cells["ece_at_validation_temperature"] = ece(logits / refit, is_right)
+    return cells
+
+
+def calibration_by_source(
+    dataset: Dataset,
+    evals: npt.NDArray[np.intp],
+    logits: npt.NDArray[np.float64],
+    is_right: npt.NDArray[np.bool_],
+) -> dict[str, dict[str, float | int]]:
+    """Per source (and real / generated): rows, accuracy, mean confidence, and its share of
+    the split's over- or under-confidence (the signed gap times the source's share of rows):
+    which sources the calibration error comes from."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    confidences = shifted.max(axis=1) / shifted.sum(axis=1)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for position, index in enumerate(evals):
+        source = dataset.examples[index].source
+        kind = "generated" if source.startswith("synthetic") else "real"
+        for key in (source, kind, "all"):
+            groups[key].append(position)
+    cells = {}
+    for key, positions in sorted(groups.items()):
+        chosen = np.array(positions)
+        gap = float(confidences[chosen].mean() - is_right[chosen].mean())
+        cells[key] = {
+            "total": chosen.size,
+            "accuracy": float(is_right[chosen].mean()),
+            "confidence": float(confidences[chosen].mean()),
+            "share_of_gap": gap * chosen.size / len(evals),
+        }
     return cells
 
 
@@ -185,6 +235,11 @@ def main() -> int:
     parser.add_argument("--variant", action="append", required=True, help="NAME=WEIGHTS[;drop=S]")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape-sizes", default="", help="shape view n-gram sizes, e.g. 3,6")
+    parser.add_argument(
+        "--unweighted-combiner",
+        action="store_true",
+        help="also fit each weighted variant's combiner without sample weights and score it",
+    )
     args = parser.parse_args()
     spec = FeatureSpec(
         shape_sizes=tuple(int(size) for size in filter(None, args.shape_sizes.split(",")))
@@ -197,16 +252,20 @@ def main() -> int:
     features = (segments, np.stack(sizes, axis=1), targets)
     results = {}
     for name, weights_setting, dropped in variants:
-        results[name] = run_variant(dataset, features, weights_setting, dropped, spec)
+        results[name] = run_variant(
+            dataset, features, weights_setting, dropped, spec, args.unweighted_combiner
+        )
         print(name, json.dumps(results[name]["validation"]["real sources"]), flush=True)
-    out = {
-        "command": " ".join(["bench/classifier_variants.py", *sys.argv[1:]]),
-        "date": time.strftime("%Y-%m-%d"),
-        "split": "validation (20% of the training groups); training = the other training groups",
-        "seconds": round(time.time() - started_s),
-        "variants": results,
-    }
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+        # Written after every variant, so that a long run can be read (or stopped) midway.
+        out = {
+            "command": " ".join(["bench/classifier_variants.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d"),
+            "split": "validation (20% of the training groups); training = the other training "
+            "groups",
+            "seconds": round(time.time() - started_s),
+            "variants": results,
+        }
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -71,6 +71,13 @@ def register(subparsers: Any) -> None:
         help="hidden units of the combiner MLP; 0 adds the segment scores instead "
         "(default: TrainSettings.num_hidden)",
     )
+    train.add_argument(
+        "--temperature-scale",
+        type=float,
+        default=None,
+        help="multiplies the combiner's calibration temperature fitted on its out-of-fold "
+        "rows; 1 keeps the fitted one (default: TrainSettings.temperature_scale)",
+    )
     train.set_defaults(func=run_train)
     evaluate = actions.add_parser("eval", help="score an artifact on the held-out split")
     _add_data_args(evaluate)
@@ -198,6 +205,10 @@ def settings_from(args: argparse.Namespace) -> Any:
         spec = replace(spec, is_segmented=False)
     if args.num_hidden is not None:
         settings = replace(settings, num_hidden=args.num_hidden)
+    if args.temperature_scale is not None:
+        if not args.temperature_scale > 0:
+            raise ValueError(f"--temperature-scale {args.temperature_scale}: must be > 0")
+        settings = replace(settings, temperature_scale=args.temperature_scale)
     return replace(settings, spec=spec)
 
 

@@ -23,6 +23,7 @@ from training.classifier.corpus import (
     mt_bench,
     sharegpt_turns,
 )
+from training.classifier.foreign_requests import foreign_examples
 from training.classifier.phrasings import phrasing_examples
 from training.classifier.pygments_source import DEFAULT_SDIST_DIR, fetch_sdist, source_files
 from training.classifier.split import DEFAULT_HELD_OUT_PERCENT, is_held_out, is_validation
@@ -89,6 +90,9 @@ def all_examples(
     # Last, so that the sources above (and their deduplication) are those of the rounds
     # before the fragments.
     yield from fragment_examples(files)
+    # After the fragments, for the same reason: tool requests and maths problems in Russian,
+    # Ukrainian, Japanese, Korean and Chinese (#17, fourth follow-up).
+    yield from foreign_examples()
 
 
 def build_dataset(

@@ -77,6 +77,7 @@ def calibrated_combiner(
     num_hidden: int,
     seed: int,
     weights: Weights = None,
+    temperature_scale: float = 1.0,
 ) -> tuple[Combiner, float]:
     """The combiner, its logits divided by a temperature (folded into ``w2`` and ``b2``) so
     that its probabilities are calibrated, and that temperature.
@@ -86,10 +87,16 @@ def calibrated_combiner(
     weights for tens of thousands of rows, so their loss is close to that on unseen rows.
     (A combiner fitted on 80% and calibrated on the other 20% doubled the fitting time, which
     on this 2-core machine is most of a training run.)
+
+    ``temperature_scale`` multiplies that temperature: a hyper-parameter chosen on the
+    validation split (``TrainSettings.temperature_scale``), for when unseen groups are
+    calibrated at another temperature than the out-of-fold rows.
     """
+    if not temperature_scale > 0:
+        raise ValueError(f"temperature scale {temperature_scale!r}: must be > 0")
     combiner = fit_combiner(features, labels, num_hidden, seed, weights)
-    temperature = fit_temperature(combiner, features, labels)
-    logger.info("combiner: temperature %.3f", temperature)
+    temperature = fit_temperature(combiner, features, labels) * temperature_scale
+    logger.info("combiner: temperature %.4f (scale %.4f)", temperature, temperature_scale)
     scaled = Combiner(
         combiner.w1, combiner.b1, combiner.w2 / temperature, combiner.b2 / temperature
     )

@@ -3,7 +3,7 @@ model), every source including ShareGPT, against the committed evaluation JSON
 (``draftctl classifier eval --prompts bench/classifier_prompts/handwritten.jsonl --prompts
 bench/classifier_prompts/cyrillic.jsonl --prompts bench/classifier_prompts/korean.jsonl
 --prompts bench/classifier_prompts/japanese.jsonl --snippets --json
-bench/results/classifier_eval_2026-12-02_h19.json``), and on the committed hand-written
+bench/results/classifier_eval_2026-12-02_h20.json``), and on the committed hand-written
 prompts (English and others; Russian and Ukrainian; Korean; Japanese) and the Pygments
 snippets (never trained on).
 
@@ -26,7 +26,7 @@ from training.classifier.evaluation import evaluate, report_json
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-02_h19.json"
+COMMITTED = ROOT / "bench" / "results" / "classifier_eval_2026-12-02_h20.json"
 PROMPT_FILES = [
     ROOT / "bench" / "classifier_prompts" / name
     for name in ("handwritten.jsonl", "cyrillic.jsonl", "korean.jsonl", "japanese.jsonl")

@@ -181,3 +181,37 @@ def test_train_command_reads_source_weights_and_rejects_a_bad_one(tmp_path: Path
     assert settings("--source-weights", "pygments=2").source_weights == "pygments=2"
     with pytest.raises(ValueError, match="'pygments=-1'"):
         settings("--source-weights", "pygments=-1")
+
+
+def test_temperature_scale_multiplies_the_fitted_temperature() -> None:
+    from training.classifier.stacking import calibrated_combiner, combiner_logits
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, size=300)
+    guesses = np.where(rng.random(300) < 0.8, labels, (labels + 1) % 3)
+    features = np.zeros((300, 8))
+    features[np.arange(300), guesses] = 1.0
+    fitted, temperature = calibrated_combiner(features, labels, num_hidden=4, seed=0)
+    scaled, scaled_temperature = calibrated_combiner(
+        features, labels, num_hidden=4, seed=0, temperature_scale=0.5
+    )
+    assert scaled_temperature == pytest.approx(temperature * 0.5)
+    # the same MLP, its logits divided by half the temperature: twice as large
+    assert combiner_logits(scaled, features) == pytest.approx(2 * combiner_logits(fitted, features))
+    with pytest.raises(ValueError, match="must be > 0"):
+        calibrated_combiner(features, labels, num_hidden=4, seed=0, temperature_scale=0.0)
+
+
+def test_train_command_reads_the_temperature_scale(tmp_path: Path) -> None:
+    from controller.cli import build_parser
+    from controller.commands.classifier import settings_from
+    from training.classifier.training import TEMPERATURE_SCALE
+
+    def settings(*extra: str):  # type: ignore[no-untyped-def]
+        argv = ["classifier", "train", "--out", str(tmp_path), *extra]
+        return settings_from(build_parser().parse_args(argv))
+
+    assert settings().temperature_scale == TEMPERATURE_SCALE == 0.933
+    assert settings("--temperature-scale", "1").temperature_scale == 1.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        settings("--temperature-scale", "0")
