@@ -109,15 +109,14 @@ class DraftModel(nn.Module):
         shape = self.spec.shape
         mask = attention_mask(visible, shape.num_heads, shape.num_kv_heads)
         h = target.embed_tokens(pack(block_ids, rows)) * self.spec.input_embedding_scale
-        rope = self.rotary.tables(positions, h.dtype)
+        # The rows' tokens (packed with ``rows``) are normed and rotated before unpacking.
+        rope = tuple(pack(t, rows) for t in self.rotary.tables(positions, h.dtype))
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h)))
+            q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h), rope))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, Rotary.rotate(k, rope))
+            write_cache(k_cache, positions, k)
             write_cache(v_cache, positions, v)
-            attn = cached_attention(
-                Rotary.rotate(q, rope), k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask
-            )
+            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
             h = layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
         after_first = pack(unpack(h, rows)[:, 1:], outputs)
         logits = (

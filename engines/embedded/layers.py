@@ -40,19 +40,20 @@ class Rotary(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos, sin [B, W, 1, head_dim] for positions [B, W]; computed once per forward."""
-        return (
-            self.cos[positions].to(dtype)[:, :, None, :],
-            self.sin[positions].to(dtype)[:, :, None, :],
-        )
+        """cos, signed sin [B, W, 1, head_dim] for positions [B, W]; computed once per
+        forward. The sin table's first half is negated, so ``rotate`` needs no negation
+        (``-a * s == a * -s`` exactly: the result is bit for bit the rotate-half formula's)."""
+        cos = self.cos[positions].to(dtype)[:, :, None, :]
+        sin = self.sin[positions].to(dtype)[:, :, None, :]
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
     @staticmethod
     def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """x: [B, W, heads, head_dim] -> x rotated (rotate-half convention)."""
-        cos, sin = tables
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """x: [B, W, heads, head_dim] -> x rotated (rotate-half convention): four kernels
+        (roll, two products, a sum) where cat([-x2, x1]) took five."""
+        cos, signed_sin = tables
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class SelfAttentionWeights(nn.Module):
@@ -90,9 +91,12 @@ class DecoderLayer(nn.Module):
         self.qkv_weight: torch.Tensor
         self.qkv_bias: torch.Tensor | None
         self.gate_up_weight: torch.Tensor
+        self.qk_norm_weight: torch.Tensor | None
+        self.eps = shape.rms_norm_eps
 
     def fuse(self) -> None:
-        """Concatenate q/k/v and gate/up weights (one GEMM each); drop the separate copies.
+        """Concatenate q/k/v and gate/up weights (one GEMM each), and the q and k norms'
+        weights per head (both normed in one kernel); drop the separate copies.
 
         Called once after loading: fewer, larger kernels matter at batch 1 decode."""
         attn, mlp = self.self_attn, self.mlp
@@ -103,19 +107,33 @@ class DecoderLayer(nn.Module):
         self.register_buffer("qkv_bias", torch.cat(biases) if biases else None, persistent=False)
         gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()])
         self.register_buffer("gate_up_weight", gate_up, persistent=False)
+        norm_weight = None
+        if isinstance(attn.q_norm, RMSNorm) and isinstance(attn.k_norm, RMSNorm):
+            q_weight = attn.q_norm.weight.detach().expand(self.num_heads, -1)
+            k_weight = attn.k_norm.weight.detach().expand(self.num_kv_heads, -1)
+            norm_weight = torch.cat([q_weight, k_weight])  # [heads + kv_heads, head_dim]
+        self.register_buffer("qk_norm_weight", norm_weight, persistent=False)
         del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
 
-    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [B, W, hidden] (already input-normed) -> q [B, W, heads, hd], k, v
-        [B, W, kv_heads, hd]; q and k normed, before RoPE."""
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
+        [B, W, kv_heads, hd]; q and k normed, and rotated by ``rope`` (``Rotary.tables``)
+        when given. q and k are normed and rotated together (one tensor of heads + kv_heads
+        per token: the same values, half the kernels)."""
+        hd = self.head_dim
+        heads = self.num_heads + self.num_kv_heads
         out = F.linear(x, self.qkv_weight, self.qkv_bias)
-        q, k, v = out.split([q_size, kv_size, kv_size], dim=-1)
         b, w = x.shape[:2]
-        q = self.self_attn.q_norm(q.reshape(b, w, self.num_heads, self.head_dim))
-        k = self.self_attn.k_norm(k.reshape(b, w, self.num_kv_heads, self.head_dim))
-        return q, k, v.reshape(b, w, self.num_kv_heads, self.head_dim)
+        qk = out[..., : heads * hd].view(b, w, heads, hd)
+        if self.qk_norm_weight is not None:
+            # transformers' Qwen3 order: normalise (fp32 accumulation), cast back, scale.
+            qk = F.rms_norm(qk, (hd,), eps=self.eps) * self.qk_norm_weight
+        if rope is not None:
+            qk = Rotary.rotate(qk, rope)
+        v = out[..., heads * hd :].view(b, w, self.num_kv_heads, hd)
+        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads :], v
 
     def key_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [B, W, hidden] -> k (normed, before RoPE), v [B, W, kv_heads, head_dim]."""

@@ -77,8 +77,7 @@ class TargetModel(nn.Module):
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = layer.qkv(layer.input_layernorm(h))
-            q, k = Rotary.rotate(q, rope), Rotary.rotate(k, rope)
+            q, k, v = layer.qkv(layer.input_layernorm(h), rope)
             if slots is not None:  # write the slots' rows, then read copies of them
                 everything = cache.rows(index, 0, cache.num_slots)
                 for full, values in zip(everything, (k, v), strict=True):
