@@ -15,7 +15,10 @@ same caches and weights), random K/V in the caches below ``--context-len``, then
 2. timing: the ragged verify replay (host index build and its copy included) against the padded
    replay at the widest k and, where the mix's tokens per row is a captured width, the padded
    replay of equal total tokens at the same batch; the same for whole steps (draft included);
-3. start-up: capture seconds and graph counts, padded and ragged, and GPU memory.
+3. two-phase steps (the goodput policy's ``step_mode: slots``): whole steps one- and
+   two-phase at the same verified k, and the two-phase step's parts on the host clock (to the
+   allocation: the draft and the confidence's copy; the allocation; the verify after it);
+4. start-up: capture seconds and graph counts, padded and ragged, and GPU memory.
 
 Writes the JSON after every section (a stopped run keeps what finished); ``--budget-s`` skips
 what would not finish in time and says so in the JSON.
@@ -325,6 +328,75 @@ class Bench:
         runner.verify_mode = "ragged"
         return times
 
+    # -- 3. two-phase steps -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def two_phase(self, spec_tokens: list[int]) -> dict[str, Any]:
+        """Where a two-phase step's time goes, against one-phase steps of the same k: every row
+        drafts the block, the allocation (here a fixed answer: no policy's host time) comes
+        back, the step verifies it. ``k7``: every row verifies 7 (the padded width-8 graph,
+        the same verify as a one-phase k = 7 step: the difference is the two-phase wait);
+        ``mix``: these per-row k (a ragged graph). Per variant the median whole-step ms over
+        ``rounds x repeats`` steps (variants alternate per round), and for two-phase steps its
+        parts on the host clock: start to the allocation's call (draft queued, confidence
+        copied: the sync), the allocation, and from its answer to the step's end (verify)."""
+        runner, rows = self.runner, self.requests(len(spec_tokens))
+        batch = len(rows)
+        uniforms = torch.rand(batch, 2 * BLOCK + 1)
+        drafted = [BLOCK - 1] * batch
+        variants: dict[str, tuple[VerifyMode, list[int], list[int] | None]] = {
+            "one_phase_k7": ("padded", [7] * batch, None),
+            "two_phase_k7": ("ragged", drafted, [7] * batch),
+            "one_phase_mix": ("ragged", spec_tokens, None),
+            "two_phase_mix": ("ragged", drafted, spec_tokens),
+        }
+        step_ms: dict[str, list[float]] = {name: [] for name in variants}
+        parts: dict[str, dict[str, list[float]]] = {
+            name: {"to_allocation_ms": [], "allocation_ms": [], "after_allocation_ms": []}
+            for name, (_, _, verified) in variants.items()
+            if verified is not None
+        }
+        for round_index in range(self.args.rounds + 1):  # round 0 warms each variant
+            for name, (mode, ks, verified) in variants.items():
+                runner.verify_mode = mode
+                for _ in range(self.args.repeats):
+                    marks: list[float] = []
+
+                    def allocate(
+                        confidence: list[list[float]],
+                        verified: list[int] | None = verified,
+                        marks: list[float] = marks,
+                    ) -> list[int]:
+                        marks.append(time.perf_counter())
+                        answer = list(verified or [])
+                        marks.append(time.perf_counter())
+                        return answer
+
+                    start = sync(self.device)
+                    runner.step(rows, ks, uniforms, allocate=allocate if verified else None)
+                    end = sync(self.device)
+                    if round_index == 0:
+                        continue
+                    step_ms[name].append(1e3 * (end - start))
+                    if verified is not None:
+                        part = parts[name]
+                        part["to_allocation_ms"].append(1e3 * (marks[0] - start))
+                        part["allocation_ms"].append(1e3 * (marks[1] - marks[0]))
+                        part["after_allocation_ms"].append(1e3 * (end - marks[1]))
+        runner.verify_mode = "ragged"
+        medians = {name: statistics.median(v) for name, v in step_ms.items()}
+        return {
+            "num_tokens_mix": sum(k + 1 for k in spec_tokens),
+            "step_ms": medians,
+            "two_phase_parts_ms": {
+                name: {key: statistics.median(v) for key, v in part.items()}
+                for name, part in parts.items()
+            },
+            "two_phase_over_one_phase_k7": medians["two_phase_k7"] / medians["one_phase_k7"],
+            "two_phase_over_one_phase_mix": medians["two_phase_mix"] / medians["one_phase_mix"],
+            "one_phase_mix_over_k7": medians["one_phase_mix"] / medians["one_phase_k7"],
+        }
+
     # -- the run -------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -350,6 +422,14 @@ class Bench:
                     continue
                 timing[f"b{batch}/{name}"] = self.time_mix(ks)
                 logger.info("timing b%d %s: %s", batch, name, timing[f"b{batch}/{name}"])
+                self.save()
+        two_phase: dict[str, Any] = {}
+        self.result["two_phase"] = two_phase
+        for batch in self.args.batches:
+            if batch > 1 and not self.over_budget(f"two-phase b{batch}"):
+                ks = k_mixes(batch, self.args.seed)["random_mean7"]
+                two_phase[f"b{batch}/random_mean7"] = self.two_phase(ks)
+                logger.info("two-phase b%d: %s", batch, two_phase[f"b{batch}/random_mean7"])
                 self.save()
         self.save()
 

@@ -37,4 +37,9 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     assert mixed["token_bucket"] == 32, "32 tokens, not 4 x 16 = 64"
     assert {"verify_ragged_over_widest", "step_ragged_over_padded"} <= set(mixed)
     assert "verify_ragged_over_equal_tokens" in mixed  # the padded width-8 graph at batch 4
+    two = result["two_phase"]["b4/random_mean7"]
+    assert set(two["step_ms"]) == {"one_phase_k7", "two_phase_k7", "one_phase_mix", "two_phase_mix"}
+    parts = two["two_phase_parts_ms"]["two_phase_mix"]
+    assert set(parts) == {"to_allocation_ms", "allocation_ms", "after_allocation_ms"}
+    assert all(v >= 0 for v in parts.values())
     assert not result["skipped"]
