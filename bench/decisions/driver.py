@@ -35,8 +35,12 @@ class PhaseTally:
     # Decode-only share: tokens and seconds of the steps that admitted no request.
     decode_tokens: int = 0
     decode_s: float = 0.0
-    # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms] (k over time).
-    timeline: list[tuple[int, int, int, float]] = field(default_factory=list)
+    # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms, and for a
+    # two-phase step the ms blocked on the draft's confidence and the ms from it to the
+    # verify's launch (the allocation on the step's path; both 0 one-phase)] (k over time).
+    timeline: list[tuple[int, int, int, float, float, float]] = field(default_factory=list)
+    # Two-phase steps' host ms from the draft's confidence to the verify's launch.
+    allocation_ms: list[float] = field(default_factory=list)
     # Steps whose rows ran different k (a ragged engine's per-row choices), and the tokens
     # each step verified (sum over rows of k + 1: what a ragged verify computes).
     mixed_k_steps: int = 0
@@ -58,6 +62,10 @@ class PhaseTally:
             # tok/s of the steps without a prefill: free of the prefill's run-to-run noise
             "decode_tok_s": self.decode_tokens / self.decode_s if self.decode_s else None,
             "mixed_k_steps": self.mixed_k_steps,
+            # mean host ms of two-phase steps between the draft's confidence and the verify
+            "two_phase_allocation_ms": (
+                statistics.fmean(self.allocation_ms) if self.allocation_ms else None
+            ),
             "verify_tokens_per_step": (
                 self.verify_tokens / len(self.step_s) if self.step_s else None
             ),
@@ -107,6 +115,8 @@ def _run_phase(
         ):
             engine.add(_request(queue.popleft(), built.controller_for))
             admitted = True
+        if hasattr(engine.runner, "last_two_phase_s"):
+            engine.runner.last_two_phase_s = (0.0, 0.0)  # a step without a decode leaves it
         step_started = time.perf_counter()
         events = engine.step()
         step_s = time.perf_counter() - step_started
@@ -122,7 +132,19 @@ def _run_phase(
         tally.row_ks += ks
         tally.mixed_k_steps += int(len(set(ks)) > 1)
         tally.verify_tokens += sum(ks) + len(ks)
-        tally.timeline.append((len(ks), max(ks, default=0), int(admitted), round(1e3 * step_s, 3)))
+        waited_s, allocation_s = getattr(engine.runner, "last_two_phase_s", (0.0, 0.0))
+        if allocation_s:
+            tally.allocation_ms.append(1e3 * allocation_s)
+        tally.timeline.append(
+            (
+                len(ks),
+                max(ks, default=0),
+                int(admitted),
+                round(1e3 * step_s, 3),
+                round(1e3 * waited_s, 3),
+                round(1e3 * allocation_s, 3),
+            )
+        )
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
             tally.by_shape[shape].append(step_s)

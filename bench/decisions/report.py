@@ -99,6 +99,7 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
                 "decode_tok_s_mean": _mean([c.get("decode_tok_s") for c in cells]),
                 "mixed_k_steps_mean": _mean([c.get("mixed_k_steps") for c in cells]),
                 "verify_tokens_per_step": _mean([c.get("verify_tokens_per_step") for c in cells]),
+                "two_phase_allocation_ms": _mean([c.get("two_phase_allocation_ms") for c in cells]),
                 "accept_length_by_task": cells[-1]["accept_length_by_task"],
             }
         policies[name] = {

@@ -143,6 +143,9 @@ class ModelRunner:
         # Queries scattered to [B, W] for attention (finite: zeros, then earlier queries).
         self._ragged_queries: torch.Tensor | None = None
         self._graphs: dict[tuple[str, int, int], StaticCall] = {}
+        # The last step's two-phase wait on the host clock: (blocked on the draft's confidence,
+        # from it to the verify's launch: the allocation, index build, launch); 0 one-phase.
+        self.last_two_phase_s = (0.0, 0.0)
         # Single-request prefills replay a graph of the prompt padded to a multiple of
         # PREFILL_BUCKET (an eager prefill is bound by kernel launches on a GPU).
         self.prefill_lengths = [*range(PREFILL_BUCKET, max_seq_len, PREFILL_BUCKET), max_seq_len]
@@ -412,6 +415,7 @@ class ModelRunner:
         ``overlap``: host work run once every kernel of the step is queued, before the one
         sync, so on a GPU it takes no step time (the engine plans the next step there)."""
         started = self._clock()
+        self.last_two_phase_s = (0.0, 0.0)
         widest = max(spec_tokens)
         measured = self.measure_confidence or allocate is not None
         confidence = torch.zeros(len(rows), 0, device=self.device)
@@ -457,6 +461,9 @@ class ModelRunner:
                 drawn = draws.confidence
             if before_allocate is not None:
                 before_allocate()
+            waiting = time.perf_counter()
+            confidence = confidence.cpu()  # the sync: the draft has run
+            synced = time.perf_counter()
             spec_tokens = self._allocated(allocate, confidence, spec_tokens, drawn)
             widest = max(spec_tokens)
             width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
@@ -470,6 +477,8 @@ class ModelRunner:
         logits = self._run_verify(ids, start[:, None] + offsets[:width], spec_tokens, eager)[
             :, : widest + 1
         ]
+        if allocate is not None and widest > 0:
+            self.last_two_phase_s = (synced - waiting, time.perf_counter() - synced)
         if self.synthetic is not None:
             if draws is None:  # drawn now, while the device runs the verify
                 draws = self._draws(rows, measured)

@@ -117,8 +117,9 @@ def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> Non
 
 
 def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_path: Path) -> None:
-    """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted, ms],
-    whose rows add up to the row-steps the phase counted; the plot script draws both panels."""
+    """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted, ms,
+    two-phase wait ms, two-phase allocation ms], whose rows add up to the row-steps the phase
+    counted; the plot script draws both panels."""
     pytest.importorskip("matplotlib")
     from bench.decisions.plot import main as plot
 
@@ -127,9 +128,9 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
         for phase in run["phases"].values():
             timeline = phase["timeline"]
             assert len(timeline) == phase["steps"]
-            assert all(len(step) == 4 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert all(len(step) == 6 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
             if run["policy"] == "no-spec":
-                assert all(k == 0 for _, k, _, _ in timeline)
+                assert all(step[1] == 0 for step in timeline)
     png = tmp_path / "gpu.png"
     assert plot([str(arm_json), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -280,3 +281,21 @@ def test_the_overhead_ratio_skips_shapes_with_a_handful_of_steps() -> None:
     ratios = summarise(runs, ["goodput", "static-k7", "static-k15"])["ratios"]
     assert MIN_SHAPE_STEPS > 1
     assert ratios["decode_step_vs_static"] == pytest.approx({"8x16": 0.0122 / 0.0120})
+
+
+def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
+    """Each step of the timeline carries the two-phase wait on the host clock (blocked on the
+    draft's confidence; from it to the verify's launch): non-zero only in the steps of the
+    policies that allocate after the draft, and its mean per phase is in the summary."""
+    report = json.loads(ragged_json.read_text())
+    runs = {run["policy"]: run for run in report["runs"]}
+    for name in ("goodput", "vllm-av"):
+        phases = runs[name]["phases"].values()
+        steps = [step for phase in phases for step in phase["timeline"]]
+        assert all(len(step) == 6 for step in steps)
+        assert any(step[5] > 0 for step in steps), name
+        assert any(phase["two_phase_allocation_ms"] for phase in phases), name
+    for name in ("static-k7", "oracle"):
+        for phase in runs[name]["phases"].values():
+            assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name
+            assert phase["two_phase_allocation_ms"] is None
