@@ -51,6 +51,7 @@ from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
+from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import Policy, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,8 @@ class StepController:
         # The coming allocation's confidence-free part: (policy version, rows, step).
         self._allocation: tuple[int, tuple[int, ...], PreparedStep] | None = None
         self._allocator: tuple[int, SlotAllocator] | None = None
+        # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
+        self._modes: StepModeChooser | None = None
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
         # not yet folded, and running means of a decision's host time and of the step time.
         self._held: _Held | None = None
@@ -276,6 +279,8 @@ class StepController:
                 width = float(padded_width(widest, newest.models.spec.verify_width_multiple))
                 drafting = float(widest > 0)
             seconds = reports[0].step_time_s
+            if newest.spec.goodput.step_mode == "auto":
+                self._record_mode(newest, reports)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
             times.append((reports[0].batch_size, width, drafting, seconds))
@@ -320,7 +325,7 @@ class StepController:
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
-        if newest is not None and _two_phase(newest, len(shared)):
+        if newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = newest.spec.bounds_for(self.block_size)[1]
             for i in shared:
@@ -429,6 +434,43 @@ class StepController:
 
         return rates
 
+    def _two_phase(self, active: ActivePolicy, rows: int, decide: bool) -> bool:
+        """A step of ``rows`` rows the policy decides together is two-phase: slots mode at
+        ``slots_min_batch`` rows or more; auto mode there when its chooser says so (``decide``
+        advances the chooser's schedule: the step is being planned; else it only peeks)."""
+        if not _two_phase(active, rows):
+            return False
+        if active.spec.goodput.step_mode != "auto":
+            return True
+        chooser = self._mode_chooser(active)
+        return chooser.decide(rows) if decide else chooser.peek(rows)
+
+    def _mode_chooser(self, active: ActivePolicy) -> StepModeChooser:
+        """One per engine (the modes' speeds are the engine's), rebuilt when its settings
+        change."""
+        g = active.spec.goodput
+        settings = ModeSettings(
+            probe_steps=g.mode_probe_steps,
+            learn_steps=g.mode_learn_steps,
+            reprobe_steps=g.mode_reprobe_steps,
+            margin=g.mode_margin,
+        )
+        if self._modes is None or self._modes.settings != settings:
+            self._modes = StepModeChooser(settings)
+        return self._modes
+
+    def _record_mode(self, active: ActivePolicy, reports: Sequence[StepReport]) -> None:
+        """A step of the auto mode into its chooser (the tokens the step emitted per second of
+        its measured time); a change of the mode a bucket runs is logged."""
+        report = reports[0]
+        chooser = self._mode_chooser(active)
+        rows = report.batch_size
+        before = chooser.incumbent(rows)
+        tokens = sum(r.accept_length for r in reports)
+        chooser.record(rows, report.two_phase, tokens, report.step_time_s)
+        if chooser.incumbent(rows) != before:
+            log.info("%s", chooser.describe(rows))
+
     def _slot_allocator(self, active: ActivePolicy) -> SlotAllocator:
         """Rebuilt when a newer policy version arrives; prices steps with its cost model."""
         held = self._allocator
@@ -450,7 +492,7 @@ class StepController:
         started = time.perf_counter()
         self._prepared = None
         shared, newest = self._split(views, controllers, None)
-        if newest is not None and not _two_phase(newest, len(shared)):
+        if newest is not None and not self._two_phase(newest, len(shared), decide=False):
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held
             if (
@@ -643,7 +685,7 @@ def _allocates(active: ActivePolicy) -> bool:
         models is not None
         and models.cost is not None
         and active.spec.kind == "goodput"
-        and active.spec.goodput.step_mode == "slots"
+        and active.spec.goodput.step_mode in ("slots", "auto")
     )
 
 

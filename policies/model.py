@@ -144,9 +144,18 @@ class GoodputSpec(StrictModel):
     # then policies.slot_allocator gives each row its own k from the draft's confidence, the
     # task prior and the request's history; the eager path verifies each row at its own
     # width). Pools ignore it. See docs/allocator.md.
-    step_mode: Literal["shared", "slots"] = "shared"
-    # Slots mode: a step with fewer rows than this is planned as in shared mode (one k, one
-    # phase). A two-phase step waits on the host between draft and verify (the confidence
+    # "auto": per batch-size bucket, whichever of the two emits more tokens per second of
+    # measured step time on this engine (policies/step_mode.py: both are tried in blocks of
+    # ``mode_probe_steps`` until each has ``mode_learn_steps`` steps, then the faster runs and
+    # the other is re-measured for one block every ``mode_reprobe_steps`` steps; the
+    # incumbent keeps its place unless the other is ``mode_margin`` faster).
+    step_mode: Literal["shared", "slots", "auto"] = "shared"
+    mode_probe_steps: int = Field(default=16, ge=1)
+    mode_learn_steps: int = Field(default=32, ge=1)
+    mode_reprobe_steps: int = Field(default=512, ge=1)
+    mode_margin: float = Field(default=0.02, ge=0, le=1)
+    # Slots and auto modes: a step with fewer rows than this is planned as in shared mode (one
+    # k, one phase). A two-phase step waits on the host between draft and verify (the confidence
     # crosses to the host, the allocator runs, the verify is launched), and a small batch has
     # little to save by ragged widths: on the H200 8B shape that wait (0.5-1.1 ms) was more
     # than the ragged saving at 1 and 8 rows (docs/allocator.md). 1 = always two-phase.

@@ -13,9 +13,12 @@ policy starts from the same priors.
 On a ragged engine (``verify_mode="ragged"``: each row verified at its own k) the
 confidence-reading policies decide per row in two-phase steps (every row drafts all it may,
 then each row's k comes from its draft confidence): ``goodput`` runs the goodput policy's
-``step_mode: slots`` (the per-slot allocator, policies/slot_allocator.py), ``vllm-av`` its own
-per-row allocation (``decide_rows``); the ``oracle`` verifies each row's drawn run. The fixed
-policies and ``dsd-schedule`` are the same on both engines.
+``step_mode: auto`` (per batch size, whichever of one-phase shared k and two-phase per-slot
+allocation, policies/slot_allocator.py, emits more per second on this engine: measured,
+policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase from
+``slots_min_batch`` rows; not run by default), ``vllm-av`` its own per-row allocation
+(``decide_rows``); the ``oracle`` verifies each row's drawn run. The fixed policies and
+``dsd-schedule`` are the same on both engines.
 """
 
 from __future__ import annotations
@@ -94,7 +97,9 @@ def build(name: str, ctx: Context) -> Built:
         k = 0 if name == "no-spec" else min(int(name.removeprefix("static-k")), block_max)
         return Built(None, lambda job: lambda view: k, lambda: (0.0, 0))
     if name == "goodput":
-        return _goodput(ctx)
+        return _goodput(ctx, "auto")
+    if name == "goodput-slots":
+        return _goodput(ctx, "slots")
     planner: RowPlanner
     if name == "dsd-schedule":
         planner = BaselinePlanner(
@@ -123,16 +128,19 @@ def build(name: str, ctx: Context) -> Built:
             else OraclePlanner(ctx.synthetic, ctx.cost(), block_max, PolicySpec().min_spec_tokens)
         )
     else:
-        raise ValueError(f"policy {name!r}: known are {', '.join((*NAMES, 'oracle'))}")
+        known = ", ".join((*NAMES, "goodput-slots", "oracle"))
+        raise ValueError(f"policy {name!r}: known are {known}")
     return Built(planner, lambda job: lambda view: 0, lambda: (planner.host_s, planner.calls))
 
 
-def _goodput(ctx: Context) -> Built:
+def _goodput(ctx: Context, ragged_mode: str) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
-    mode ``step_mode: slots`` (two-phase steps, the per-slot allocator)."""
+    mode ``ragged_mode``: ``auto`` (``goodput``: per batch size, one-phase shared k or
+    two-phase per-slot allocation, whichever this engine runs faster, measured) or ``slots``
+    (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows)."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
-        goodput = GoodputSpec.model_validate(goodput.model_dump() | {"step_mode": "slots"})
+        goodput = GoodputSpec.model_validate(goodput.model_dump() | {"step_mode": ragged_mode})
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
     spec = PolicySpec(kind="goodput", goodput=goodput)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)

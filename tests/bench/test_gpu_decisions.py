@@ -175,6 +175,9 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "synthetic-tiny-ragged",
         "--verify-mode",
         "ragged",
+        "--policies",
+        "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
+        "goodput-slots,oracle",
         "--device",
         "cpu",
         "--scale",
@@ -213,6 +216,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "dsd-schedule",
         "vllm-av",
         "goodput",
+        "goodput-slots",
         "oracle",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
@@ -289,7 +293,7 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     policies that allocate after the draft, and its mean per phase is in the summary."""
     report = json.loads(ragged_json.read_text())
     runs = {run["policy"]: run for run in report["runs"]}
-    for name in ("goodput", "vllm-av"):
+    for name in ("goodput", "goodput-slots", "vllm-av"):
         phases = runs[name]["phases"].values()
         steps = [step for phase in phases for step in phase["timeline"]]
         assert all(len(step) == 6 for step in steps)

@@ -251,6 +251,49 @@ def test_slots_mode_plans_a_batch_below_its_minimum_as_one_shared_k_in_one_phase
     assert controller.plan(views, steps) == [15, 15, 15] and controller.allocates()
 
 
+def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_second() -> None:
+    """On an engine whose two-phase steps cost 30% more for the same tokens, auto mode tries
+    both step modes, then plans one-phase steps (one shared k) but for rare re-probes."""
+    goodput = QUIET.model_copy(
+        update={
+            "step_mode": "auto",
+            "slots_min_batch": 2,
+            "mode_probe_steps": 2,
+            "mode_learn_steps": 4,
+            "mode_reprobe_steps": 30,
+        }
+    )
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
+    controller = StepController(
+        Source(Active(1, spec, build_policy(spec), models)), 16, random.Random(0)
+    )
+    rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(3)]
+    ids = ["a", "b", "c"]
+    lengths: dict[str, list[int]] = {rid: [] for rid in ids}
+    ran: dict[str, list[int]] = {rid: [] for rid in ids}
+    modes = []
+    for n in range(64):
+        views = [RequestView(r, n, lengths[r], 3, n, {}, ran[r], 15) for r in ids]
+        ks = controller.plan(views, rows)
+        two_phase = controller.allocates()
+        modes.append(two_phase)
+        if two_phase:
+            ks = controller.allocate(views, rows, [[0.9] * 15] * 3)
+        for rid, k in zip(ids, ks, strict=True):
+            lengths[rid].append(min(k, 3) + 1)
+            ran[rid].append(k)
+        seconds = 0.013 if two_phase else 0.010
+        reports = [
+            StepReport(k, min(k, 3) + 1, [True] * min(k, 3), seconds, 3, two_phase=two_phase)
+            for k in ks
+        ]
+        controller.record(rows, reports)
+    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
+    assert modes[8:32].count(True) <= 2  # one-phase now, but for one re-probe block of 2
+    assert True in modes[8:40]  # ... which does come
+
+
 def test_shared_mode_never_allocates_and_slots_need_a_cost_model() -> None:
     controller = StepController(Source(_goodput()), 16, random.Random(0))
     steps = controller.start(Task.MATH, 0.9, 7)

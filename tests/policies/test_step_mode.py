@@ -1,0 +1,66 @@
+"""StepModeChooser: per batch-size bucket it measures both step modes, runs the faster one and
+re-measures the other now and then; the schedule only moves when a step is decided."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.step_mode import ModeSettings, StepModeChooser
+
+SETTINGS = ModeSettings(probe_steps=4, learn_steps=8, reprobe_steps=40, margin=0.02, decay=1.0)
+
+
+def run(chooser: StepModeChooser, rows: int, steps: int, rate: dict[bool, float]) -> list[bool]:
+    """Decide and record ``steps`` steps of ``rows`` rows; each mode emits ``rate`` tokens/s."""
+    modes = []
+    for _ in range(steps):
+        two = chooser.decide(rows)
+        modes.append(two)
+        chooser.record(rows, two, int(rate[two] * 0.01), 0.01)
+    return modes
+
+
+def test_it_learns_both_modes_then_runs_the_faster_and_reprobes_the_other() -> None:
+    chooser = StepModeChooser(SETTINGS)
+    modes = run(chooser, 64, 16, {True: 9000.0, False: 7000.0})
+    assert modes == [True] * 4 + [False] * 4 + [True] * 4 + [False] * 4  # blocks of 4
+    later = run(chooser, 64, 72, {True: 9000.0, False: 7000.0})
+    # two-phase is faster here; the other mode gets one block of 4 in every 44 decided steps
+    # (steps 40-43 of each cycle, counted from the bucket's first step)
+    assert later[:24] == [True] * 24
+    assert later[24:28] == [False] * 4
+    assert later[28:68] == [True] * 40
+    assert "two-phase" in chooser.describe(64)
+
+
+def test_the_faster_mode_wins_per_bucket_and_a_change_of_traffic_is_followed() -> None:
+    chooser = StepModeChooser(
+        ModeSettings(probe_steps=4, learn_steps=8, reprobe_steps=20, decay=0.9)
+    )
+    run(chooser, 64, 16, {True: 7000.0, False: 9000.0})
+    run(chooser, 8, 16, {True: 9000.0, False: 7000.0})
+    assert chooser.peek(64) is False and chooser.peek(50) is False  # same bucket: 33-64 rows
+    assert chooser.peek(8) is True and chooser.peek(5) is True
+    # the traffic turns: two-phase now pays at 64 rows; the re-probes notice
+    modes = run(chooser, 64, 200, {True: 9500.0, False: 7000.0})
+    assert modes[-100:].count(True) >= 80  # two-phase now, but for the re-probe blocks
+    assert "two-phase" in chooser.describe(64)
+
+
+def test_peek_does_not_advance_the_schedule_and_hysteresis_keeps_the_incumbent() -> None:
+    chooser = StepModeChooser(SETTINGS)
+    for _ in range(10):
+        assert chooser.peek(64) is True  # learning starts two-phase; peeking moves nothing
+    run(chooser, 64, 16, {True: 10000.0, False: 10100.0})  # one-phase 1% faster: learnt
+    assert chooser.peek(64) is False
+    run(chooser, 64, 44, {True: 10150.0, False: 10000.0})  # two-phase 1.5% ahead now: < margin
+    one, two = chooser.rates(64)
+    assert one is not None and two is not None and two > one
+    assert chooser.peek(64) is False
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="probe_steps"):
+        ModeSettings(probe_steps=0)
+    with pytest.raises(ValueError, match="decay"):
+        ModeSettings(decay=0.0)
