@@ -120,6 +120,50 @@ def kernel_breakdown(fn: Callable[[], Any], device: torch.device, top: int) -> d
     }
 
 
+def first_use(shape: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The masked attention of eager prefills at shapes not seen before (rows x longest prompt
+    of a batched prefill), per backend choice: ms of each shape's first call and of its
+    second. cuDNN's SDPA builds a kernel per new shape; the engine's eager forwards leave it
+    out (``ModelRunner._eager_attention``)."""
+    heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    choices: dict[str, list[Any] | None] = {"default": None, "no_cudnn": _NO_CUDNN}
+    out: dict[str, Any] = {}
+    for index, (label, backends) in enumerate(choices.items()):
+        firsts, seconds = [], []
+        for rows, length in ((3 + 5 * i + index, 41 + 9 * i + 2 * index) for i in range(6)):
+            q = torch.randn(rows, length, heads, dim, device=device, dtype=dtype)
+            k = torch.randn(rows, kv_heads, length, dim, device=device, dtype=dtype)
+            visible = torch.ones(length, length, device=device).tril().bool()
+            mask = attention_mask(visible.expand(rows, -1, -1), heads, kv_heads)
+
+            def call(
+                q: torch.Tensor = q,
+                k: torch.Tensor = k,
+                m: torch.Tensor = mask,
+                backends: list[Any] | None = backends,
+            ) -> None:
+                if backends is None:
+                    cached_attention(q, k, k, m)
+                else:
+                    with torch.nn.attention.sdpa_kernel(backends):
+                        cached_attention(q, k, k, m)
+
+            firsts.append(timed_ms(call, device, 1))
+            seconds.append(timed_ms(call, device, 1))
+        out[label] = {
+            "first_call_ms": [round(x, 3) for x in firsts],
+            "second_call_ms": [round(x, 3) for x in seconds],
+        }
+    return out
+
+
+_NO_CUDNN = [
+    torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+    torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+    torch.nn.attention.SDPBackend.MATH,
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-8b", help="target shape, or 'tiny'")
@@ -247,6 +291,8 @@ def main() -> None:
                         backends[label] = f"unsupported: {str(exc).splitlines()[0][:120]}"
             report["cases"][f"attention {batch}x{width} (one layer)"] = backends
             print(f"attention {batch}x{width}: {backends}", flush=True)
+        report["first_use"] = first_use(shape, device, dtype)
+        print(f"first use of new attention shapes: {report['first_use']}", flush=True)
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out} in {report['elapsed_s']} s")

@@ -10,6 +10,7 @@ Rows with k = 0 verify only their last token but still get their draft context u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.draft import DraftModel
@@ -62,6 +64,19 @@ class StepResult:
     draft_confidence: list[list[float]] | None = None
     # The k each row verified when the step allocated after drafting (else the planned k).
     spec_tokens: list[int] | None = None
+
+
+def eager_attention(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Attention backends of the eager forwards (prefills, eager steps) on a GPU: every SDPA
+    backend but cuDNN's. cuDNN builds (and JIT-compiles) a kernel per new shape, and eager
+    shapes keep changing (a batched prefill's rows x longest prompt): the first use of each
+    shape can stall a step for a large fraction of a second. CUDA-graph forwards keep the
+    default (their shapes are fixed and built at capture). Elsewhere: no change."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
 
 
 class ModelRunner:
@@ -289,7 +304,8 @@ class ModelRunner:
         # recompile them.
         forward = self._verify_forward if name == "verify" else self._draft_forward
         num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
-        return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
+        with self._eager_attention():
+            return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
 
     def _run_verify(
         self, ids: torch.Tensor, positions: torch.Tensor, spec_tokens: list[int], eager: bool
@@ -345,9 +361,10 @@ class ModelRunner:
         packing = None
         if min(lengths) < width:
             packing = Packing.from_lengths(torch.tensor(lengths, device=self.device), width)
-        hidden, features = self.target(
-            ids, positions, self.target_cache, first, width, packing=packing
-        )
+        with self._eager_attention():
+            hidden, features = self.target(
+                ids, positions, self.target_cache, first, width, packing=packing
+            )
         self.draft.insert_context(features, positions, self.draft_cache, first, packing=packing)
         if packing is None:
             last = hidden[:, -1]  # [B, hidden]
@@ -609,6 +626,9 @@ class ModelRunner:
             else Packing.from_lengths(k, max_spec_tokens(self.block_size))
         )
         return rows, outputs
+
+    def _eager_attention(self) -> contextlib.AbstractContextManager[object]:
+        return eager_attention(self.device)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

@@ -35,3 +35,6 @@ def test_the_step_breakdown_runs_every_case(tmp_path: Path) -> None:
         assert isinstance(attention["MATH keys=128"], float)
         for label, value in attention.items():  # a backend this device refuses is named
             assert isinstance(value, float) or value.startswith("unsupported"), label
+    for choice in ("default", "no_cudnn"):  # new attention shapes: first and second call
+        first_use = report["first_use"][choice]
+        assert len(first_use["first_call_ms"]) == len(first_use["second_call_ms"]) == 6

@@ -112,3 +112,19 @@ def test_a_graph_runner_prefills_one_prompt_through_its_padded_length_graph(
     for cache, old in zip(caches, before, strict=True):
         others = [s for s in range(cache.shape[1]) if s != 2]
         assert torch.equal(cache[:, others], old[:, others])
+
+
+def test_eager_forwards_on_a_gpu_leave_cudnn_attention_out() -> None:
+    """cuDNN's SDPA builds a kernel per new shape, and a batched prefill's shapes keep
+    changing: the eager forwards' attention runs without it on CUDA (graphs keep the
+    default); on the CPU nothing changes."""
+    from engines.embedded.runner import eager_attention
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with eager_attention(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with eager_attention(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
