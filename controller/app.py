@@ -58,6 +58,9 @@ class Probes:
         for backend in self.fleet.backends:
             self.metrics.inflight.labels(backend.name).set(backend.num_inflight())
             self.metrics.backend_up.labels(backend.name).set(1 if backend.is_healthy() else 0)
+            steps = getattr(backend, "steps", None)  # the embedded engine's step controller
+            if steps is not None and hasattr(steps, "step_modes"):
+                self.metrics.set_step_modes(backend.name, steps.step_modes())
 
     async def api_stats(self, request: Request) -> Response:
         snapshot = self.stats.snapshot(

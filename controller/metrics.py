@@ -62,6 +62,20 @@ class Metrics:
             ["component"],
             registry=r,
         )
+        self.step_mode = Gauge(
+            "draftctl_step_mode",
+            "Embedded engine, goodput step_mode auto: the mode a batch-size bucket runs "
+            "(1 two-phase per-slot allocation, 0 one-phase shared k, -1 still measuring)",
+            ["backend", "rows"],
+            registry=r,
+        )
+        self.step_mode_tok_s = Gauge(
+            "draftctl_step_mode_tokens_per_second",
+            "Embedded engine, goodput step_mode auto: tokens per second of step time each mode "
+            "emitted in a batch-size bucket (decayed)",
+            ["backend", "rows", "mode"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
         self._accept: dict[tuple[str, str], Gauge] = {}
 
@@ -82,6 +96,18 @@ class Metrics:
         if gauge is None:
             gauge = self._accept[(task, backend)] = self.accept_length.labels(task, backend)
         gauge.set(value)
+
+    def set_step_modes(
+        self, backend: str, buckets: list[tuple[int, bool | None, float | None, float | None]]
+    ) -> None:
+        """The auto step mode's buckets of one embedded backend (``StepController.step_modes``)."""
+        for rows, incumbent, one_phase, two_phase in buckets:
+            label = str(rows)
+            mode = -1 if incumbent is None else int(incumbent)
+            self.step_mode.labels(backend, label).set(mode)
+            for name, rate in (("one_phase", one_phase), ("two_phase", two_phase)):
+                if rate is not None:
+                    self.step_mode_tok_s.labels(backend, label, name).set(rate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -459,6 +459,12 @@ class StepController:
             self._modes = StepModeChooser(settings)
         return self._modes
 
+    def step_modes(self) -> list[tuple[int, bool | None, float | None, float | None]]:
+        """Auto step mode, per batch-size bucket: (rows up to, two-phase or not outside probes,
+        None while learning; one-phase and two-phase tok/s measured); empty otherwise."""
+        modes = self._modes
+        return modes.buckets() if modes is not None else []
+
     def _record_mode(self, active: ActivePolicy, reports: Sequence[StepReport]) -> None:
         """A step of the auto mode into its chooser (the tokens the step emitted per second of
         its measured time); a change of the mode a bucket runs is logged."""

@@ -96,6 +96,14 @@ class StepModeChooser:
         state = self._buckets.get(self.bucket(rows))
         return None if state is None else state.incumbent
 
+    def buckets(self) -> list[tuple[int, bool | None, float | None, float | None]]:
+        """Every bucket seen: (rows up to, mode run outside probes or None while learning,
+        one-phase tok/s, two-phase tok/s). Safe to call from another thread (a snapshot)."""
+        return [
+            (bucket, state.incumbent, state.rate(False), state.rate(True))
+            for bucket, state in sorted(list(self._buckets.items()))
+        ]
+
     def describe(self, rows: int) -> str:
         """A line for people: the bucket's measured rates and the mode it runs."""
         one, two = self.rates(rows)
