@@ -16,6 +16,7 @@ captured region needs no ``nonzero`` or other host sync.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engines.embedded.cuda_graphs import padded_size
@@ -89,12 +90,14 @@ def ragged_index(lengths: list[int], batch: int, width: int, num_tokens: int) ->
             f"lengths {lengths} (sum {used}) do not fit batch {batch}, width {width}, "
             f"{num_tokens} tokens"
         )
-    valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # [rows, width]
-    flat = valid.reshape(-1).nonzero().squeeze(1)  # host tensor: no device sync
-    index = torch.empty(2, num_tokens, dtype=torch.long)
+    # numpy, then one tensor: on a two-phase step this runs between draft and verify (the
+    # torch version took ~70 us at 64 rows on this CPU).
+    valid = np.arange(width)[None, :] < np.asarray(lengths)[:, None]  # [rows, width]
+    flat = np.flatnonzero(valid)
+    index = np.empty((2, num_tokens), dtype=np.int64)
     index[0, :used], index[1, :used] = flat, flat
     index[0, used:], index[1, used:] = 0, batch * width
-    return index
+    return torch.from_numpy(index)
 
 
 def full_rows(num_tokens: int, width: int) -> list[int]:
