@@ -20,6 +20,7 @@ from engines.embedded.layers import (
     RMSNorm,
     Rotary,
     attention_mask,
+    cache_rows,
     cached_attention,
     decoder_layers,
     load_strict,
@@ -70,17 +71,18 @@ class DraftModel(nn.Module):
         token_positions = pack(positions, packing)
         rope = self.rotary.tables(token_positions, context.dtype)
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
+        written = cache_rows(positions, slots) if packed is None else None
         for index, layer in enumerate(decoder_layers(self.layers)):
             k, v = layer.key_value(context)
             k = Rotary.rotate(k, rope)
             if slots is not None:
                 for full, values in zip(cache.rows(index, 0, cache.num_slots), (k, v), strict=True):
-                    write_cache(full, positions, values, slots)
+                    write_cache(full, positions, values, slots, written)
                 continue
             k_cache, v_cache = cache.rows(index, first_slot, positions.shape[0])
             if packed is None:
-                write_cache(k_cache, positions, k)
-                write_cache(v_cache, positions, v)
+                write_cache(k_cache, positions, k, rows=written)
+                write_cache(v_cache, positions, v, rows=written)
             else:
                 write_cache_at(k_cache, packed, k)
                 write_cache_at(v_cache, packed, v)
@@ -111,11 +113,12 @@ class DraftModel(nn.Module):
         h = target.embed_tokens(pack(block_ids, rows)) * self.spec.input_embedding_scale
         # The rows' tokens (packed with ``rows``) are normed and rotated before unpacking.
         rope = tuple(pack(t, rows) for t in self.rotary.tables(positions, h.dtype))
+        written = cache_rows(positions)
         for index, layer in enumerate(decoder_layers(self.layers)):
             q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h), rope))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, k)
-            write_cache(v_cache, positions, v)
+            write_cache(k_cache, positions, k, rows=written)
+            write_cache(v_cache, positions, v, rows=written)
             attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
             h = layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
         after_first = pack(unpack(h, rows)[:, 1:], outputs)

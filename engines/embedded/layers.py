@@ -169,20 +169,30 @@ def decoder_layers(layers: nn.ModuleList) -> list[DecoderLayer]:
     return [layer for layer in layers if isinstance(layer, DecoderLayer)]
 
 
+def cache_rows(positions: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """The cache row each of ``positions`` [B, W] writes: b, or ``slots[b]``. Built once per
+    forward and passed to every layer's ``write_cache`` (an index kernel fewer per write)."""
+    if slots is None:
+        return torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(
+            positions
+        )
+    return slots[:, None].expand_as(positions)
+
+
 def write_cache(
     cache: torch.Tensor,
     positions: torch.Tensor,
     values: torch.Tensor,
     slots: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """cache: [B, kv_heads, L, head_dim] (rows of the batch); positions: [B, W];
     values: [B, W, kv_heads, head_dim]. Writes each row's values at its positions.
     ``slots`` [B] (a device tensor, so a CUDA graph can take it as an input): ``cache`` is
-    then every slot of the layer and row b writes slot ``slots[b]``."""
-    if slots is None:
-        rows = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(positions)
-    else:
-        rows = slots[:, None].expand_as(positions)
+    then every slot of the layer and row b writes slot ``slots[b]``. ``rows``: the forward's
+    ``cache_rows(positions, slots)``, when it has them."""
+    if rows is None:
+        rows = cache_rows(positions, slots)
     cache[rows, :, positions] = values
 
 

@@ -13,6 +13,7 @@ from engines.embedded.layers import (
     RMSNorm,
     Rotary,
     attention_mask,
+    cache_rows,
     cached_attention,
     decoder_layers,
     load_strict,
@@ -75,19 +76,20 @@ class TargetModel(nn.Module):
         token_positions = pack(positions, packing)
         rope = self.rotary.tables(token_positions, h.dtype)
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
+        written = cache_rows(positions, slots) if packed is None else None
         saved: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(decoder_layers(self.layers)):
             q, k, v = layer.qkv(layer.input_layernorm(h), rope)
             if slots is not None:  # write the slots' rows, then read copies of them
                 everything = cache.rows(index, 0, cache.num_slots)
                 for full, values in zip(everything, (k, v), strict=True):
-                    write_cache(full, positions, values, slots)
+                    write_cache(full, positions, values, slots, written)
                 k_cache, v_cache = (full.index_select(0, slots) for full in everything)
             else:
                 k_cache, v_cache = cache.rows(index, first_slot, batch)
                 for part, values in zip((k_cache, v_cache), (k, v), strict=True):
                     if packed is None:
-                        write_cache(part, positions, values)
+                        write_cache(part, positions, values, rows=written)
                     else:
                         write_cache_at(part, packed, values)
             if packing is not None:
