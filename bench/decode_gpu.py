@@ -18,7 +18,13 @@ for the engine's k = 0 step, which also updates the draft's context.
 Correctness on the device: compiled vs eager logits on the same inputs (max abs difference,
 argmax agreement) and the greedy tokens the two engines generate.
 
-    python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b]
+Per batch size (``--batches``, default 1,8,64; issue #16's results format, ``batch`` in each
+shape): the engine's plain decode step (its width-1 verify graph: target forward, draft
+context insert, LM head) at B rows whose context is the prompt, against that batch's floor:
+the weights above plus every row's used keys and values (the prompt's, target layers) read
+once. ``--no-compile`` skips the compiled runner (its start-up took ~4 minutes).
+
+    python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
 process would: otherwise the second shape's compiles count against the first's recompile
@@ -47,7 +53,7 @@ from engine_gpu import hbm_bandwidth_bytes_per_s, identical_prefix, run_engine, 
 from engines.embedded.cuda_graphs import GraphedCall
 from engines.embedded.engine import Engine
 from engines.embedded.loader import build_models
-from engines.embedded.runner import ModelRunner
+from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
 
 logger = logging.getLogger("bench.decode_gpu")
@@ -71,6 +77,17 @@ def weight_bytes(runner: ModelRunner) -> dict[str, int]:
         if n.endswith("qkv_weight"):  # the K/V rows only
             draft_context += b[q_rows:].numel() * b.element_size()
     return {"target": target, "draft_context": draft_context}
+
+
+def kv_bytes_per_row(shape: Any, context: int, dtype_bytes: int = 2) -> int:
+    """Bytes of the target's keys and values one row's decode step reads at ``context``
+    cached positions (every layer, K and V)."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * context * dtype_bytes
+
+
+def batch_floor_ms(weights: int, kv_per_row: int, batch: int, bandwidth: float) -> float:
+    """The weight-read floor of a batch: the weights once, each row's used K/V once."""
+    return 1e3 * (weights + batch * kv_per_row) / bandwidth
 
 
 def replay_ms(graph: GraphedCall, repeats: int = 100) -> float:
@@ -134,7 +151,32 @@ def compare_logits(eager: ModelRunner, compiled: ModelRunner, width: int) -> dic
     }
 
 
-def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str, Any]:
+def measure_batches(
+    runner: ModelRunner, batches: list[int], weights: int, bandwidth: float
+) -> dict[str, dict[str, float]]:
+    """The width-1 verify graph (the engine's plain decode step) at each batch size, rows at
+    position ``PROMPT_LEN``, against the batch's floor."""
+    shape = runner.target.shape
+    kv = kv_bytes_per_row(shape, PROMPT_LEN)
+    out: dict[str, dict[str, float]] = {}
+    for batch in batches:
+        graph = runner._graphs["verify", batch, 1]
+        ids = torch.zeros(batch, 1, dtype=torch.long, device=runner.device)
+        positions = torch.full((batch, 1), PROMPT_LEN, dtype=torch.long, device=runner.device)
+        graph(ids, positions)  # the static inputs at this batch's positions
+        step_ms = replay_ms(graph)
+        floor_ms = batch_floor_ms(weights, kv, batch, bandwidth)
+        out[str(batch)] = {"step_ms": step_ms, "floor_ms": floor_ms, "ratio": step_ms / floor_ms}
+    return out
+
+
+def measure_shape(
+    name: str,
+    device: torch.device,
+    bandwidth: float,
+    batches: list[int] | None = None,
+    compile_too: bool = True,
+) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
     shape = TARGET_SHAPES[name]
@@ -145,9 +187,16 @@ def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str
     target, draft = build_models(shape, spec, device, dtype, max_seq_len + 64)
     runners: dict[str, ModelRunner] = {}
     result: dict[str, Any] = {"shape": name, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
-    for label, compiled in (("eager", False), ("compiled", True)):
+    batches = batches or [1]
+    max_batch = max(batches)
+    if any(b not in GRAPH_BATCH_SIZES for b in batches):
+        raise ValueError(f"batch sizes must be captured ones {GRAPH_BATCH_SIZES}, got {batches}")
+    modes = (("eager", False), ("compiled", True)) if compile_too else (("eager", False),)
+    for label, compiled in modes:
         started = time.perf_counter()
-        runners[label] = ModelRunner(target, draft, device, dtype, 1, max_seq_len, True, compiled)
+        runners[label] = ModelRunner(
+            target, draft, device, dtype, max_batch, max_seq_len, True, compiled
+        )
         result[f"{label}_start_s"] = time.perf_counter() - started
         logger.info("%s %s runner ready in %.1f s", name, label, result[f"{label}_start_s"])
     sizes = weight_bytes(runners["eager"])
@@ -160,6 +209,16 @@ def measure_shape(name: str, device: torch.device, bandwidth: float) -> dict[str
     for label, runner in runners.items():
         result[label] = measure_runner(runner, prompt, floors)
         logger.info("%s %s: %s", name, label, json.dumps(result[label])[:600])
+    weights = sizes["target"] + sizes["draft_context"]
+    with torch.inference_mode():
+        result["batch"] = measure_batches(runners["eager"], batches, weights, bandwidth)
+        if "compiled" in runners:
+            compiled_batches = measure_batches(runners["compiled"], batches, weights, bandwidth)
+            for batch, cell in compiled_batches.items():
+                result["batch"][batch]["step_ms_compiled"] = cell["step_ms"]
+    logger.info("%s per batch: %s", name, result["batch"])
+    if "compiled" not in runners:
+        return result
     result["compiled_vs_eager"] = {
         f"verify_{w}_logits": compare_logits(runners["eager"], runners["compiled"], w)
         for w in (1, 16)
@@ -183,7 +242,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--shapes", default="qwen3-8b,qwen3-32b", help="comma-separated names")
+    parser.add_argument(
+        "--batches", default="1,8,64", help="batch sizes of the plain-step table (captured ones)"
+    )
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled runner")
     args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (CUDA graphs)")
@@ -199,7 +263,9 @@ def main() -> int:
     }
     for name in args.shapes.split(","):
         try:
-            report["shapes"][name] = measure_shape(name, device, report["hbm_copy_bytes_per_s"])
+            report["shapes"][name] = measure_shape(
+                name, device, report["hbm_copy_bytes_per_s"], batches, not args.no_compile
+            )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)
             report["shapes"][name] = {"error": repr(exc)}
