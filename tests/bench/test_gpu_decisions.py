@@ -303,3 +303,11 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
         for phase in runs[name]["phases"].values():
             assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name
             assert phase["two_phase_allocation_ms"] is None
+
+
+def test_an_untimed_warm_run_comes_first_and_is_not_reported(arm_json: Path) -> None:
+    """The eager batched prefills' shapes are first used in an untimed run of the trace (a
+    first timed run paid 1.1 s admission steps on the H200), which no summary counts."""
+    report = json.loads(arm_json.read_text())
+    assert report["warm_run_s"] > 0
+    assert all(run["repeat"] >= 0 for run in report["runs"])
