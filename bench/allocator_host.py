@@ -1,6 +1,9 @@
 """Host time of the per-slot allocator per engine step (``SlotAllocator.decide_rows``, learning
 included) at batch 1, 8 and 64: synthetic rows of mixed tasks with a full block of draft
-confidence, histories growing as the allocator's k and random accepted runs dictate.
+confidence, histories growing as the allocator's k and random accepted runs dictate. Split as
+the engine runs it: ``prepare_step`` (learning, priors, offsets: while the device drafts) and
+``finish_step`` (the confidence's calibration, the budget, the bounds: between draft and
+verify, the only part on the step's path).
 
 Thread CPU time (other processes on the machine do not count), the batch sizes interleaved
 over ``--repeats`` runs of ``--steps`` steps (the first 50 of each run dropped); per batch size
@@ -36,11 +39,11 @@ class TokenCost:
         return 0.01 + 1e-4 * batch_size + 2e-5 * num_draft_tokens
 
 
-def one_run(batch: int, steps: int, seed: int) -> list[float]:
+def one_run(batch: int, steps: int, seed: int) -> list[tuple[float, float]]:
     allocator = SlotAllocator(AllocatorSettings(K), TokenCost())
     rng = random.Random(seed)
     history: dict[int, tuple[list[int], list[int]]] = {i: ([], []) for i in range(batch)}
-    times = []
+    times: list[tuple[float, float]] = []
     for _ in range(steps):
         rows = [
             StepRow(
@@ -54,8 +57,10 @@ def one_run(batch: int, steps: int, seed: int) -> list[float]:
             for i in range(batch)
         ]
         started = time.thread_time()
-        choice = allocator.decide_rows(rows, batch, lambda task: [0.8] * K)
-        times.append(time.thread_time() - started)
+        prepared = allocator.prepare_step(rows, batch, lambda task: [0.8] * K)
+        middle = time.thread_time()
+        choice = allocator.finish_step(prepared, [r.draft_confidence for r in rows])
+        times.append((middle - started, time.thread_time() - middle))
         for i, k in enumerate(choice.spec_tokens):
             lengths, ks = history[i]
             ks.append(k)
@@ -72,10 +77,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     batches = (1, 8, 64)
-    runs: dict[int, list[float]] = {b: [] for b in batches}
+    runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in batches}
     for repeat in range(args.repeats):
         for batch in batches:
-            runs[batch].append(statistics.median(one_run(batch, args.steps, repeat)))
+            parts = one_run(batch, args.steps, repeat)
+            runs[batch].append(
+                (
+                    statistics.median(a + b for a, b in parts),
+                    statistics.median(a for a, _ in parts),
+                    statistics.median(b for _, b in parts),
+                )
+            )
     result = {
         "command": "python bench/allocator_host.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {platform.node()} (shared CPU)",
@@ -85,8 +97,11 @@ def main() -> int:
         "repeats": args.repeats,
         "us_per_step": {
             str(b): {
-                "median": round(statistics.median(v) * 1e6, 1),
-                "best": round(min(v) * 1e6, 1),
+                "median": round(statistics.median(x[0] for x in v) * 1e6, 1),
+                "best": round(min(x[0] for x in v) * 1e6, 1),
+                "prepare_median": round(statistics.median(x[1] for x in v) * 1e6, 1),
+                "finish_median": round(statistics.median(x[2] for x in v) * 1e6, 1),
+                "finish_best": round(min(x[2] for x in v) * 1e6, 1),
             }
             for b, v in runs.items()
         },
