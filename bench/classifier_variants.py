@@ -236,13 +236,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape-sizes", default="", help="shape view n-gram sizes, e.g. 3,6")
     parser.add_argument(
+        "--word-view", default="", help="the word view of every variant: words, words+symbols"
+    )
+    parser.add_argument(
         "--unweighted-combiner",
         action="store_true",
         help="also fit each weighted variant's combiner without sample weights and score it",
     )
     args = parser.parse_args()
     spec = FeatureSpec(
-        shape_sizes=tuple(int(size) for size in filter(None, args.shape_sizes.split(",")))
+        shape_sizes=tuple(int(size) for size in filter(None, args.shape_sizes.split(","))),
+        word_view=args.word_view,
     )
     variants = [parse_variant(text) for text in args.variant]
     started_s = time.time()

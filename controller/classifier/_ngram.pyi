@@ -29,5 +29,6 @@ def request_probabilities(
     b2: memoryview | npt.NDArray[np.float64],
     shape_table: bytes,
     shape_sizes: tuple[int, ...] | list[int],
+    word_mode: int = 0,
     /,
 ) -> list[float] | None: ...

@@ -58,6 +58,7 @@ def save_artifact(model: LinearClassifier, folder: Path, manifest: dict[str, Any
             "is_lowercase": spec.is_lowercase,
             "is_segmented": spec.is_segmented,
             "shape_sizes": list(spec.shape_sizes),
+            **({"word_view": spec.word_view} if spec.word_view else {}),
         },
         **manifest,
     }
@@ -93,6 +94,7 @@ def load_classifier(
         is_lowercase=bool(features["is_lowercase"]),
         is_segmented=bool(features.get("is_segmented", False)),  # absent before segments
         shape_sizes=tuple(features.get("shape_sizes", ())),  # absent before #17
+        word_view=features.get("word_view", ""),  # absent before the fifth #17 follow-up
     )
     tasks = tuple(Task(name) for name in manifest["tasks"])
     with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as arrays:

@@ -32,12 +32,14 @@ from controller.classifier.combiner import LENGTH_SCALE, Combiner, combiner_inpu
 from controller.classifier.features import (
     SHAPE_SEGMENT_OFFSET,
     SHAPE_TABLE,
+    WORD_MODES,
     FeatureSpec,
     byte_buckets,
     request_texts,
     shape_buckets,
     text_bytes,
     unigram_buckets,
+    word_buckets,
 )
 from controller.classifier.text import DEFAULT_MAX_CHARS
 from policies.types import Task
@@ -146,6 +148,7 @@ class LinearClassifier:
             return request_probabilities(
                 focus, context, self._weights_view, spec.num_bits, spec.ngram_sizes,
                 LENGTH_SCALE, w1, b1, w2, b2, SHAPE_TABLE, spec.shape_sizes,
+                WORD_MODES[spec.word_view],
             )  # fmt: skip
         scored = [self.native_segment_scores(text, segment) for segment, text in enumerate(texts)]
         if not any(num_ngrams for _, num_ngrams in scored):
@@ -171,7 +174,11 @@ class LinearClassifier:
             sums = tuple(a + b for a, b in zip(sums, shape_sums, strict=True))
             num_ngrams += num_shape
         scale = 1.0 / math.sqrt(num_ngrams) if num_ngrams else 0.0
-        return [total * scale for total in sums], num_ngrams
+        scores = [total * scale for total in sums]
+        if spec.word_view and num_ngrams:
+            words = self.word_scores(np.frombuffer(data, dtype=np.uint8), segment)
+            scores = [score + float(word) for score, word in zip(scores, words, strict=True)]
+        return scores, num_ngrams
 
     def probabilities(
         self, scored: Sequence[tuple[npt.NDArray[np.float64], int]]
@@ -210,4 +217,16 @@ class LinearClassifier:
         if not num_ngrams:
             return np.zeros(len(self.tasks)), 0
         result: npt.NDArray[np.float64] = sums / np.sqrt(num_ngrams)
+        if self.spec.word_view:
+            result += self.word_scores(data, segment)
         return result, num_ngrams
+
+    def word_scores(self, data: npt.NDArray[np.uint8], segment: int) -> npt.NDArray[np.float64]:
+        """The word view's score of a segment's bytes: its words' weight columns summed, /
+        sqrt(number of words); zeros without words (features docstring)."""
+        words = word_buckets(data, self.spec, segment)
+        if not words.size:
+            return np.zeros(len(self.tasks))
+        sums = np.take(self.weights, words, axis=1).sum(axis=1).astype(np.float64)
+        result: npt.NDArray[np.float64] = sums / np.sqrt(words.size)
+        return result

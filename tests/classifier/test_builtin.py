@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from controller.classifier import apply_threshold, load_classifier
-from controller.classifier.features import bucket_indexes
+from controller.classifier.features import bucket_indexes, text_bytes, word_buckets
 from controller.classifier.model import LinearClassifier
 from policies.types import Task
 
@@ -115,6 +115,10 @@ def test_byte_histogram_scores_equal_the_gathered_sum(classifier: LinearClassifi
         buckets = bucket_indexes(text, classifier.spec, segment)
         weights = classifier.weights.astype(np.float64)
         gathered = weights[:, buckets].sum(axis=1) / np.sqrt(buckets.size)
+        # The word view (its own normalisation) is added to the segment's score.
+        words = word_buckets(text_bytes(text, classifier.spec), classifier.spec, segment)
+        if words.size:
+            gathered += weights[:, words].sum(axis=1) / np.sqrt(words.size)
         scores, num_ngrams = classifier.segment_scores(text, segment)
         assert num_ngrams == buckets.size
         # float32 weights summed in another order: ~1e-5 relative (scores reach ~500 here).

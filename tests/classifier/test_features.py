@@ -1,6 +1,21 @@
-import numpy as np
+import json
+import re
+from pathlib import Path
 
-from controller.classifier.features import FeatureSpec, bucket_indexes, request_buckets
+import numpy as np
+import pytest
+
+from controller.classifier.artifact import load_classifier, save_artifact
+from controller.classifier.features import (
+    WORD_SEGMENT_OFFSET,
+    FeatureSpec,
+    bucket_indexes,
+    request_buckets,
+    text_bytes,
+    word_buckets,
+)
+from controller.classifier.model import LinearClassifier
+from policies.types import TASKS
 
 
 def test_one_bucket_per_byte_ngram_and_deterministic() -> None:
@@ -53,3 +68,59 @@ def test_request_buckets_one_array_per_segment() -> None:
     )
     assert len(whole) == 1 and whole[0].size == len("continue\nhi there\nhello")
     assert request_buckets({"prompt": "x"}, segmented, 4000)[1].size == 0
+
+
+def reference_words(text: str, segment: int, spec: FeatureSpec) -> list[int]:
+    """The word view as written in features' docstring, one token at a time."""
+    symbols = rb"|[!-/:-@\[-^`{-~]" if spec.word_view == "words+symbols" else b""
+    pattern = rb"[A-Za-z0-9_]+" + symbols
+    buckets = []
+    for match in re.finditer(pattern, text.encode("utf-8", "replace")):
+        value = 0
+        for byte in match.group().lower():
+            value = (value * 16_777_619 + byte) & 0xFFFFFFFF
+        salted = (value + (segment + WORD_SEGMENT_OFFSET) * 0x7F4A7C15) & 0xFFFFFFFF
+        buckets.append(((salted * 0x85EBCA6B) & 0xFFFFFFFF) >> (32 - spec.num_bits))
+    return buckets
+
+
+@pytest.mark.parametrize("word_view", ["words", "words+symbols"])
+def test_word_view_hashes_each_ascii_word_whole(word_view: str) -> None:
+    spec = FeatureSpec(word_view=word_view)
+    texts = ["как в git отменить, SQL-запрос x^2+3=0?", "Hello_World42 foo", "日本語だけ", "",
+             "...", "é", "a" * 5000 + " b", "\ud800 git"]  # fmt: skip
+    for text in texts:
+        for segment in (0, 1):
+            data = text_bytes(text, spec)
+            assert word_buckets(data, spec, segment).tolist() == reference_words(
+                text, segment, spec
+            ), text
+    assert word_buckets(text_bytes("abc", FeatureSpec()), FeatureSpec(), 0).size == 0
+
+
+def test_a_latin_word_in_other_scripts_keeps_its_whole_weight() -> None:
+    """The word view is scored with its own 1/sqrt(words): a tool name inside Russian or
+    Japanese text weighs as much as alone, however long the text around it (#17)."""
+    spec = FeatureSpec(word_view="words")
+    git = word_buckets(text_bytes("GIT", spec), spec, 0)[0]
+    weights = np.zeros((3, spec.num_buckets), dtype=np.float32)
+    weights[1, git] = 4.0
+    model = LinearClassifier(spec, TASKS, weights, np.zeros(3, np.float32), scorer="numpy")
+    for text in ("git", "как в git отменить последний коммит, но оставить изменения?",
+                 "gitで" + "直前のコミットを取り消すには？" * 20):  # fmt: skip
+        scores, _ = model.segment_scores(text, 0)
+        assert scores[1] == pytest.approx(4.0), text
+    plain = LinearClassifier(FeatureSpec(), TASKS, weights, np.zeros(3, np.float32), scorer="numpy")
+    assert plain.segment_scores("как в git отменить", 0)[0][1] < 1.0
+
+
+def test_word_view_round_trips_through_the_artifact(tmp_path: Path) -> None:
+    spec = FeatureSpec(word_view="words+symbols")
+    weights = np.zeros((3, spec.num_buckets), dtype=np.float32)
+    model = LinearClassifier(spec, TASKS, weights, np.zeros(3, np.float32))
+    save_artifact(model, tmp_path, {"tasks": [task.value for task in TASKS]})
+    assert load_classifier(tmp_path).spec.word_view == "words+symbols"
+    save_artifact(
+        LinearClassifier(FeatureSpec(), TASKS, weights, np.zeros(3, np.float32)), tmp_path, {}
+    )
+    assert "word_view" not in json.loads((tmp_path / "manifest.json").read_text())["features"]

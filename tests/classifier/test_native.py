@@ -192,15 +192,26 @@ def test_unsegmented_lowercase_model_without_combiner_scores_the_same() -> None:
 
 
 @needs_native
-@pytest.mark.parametrize("shape_sizes", [(), (3, 6), (1, 2)])
+@pytest.mark.parametrize(
+    ("shape_sizes", "word_view", "is_lowercase"),
+    [
+        ((), "", True),
+        ((3, 6), "", True),
+        ((1, 2), "", True),
+        ((), "words", False),
+        ((), "words+symbols", False),
+        ((3,), "words", True),
+    ],
+)
 def test_lowercase_segmented_model_with_a_combiner_scores_the_same(
-    shape_sizes: tuple[int, ...],
+    shape_sizes: tuple[int, ...], word_view: str, is_lowercase: bool
 ) -> None:
     """request_probabilities on random weights: lowercasing, both segments, empty ones, with
-    and without the shape view."""
+    and without the shape view and the word view."""
     spec = FeatureSpec(
-        ngram_sizes=(1, 3, 5), num_bits=12, is_lowercase=True, shape_sizes=shape_sizes
-    )
+        ngram_sizes=(1, 3, 5), num_bits=12, is_lowercase=is_lowercase, shape_sizes=shape_sizes,
+        word_view=word_view,
+    )  # fmt: skip
     rng = np.random.default_rng(2)
     weights = rng.normal(size=(3, spec.num_buckets)).astype(np.float32)
     bias = np.zeros(3, dtype=np.float32)
@@ -262,7 +273,7 @@ NO_SHAPE = (SHAPE_TABLE, ())
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3]), TypeError, r"takes 12 arguments \(9"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP[:3]), TypeError, r"takes 12 or 13 arguments \(9"),
         (
             (b"a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, *NO_SHAPE),
             TypeError,
@@ -322,6 +333,8 @@ NO_SHAPE = (SHAPE_TABLE, ())
             ValueError,
             r"sizes\[0\] is 0",
         ),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, *NO_SHAPE, 3), ValueError, r"word_mode is 3"),
+        (("a", "b", WEIGHTS, 8, (1,), 8.0, *MLP, *NO_SHAPE, "words"), TypeError, "word_mode must"),
     ],
 )
 def test_request_probabilities_rejects_bad_arguments(

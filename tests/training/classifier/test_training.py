@@ -215,3 +215,33 @@ def test_train_command_reads_the_temperature_scale(tmp_path: Path) -> None:
     assert settings("--temperature-scale", "1").temperature_scale == 1.0
     with pytest.raises(ValueError, match="must be > 0"):
         settings("--temperature-scale", "0")
+
+
+def test_word_view_rows_weigh_the_words_apart_and_train_reads_the_flag(tmp_path: Path) -> None:
+    """A segment's row is its byte n-grams / sqrt(N) plus its words / sqrt(words), so a tool
+    name in Russian text is worth 1.0 in the row (#17, fifth follow-up); the combiner's size
+    input is still N."""
+    from controller.classifier.features import text_bytes, word_buckets
+    from controller.cli import build_parser
+    from controller.commands.classifier import settings_from
+    from training.classifier.training import segment_matrices
+
+    spec = FeatureSpec(word_view="words")
+    text = "как в git отменить последний коммит"
+    (focus, _), (sizes, _) = segment_matrices([user(text)], spec)
+    plain, (plain_sizes, _) = segment_matrices([user(text)], FeatureSpec())
+    git = word_buckets(text_bytes("git", spec), spec, 0)[0]
+    assert focus[0, git] == pytest.approx(1.0 + plain[0][0, git], abs=1e-6)
+    assert sizes[0] == plain_sizes[0] == len(text.encode()) * 3 - 6
+    words_spec = FeatureSpec(num_bits=12, word_view="words")
+    settings_ = TrainSettings(spec=words_spec, alpha=1e-4, num_epochs=50, num_hidden=0)
+    model = fit(tiny_dataset(), settings_)
+    for task, texts in ((Task.MATH, MATH), (Task.CODE, CODE), (Task.CHAT, CHAT)):
+        assert [model.classify(user(t)).task for t in texts] == [task] * 3
+
+    def settings(*extra: str):  # type: ignore[no-untyped-def]
+        argv = ["classifier", "train", "--out", str(tmp_path), *extra]
+        return settings_from(build_parser().parse_args(argv))
+
+    assert settings("--word-view", "none").spec.word_view == ""
+    assert settings("--word-view", "words+symbols").spec.word_view == "words+symbols"
