@@ -60,6 +60,14 @@ def register(subparsers: Any) -> None:
         "folded, punctuation kept), e.g. 3,6; 'none' for no shape view (default: none)",
     )
     train.add_argument(
+        "--word-view",
+        default=None,
+        choices=("none", "words", "words+symbols"),
+        help="ASCII word tokens (tool names, keywords, numbers) scored with their own "
+        "normalisation; 'words+symbols' adds punctuation bytes as tokens; 'none' for no "
+        "word view (default: words)",
+    )
+    train.add_argument(
         "--no-segments",
         action="store_true",
         help="hash the whole request as one text (the pre-segment model, for comparison)",
@@ -201,6 +209,8 @@ def settings_from(args: argparse.Namespace) -> Any:
     if args.shape_sizes:
         sizes = () if args.shape_sizes == "none" else args.shape_sizes.split(",")
         spec = replace(spec, shape_sizes=tuple(int(size) for size in sizes))
+    if args.word_view is not None:
+        spec = replace(spec, word_view="" if args.word_view == "none" else args.word_view)
     if args.no_segments:
         spec = replace(spec, is_segmented=False)
     if args.num_hidden is not None:
