@@ -186,26 +186,13 @@ def main() -> None:
     torch.manual_seed(0)
     target, draft = build_models(shape, spec, device, dtype, args.cache_len + 2 * block)
     slots = max(batches)
-    caches = {
-        "target": KVCache(
-            shape.num_layers,
-            slots,
-            shape.num_kv_heads,
-            args.cache_len,
-            shape.head_dim,
-            dtype,
-            device,
-        ),
-        "draft": KVCache(
-            spec.shape.num_layers,
-            slots,
-            shape.num_kv_heads,
-            args.cache_len,
-            shape.head_dim,
-            dtype,
-            device,
-        ),
-    }
+
+    def cache_for(num_layers: int) -> KVCache:
+        return KVCache(
+            num_layers, slots, shape.num_kv_heads, args.cache_len, shape.head_dim, dtype, device
+        )
+
+    caches = {"target": cache_for(shape.num_layers), "draft": cache_for(spec.shape.num_layers)}
     for cache in caches.values():
         cache.k.normal_()
         cache.v.normal_()

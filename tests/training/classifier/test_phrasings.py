@@ -10,6 +10,7 @@ import pytest
 
 from controller.classifier.combiner import Combiner
 from policies.types import Task
+from tests.training.classifier.guesses import one_hot_guesses
 from training.classifier.corpus import MissingDataError
 from training.classifier.evaluation import calibration_error, evaluate, report_json
 from training.classifier.phrasings import follow_ups, history_pools, source_file_examples
@@ -129,12 +130,8 @@ def test_calibration_error_of_perfectly_calibrated_guesses_is_zero() -> None:
 
 
 def test_temperature_softens_an_over_confident_combiner() -> None:
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 3, size=600)
     # logits that pick the right class 70% of the time, with a margin of 6 (over-confident)
-    guesses = np.where(rng.random(600) < 0.7, labels, (labels + 1) % 3)
-    features = np.zeros((600, 8))
-    features[np.arange(600), guesses] = 1.0
+    features, labels = one_hot_guesses(600, 0.7)
     combiner = Combiner(np.eye(8)[:3] * 1.0, np.zeros(3), np.eye(3) * 6.0, np.zeros(3))
     assert fit_temperature(combiner, features, labels) > 2.0
 

@@ -10,6 +10,7 @@ import pytest
 from controller.classifier.artifact import ArtifactError, load_classifier, save_artifact
 from controller.classifier.features import FeatureSpec
 from policies.types import Task
+from tests.training.classifier.guesses import one_hot_guesses
 from training.classifier.corpus import Example, user
 from training.classifier.dataset import build_dataset
 from training.classifier.training import TrainSettings, fit
@@ -186,11 +187,7 @@ def test_train_command_reads_source_weights_and_rejects_a_bad_one(tmp_path: Path
 def test_temperature_scale_multiplies_the_fitted_temperature() -> None:
     from training.classifier.stacking import calibrated_combiner, combiner_logits
 
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 3, size=300)
-    guesses = np.where(rng.random(300) < 0.8, labels, (labels + 1) % 3)
-    features = np.zeros((300, 8))
-    features[np.arange(300), guesses] = 1.0
+    features, labels = one_hot_guesses(300, 0.8)
     fitted, temperature = calibrated_combiner(features, labels, num_hidden=4, seed=0)
     scaled, scaled_temperature = calibrated_combiner(
         features, labels, num_hidden=4, seed=0, temperature_scale=0.5
