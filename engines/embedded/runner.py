@@ -479,9 +479,9 @@ class ModelRunner:
             if before_allocate is not None:
                 before_allocate()
             waiting = time.perf_counter()
-            confidence = confidence.cpu()  # the sync: the draft has run
+            host_confidence = confidence.cpu()  # the sync: the draft has run
             synced = time.perf_counter()
-            spec_tokens = self._allocated(allocate, confidence, spec_tokens, drawn)
+            spec_tokens = self._allocated(allocate, host_confidence, spec_tokens, drawn)
             widest = max(spec_tokens)
             width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
             num_draft = torch.tensor(spec_tokens, device=self.device)
