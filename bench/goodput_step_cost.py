@@ -40,6 +40,8 @@ from policies.types import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "cost_tables/qwen3-8b-h200.json"
+DRAWN_TASKS = [Task.MATH, Task.CODE, Task.CHAT]
+DRAWN_WEIGHTS = [0.4, 0.2, 0.4]  # the GPU trace's mixed phase
 
 
 def measure(
@@ -48,10 +50,13 @@ def measure(
     seed: int,
     step_s: float = 0.03,
     replan: int | None = None,
-    churn: bool = False,
+    churn: str | None = None,
 ) -> dict[str, float]:
-    """``churn``: one request of the batch replaced by a new one every step (a busy server:
-    the rows change every step, so every step is decided afresh)."""
+    """``churn``: one request of the batch replaced by a new one every step (a busy server).
+    ``"cycle"``: the new request's task is the next in turn (math, code, chat, ...), so the
+    batch's task mix moves every step; ``"drawn"``: drawn from the mixed phase's traffic
+    (math 0.4, code 0.2, chat 0.4), so the mix often stays (a request replaced by one of its
+    task) and otherwise moves by one row."""
     spec = GoodputSpec() if replan is None else GoodputSpec(max_replan_steps=replan)
     models = OnlineModels(spec, 16, load_cost_table(TABLE))
     source = FixedPolicySource(
@@ -65,13 +70,12 @@ def measure(
     spent = {"plan": 0.0, "record": 0.0, "prepare": 0.0}
     warm = steps // 4
     for step in range(steps):
-        if churn and batch > 1:
-            rows[step % batch] = (
-                f"n{step}",
-                controller.start(list(Task)[step % 3], 1.0, 0),
-                [],
-                [],
-            )
+        if churn is not None and batch > 1:
+            if churn == "cycle":
+                task = list(Task)[step % 3]
+            else:
+                task = rng.choices(DRAWN_TASKS, DRAWN_WEIGHTS)[0]
+            rows[step % batch] = (f"n{step}", controller.start(task, 1.0, 0), [], [])
         views = [RequestView(rid, len(a), a, batch, 0, {}, ks, 15) for rid, _, a, ks in rows]
         controllers = [steps_ for _, steps_, _, _ in rows]
         t0 = time.thread_time()
@@ -116,9 +120,10 @@ def main() -> int:
         step_s = step_ms.get(batch, 30.0) / 1e3
         figures: dict[str, Any] = {"step_ms": step_s * 1e3}
         for label, replan, churn in (
-            ("every_step", 1, False),
-            ("spaced", None, False),
-            ("churn", None, True),
+            ("every_step", 1, None),
+            ("spaced", None, None),
+            ("churn", None, "cycle"),
+            ("churn_drawn", None, "drawn"),
         ):
             runs = [
                 measure(batch, args.steps, seed, step_s, replan, churn)
@@ -128,7 +133,7 @@ def main() -> int:
             figures[label] = best
             total = best["plan_us"] + best["record_prepare_us"]
             print(
-                f"batch {batch:3d} ({label:10s}): plan {best['plan_us']:6.1f} us/step (on the "
+                f"batch {batch:3d} ({label:11s}): plan {best['plan_us']:6.1f} us/step (on the "
                 f"step's path), record+prepare {best['record_prepare_us']:6.1f} us/step "
                 f"(behind the device), decisions/step {best['decisions_per_step']:.2f}, "
                 f"all {100 * total / (step_s * 1e6):.1f}% of a {step_s * 1e3:.1f} ms step"

@@ -24,12 +24,14 @@ Randomness comes from the ``random.Random`` passed in; policies stay pure.
 Host time. On a GPU ``record`` and ``prepare`` run while the device computes the step, so they
 cost nothing while the step is longer than they are. A small target's step is a few ms and
 host-bound: there every microsecond of the controller is step time. So while a batch keeps
-exactly the same rows, the shared k is re-decided only every ``cadence`` steps (the recorded
-steps are kept aside and folded into the online models just before the next decision): as few
-decisions as keep the controller's measured host time under ``host_budget`` of the measured step
-time, and at least one every ``max_replan_steps`` (the policy's goodput settings). A batch
-whose rows changed, a newer policy version, or a decision that was a probe (one step only) is
-decided afresh at once.
+the same rows, or nearly the same number of rows of each task (a request that ended replaced
+by one of its task; at 8 rows or more, at most one row in 8 changed: ``_similar``), the shared
+k is re-decided only every ``cadence`` steps (the recorded steps are kept aside and folded into
+the online models just before the next decision): as few decisions as keep the controller's
+measured host time under ``host_budget`` of the measured step time, and at least one every
+``max_replan_steps`` (the policy's goodput settings). A batch whose size or task mix moved
+further, a newer policy version, or a decision that was a probe (one step only) is decided
+afresh at once.
 """
 
 from __future__ import annotations
@@ -59,16 +61,20 @@ log = logging.getLogger(__name__)
 # A prepared decision is used when at least this share of the step's rows were among the rows
 # it was made for: a batch that changed more (a new request at batch 1, say) is decided afresh.
 _REUSE_SHARE = 0.75
+# A held decision serves a batch whose rows per task moved by at most one in this many rows.
+_MIX_SLACK = 8
 # Weight of each new measurement in the running means of decision host time and step time.
 _HOST_EMA = 0.1
 
 
 @dataclass
 class _Held:
-    """The shared k last decided, kept for the following steps of the same rows."""
+    """The shared k last decided, kept for the following steps of the same rows or of rows of
+    a similar task mix (``_similar``: a request that ended replaced by one of its task, say)."""
 
     spec_tokens: int
     row_ids: frozenset[str]
+    mix: tuple[int, ...]  # rows per task (``_mix``)
     version: int
     serves: int  # steps it may serve: 1 for a probe, else the cadence when it was made
     age: int = 1  # steps it has served
@@ -187,7 +193,7 @@ class StepController:
         self._width: BatchWidth | None = None
         # The next step's shared k, prepared while the device ran the last one: (k, the rows
         # it was decided for, policy version).
-        self._prepared: tuple[int, frozenset[str], int] | None = None
+        self._prepared: tuple[int, frozenset[str], tuple[int, ...], int] | None = None
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
         self.calls = 0
@@ -332,7 +338,7 @@ class StepController:
                 ks[i] = min(hi, views[i].max_spec_tokens)
             self._slots = (newest, shared)
         elif newest is not None:
-            k = self._reuse_prepared(views, shared, newest)
+            k = self._reuse_prepared(views, controllers, shared, newest)
             if k is None:
                 k = self._decide_held(views, controllers, shared, newest)
             for i in shared:
@@ -501,17 +507,17 @@ class StepController:
         if newest is not None and not self._two_phase(newest, len(shared), decide=False):
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held
-            if (
-                held is not None
-                and held.age < held.serves
-                and held.version == newest.version
-                and held.row_ids == ids
-            ):
+            live = held is not None and held.age < held.serves and held.version == newest.version
+            if live and held is not None and held.row_ids == ids:
+                mix = held.mix  # the same rows: the mix it was decided for
+            else:
+                mix = _mix(controllers, shared)  # only when the rows changed: it costs a loop
+            if live and held is not None and (held.row_ids == ids or _similar(held.mix, mix)):
                 held.age += 1
                 k = held.spec_tokens
             else:
-                k = self._decide_held(views, controllers, shared, newest, ids)
-            self._prepared = (k, ids, newest.version)
+                k = self._decide_held(views, controllers, shared, newest, ids, mix)
+            self._prepared = (k, ids, mix, newest.version)
         self.host_s += time.perf_counter() - started
 
     def _split(
@@ -540,15 +546,22 @@ class StepController:
         return shared, max(actives, key=_version)
 
     def _reuse_prepared(
-        self, views: Sequence[RequestView], shared: list[int], newest: ActivePolicy
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        shared: list[int],
+        newest: ActivePolicy,
     ) -> int | None:
-        """The prepared k, if it was decided for (mostly) these rows under this policy."""
+        """The prepared k, if it was decided for (mostly) these rows, or rows of the same task
+        mix, under this policy."""
         prepared, self._prepared = self._prepared, None
-        if prepared is None or prepared[2] != newest.version:
+        if prepared is None or prepared[3] != newest.version:
             return None
-        k, ids, _ = prepared
+        k, ids, mix, _ = prepared
         known = sum(1 for i in shared if views[i].request_id in ids)
-        return k if known >= _REUSE_SHARE * len(shared) else None
+        if known >= _REUSE_SHARE * len(shared) or _similar(mix, _mix(controllers, shared)):
+            return k
+        return None
 
     def _decide_held(
         self,
@@ -557,9 +570,10 @@ class StepController:
         shared: list[int],
         newest: ActivePolicy,
         ids: frozenset[str] | None = None,
+        mix: tuple[int, ...] | None = None,
     ) -> int:
         """A fresh shared decision from every step recorded so far, held for the next steps
-        of the same rows; its host time feeds the cadence."""
+        of the same rows (or the same task mix); its host time feeds the cadence."""
         started = time.perf_counter()
         self._fold()
         k = self._decide_shared(views, controllers, shared, newest)
@@ -569,7 +583,9 @@ class StepController:
         probe = width is not None and width.last[0] == "probe"
         if ids is None:
             ids = frozenset(views[i].request_id for i in shared)
-        self._held = _Held(k, ids, newest.version, 1 if probe else self.cadence(newest))
+        if mix is None:
+            mix = _mix(controllers, shared)
+        self._held = _Held(k, ids, mix, newest.version, 1 if probe else self.cadence(newest))
         return k
 
     def _decide_shared(
@@ -678,6 +694,33 @@ class FixedPolicySource:
 
 def _version(active: ActivePolicy) -> int:
     return active.version
+
+
+_TASK_ORDER = {task: i for i, task in enumerate(Task)}
+
+
+def _mix(controllers: Sequence[SpecController], shared: Sequence[int]) -> tuple[int, ...]:
+    """Rows per task among the shared rows: what a shared decision depends on besides the
+    rows' own histories, so a decision held for one batch fits a batch of the same mix."""
+    counts = [0] * len(_TASK_ORDER)
+    for i in shared:
+        steps = controllers[i]
+        assert isinstance(steps, RequestSteps)  # a shared row is one (``_split``)
+        counts[_TASK_ORDER[steps.task]] += 1
+    return tuple(counts)
+
+
+def _similar(decided: tuple[int, ...], now: tuple[int, ...]) -> bool:
+    """Whether a decision made for a batch of mix ``decided`` fits one of mix ``now``: at most
+    one row in ``_MIX_SLACK`` of the decided batch added, removed or of another task. Below
+    ``_MIX_SLACK`` rows never: there each row's own history weighs in the decision (a new
+    request at batch 1 must not run the k its predecessor's acceptance earned). Compared with
+    the mix the decision was made for, so drift over the steps it serves is bounded too."""
+    if sum(decided) < _MIX_SLACK:
+        return False
+    added = sum(max(0, b - a) for a, b in zip(decided, now, strict=True))
+    removed = sum(max(0, a - b) for a, b in zip(decided, now, strict=True))
+    return max(added, removed) <= sum(decided) // _MIX_SLACK
 
 
 def _ema(mean: float | None, value: float) -> float:

@@ -402,3 +402,29 @@ def test_a_probe_serves_one_step_only() -> None:
     assert width is not None and width.last[0] == "probe"
     assert controller.decisions >= 29  # every step probes, so every step is decided
     assert len(set(chosen)) >= 1
+
+
+def test_a_request_replaced_by_one_of_its_task_keeps_the_held_decision() -> None:
+    """A busy server replaces an ended request by a new one most steps. At 8 rows or more a
+    batch with at most one row in 8 changed keeps the held k (as many decisions as when nothing
+    changes); a mix that moved further is decided at once (one decision more); below 8 rows
+    any new request is (its own history weighs in the decision)."""
+
+    def decisions(batch: int, replaced: list[Task]) -> int:
+        active = _cadence_goodput(max_replan_steps=8)
+        controller = StepController(Source(active), 16, random.Random(0))
+        tasks = [Task.MATH, Task.CHAT] * (batch // 2)
+        rows = [controller.start(task, 1.0, 7) for task in tasks]
+        ids = [f"r{i}" for i in range(batch)]
+        _run_steps(controller, rows, ids, 17, step_time_s=20e-6)
+        assert controller.cadence(active) == 8
+        for i, task in enumerate(replaced):  # rows 1, 3, ... (chat) ended; new ones take over
+            rows[2 * i + 1], ids[2 * i + 1] = controller.start(task, 1.0, 7), f"new{i}"
+        _run_steps(controller, rows, ids, 4, step_time_s=20e-6, start=17)
+        return controller.decisions
+
+    unchanged = decisions(8, [])
+    assert decisions(8, [Task.CHAT, Task.CHAT]) == unchanged  # same mix
+    assert decisions(8, [Task.MATH]) == unchanged  # one row of 8 changed task
+    assert decisions(8, [Task.MATH, Task.MATH]) == unchanged + 1  # two rows of 8
+    assert decisions(2, [Task.CHAT]) == decisions(2, []) + 1  # below 8 rows: any new request
