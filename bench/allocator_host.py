@@ -7,8 +7,11 @@ verify, the only part on the step's path).
 
 Thread CPU time (other processes on the machine do not count), the batch sizes interleaved
 over ``--repeats`` runs of ``--steps`` steps (the first 50 of each run dropped); per batch size
-the median over runs of each run's median, and the best run. In a two-phase step this time is
-spent while the device waits (docs/allocator.md), so it adds to every step.
+the median over runs of each run's median, and the best run. ``finish`` is timed as the
+runner runs it between the confidence's copy to the host and the verify's launch
+(``ModelRunner._allocated``: the float32 confidence tensor to per-row values, then
+``finish_step``). In a two-phase step that time is spent while the device waits
+(docs/allocator.md), so it adds to every step.
 
     .venv/bin/python bench/allocator_host.py > bench/results/allocator_host_cpu.json
 """
@@ -26,6 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
+from engines.embedded.runner import ModelRunner
 from policies.slot_allocator import AllocatorSettings, SlotAllocator
 from policies.types import TASKS, StepRow
 
@@ -45,23 +51,19 @@ def one_run(batch: int, steps: int, seed: int) -> list[tuple[float, float]]:
     history: dict[int, tuple[list[int], list[int]]] = {i: ([], []) for i in range(batch)}
     times: list[tuple[float, float]] = []
     for _ in range(steps):
-        rows = [
-            StepRow(
-                i,
-                TASKS[i % 3],
-                history[i][0],
-                history[i][1],
-                K,
-                tuple(rng.random() for _ in range(K)),
-            )
-            for i in range(batch)
-        ]
+        # The draft's confidence as the device hands it over: one float32 [rows, K] tensor.
+        confidence = torch.tensor([[rng.random() for _ in range(K)] for _ in range(batch)])
+        rows = [StepRow(i, TASKS[i % 3], history[i][0], history[i][1], K) for i in range(batch)]
         started = time.thread_time()
         prepared = allocator.prepare_step(rows, batch, lambda task: [0.8] * K)
         middle = time.thread_time()
-        choice = allocator.finish_step(prepared, [r.draft_confidence for r in rows])
+        chosen = ModelRunner._allocated(
+            lambda values, prepared=prepared: allocator.finish_step(prepared, values).spec_tokens,
+            confidence,
+            [K] * batch,
+        )
         times.append((middle - started, time.thread_time() - middle))
-        for i, k in enumerate(choice.spec_tokens):
+        for i, k in enumerate(chosen):
             lengths, ks = history[i]
             ks.append(k)
             lengths.append(1 + min(k, rng.randint(0, K)))

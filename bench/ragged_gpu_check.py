@@ -48,6 +48,7 @@ from engines.embedded.ragged import RaggedShapes
 from engines.embedded.request import Request
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, TINY_SHAPE, dflash_draft_for
+from policies.types import PositionValues
 
 logger = logging.getLogger("bench.ragged_gpu_check")
 TINY = TINY_SHAPE
@@ -363,7 +364,7 @@ class Bench:
                     marks: list[float] = []
 
                     def allocate(
-                        confidence: list[list[float]],
+                        confidence: list[PositionValues],
                         verified: list[int] | None = verified,
                         marks: list[float] = marks,
                     ) -> list[int]:

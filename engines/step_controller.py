@@ -54,7 +54,7 @@ from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
 from policies.step_mode import ModeSettings, StepModeChooser
-from policies.types import Policy, StepRow, Task, max_spec_tokens
+from policies.types import Policy, PositionValues, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +380,7 @@ class StepController:
         self,
         views: Sequence[RequestView],
         controllers: Sequence[SpecController],
-        confidence: Sequence[Sequence[float]],
+        confidence: Sequence[PositionValues],
     ) -> list[int]:
         """k per row once the draft has run (``policies.slot_allocator``); rows the policy
         does not decide together keep what they drafted. Finishes the step

@@ -52,6 +52,12 @@ Rates = Callable[[Task], Sequence[float]]
 _EPS = 1e-4
 
 
+def _rows_seen(rows: Sequence[StepRow]) -> tuple[dict[Hashable, int], list[int]]:
+    """Each row's index by id and its history length now: what ``_learn`` matches the step's
+    outcomes against (the history lists grow in place once the step has run)."""
+    return {r.row_id: i for i, r in enumerate(rows)}, [len(r.accept_lengths) for r in rows]
+
+
 def logit(p: Floats) -> Floats:
     q = np.minimum(np.maximum(p, _EPS), 1 - _EPS)  # (np.clip costs more on small arrays)
     return np.log(q / (1.0 - q))
@@ -101,6 +107,8 @@ class PreparedStep:
     capacities: Ints  # [rows] the most each row may verify (0: it did not draft)
     tasks: Ints  # [rows] task index
     base_logit: Floats  # [rows, K] prior and own-history log-odds
+    rows_seen: tuple[dict[Hashable, int], list[int]]  # ``_Scored.index`` and ``.seen``
+    calibration: tuple[Floats, Floats]  # ``SlotAllocator.calibration()`` after the learning
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
@@ -113,7 +121,7 @@ class _Scored:
     seen: list[int]  # per row: len(accept_lengths) when scored
     tasks: Ints  # [rows] task index
     bins: Ints  # [rows, K] confidence bin, -1 without confidence
-    base: Floats  # [rows, K] probability before calibration
+    base_logit: Floats  # [rows, K] log-odds before calibration
 
 
 class SlotAllocator:
@@ -188,7 +196,15 @@ class SlotAllocator:
         if drafted is not None:
             capacities = np.where(drafted, capacities, 0)
         tasks, base_logit = self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS)
-        return PreparedStep(rows, batch_size, capacities, tasks, base_logit)
+        return PreparedStep(
+            rows,
+            batch_size,
+            capacities,
+            tasks,
+            base_logit,
+            _rows_seen(rows),
+            self.calibration(),
+        )
 
     def finish_step(
         self, prepared: PreparedStep, confidence: Sequence[PositionValues | None]
@@ -199,7 +215,13 @@ class SlotAllocator:
         if not rows:
             return RaggedChoice([], "allocator: empty batch")
         values = self._confidence_values(confidence)
-        survival, self._scored = self._calibrated(rows, prepared.tasks, prepared.base_logit, values)
+        survival, self._scored = self._calibrated(
+            prepared.tasks,
+            prepared.base_logit,
+            values,
+            prepared.rows_seen,
+            prepared.calibration,
+        )
         n = len(rows)
         scores = sorted_scores(survival, capacities)
         budget = draft_budget(scores, n, self._costs(batch_size, len(scores)))
@@ -234,7 +256,7 @@ class SlotAllocator:
         return out
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
-        return np.array(self._budget_costs(batch_size, max_drafts))
+        return self._budget_costs(batch_size, max_drafts)
 
     def _capacities(self, rows: Sequence[StepRow]) -> Ints:
         k = self._k
@@ -245,7 +267,8 @@ class SlotAllocator:
     ) -> tuple[Floats, _Scored]:
         tasks, base_logit = self._base(rows, rates)
         values = [r.draft_confidence for r in rows] if use_confidence else []
-        return self._calibrated(rows, tasks, base_logit, self._confidence_values(values, len(rows)))
+        confidence = self._confidence_values(values, len(rows))
+        return self._calibrated(tasks, base_logit, confidence, _rows_seen(rows), self.calibration())
 
     def _base(self, rows: Sequence[StepRow], rates: Rates) -> tuple[Ints, Floats]:
         """[rows] task index and [rows, K] log-odds from the task prior and each request's
@@ -263,26 +286,32 @@ class SlotAllocator:
         return tasks, prior_logit + self._offsets(rows, priors, tasks)[:, None]
 
     def _calibrated(
-        self, rows: Sequence[StepRow], tasks: Ints, base_logit: Floats, confidence: Floats
+        self,
+        tasks: Ints,
+        base_logit: Floats,
+        confidence: Floats,
+        rows_seen: tuple[dict[Hashable, int], list[int]],
+        calibration: tuple[Floats, Floats],
     ) -> tuple[Floats, _Scored]:
-        """Survival [rows, K] from the base log-odds and the confidence's calibration."""
+        """Survival [rows, K] from the base log-odds and the confidence's calibration (on a
+        two-phase step's path between draft and verify: the usual case, every slot with a
+        confidence, skips the masking)."""
         has = ~np.isnan(confidence)
-        confidence_logit = logit(np.where(has, confidence, 0.5))
-        bins = np.where(has, np.searchsorted(self._edges, confidence_logit), -1)
-        learnt, weight = self.calibration()
-        at = (tasks[:, None], np.maximum(bins, 0))
+        full = bool(has.all())
+        confidence_logit = logit(confidence if full else np.where(has, confidence, 0.5))
+        bins = np.searchsorted(self._edges, confidence_logit)
+        if not full:
+            bins = np.where(has, bins, -1)
+        learnt, weight = calibration
+        at = tasks[:, None] * learnt.shape[1] + np.maximum(bins, 0)  # flat (task, bin)
+        slot_weight = weight.ravel()[at]
         # Until a bin has labels, trust the confidence half way: its log-odds against the
         # uncalibrated prediction, times ``cold_confidence_weight``.
         cold = self.settings.cold_confidence_weight * (confidence_logit - base_logit)
-        correction = weight[at] * learnt[at] + (1.0 - weight[at]) * cold
-        p = sigmoid(base_logit + np.where(has, correction, 0.0))
-        scored = _Scored(
-            index={r.row_id: i for i, r in enumerate(rows)},
-            seen=[len(r.accept_lengths) for r in rows],
-            tasks=tasks,
-            bins=bins,
-            base=sigmoid(base_logit),
-        )
+        correction = slot_weight * learnt.ravel()[at] + (1.0 - slot_weight) * cold
+        p = sigmoid(base_logit + (correction if full else np.where(has, correction, 0.0)))
+        index, seen = rows_seen
+        scored = _Scored(index=index, seen=seen, tasks=tasks, bins=bins, base_logit=base_logit)
         survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
         return survival, scored
 
@@ -360,5 +389,5 @@ class SlotAllocator:
         label = (positions < accepted[:, None])[use].astype(np.float64)
         self._labels += np.bincount(flat, minlength=size).reshape(shape)
         self._hits += np.bincount(flat, weights=label, minlength=size).reshape(shape)
-        base = scored.base[where][use]
+        base = sigmoid(scored.base_logit[where][use])
         self._predicted += np.bincount(flat, weights=base, minlength=size).reshape(shape)

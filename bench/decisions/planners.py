@@ -18,7 +18,7 @@ from engines.embedded.synthetic import SyntheticAcceptance
 from policies.baselines.base import StepPolicy
 from policies.baselines.oracle import ClairvoyantOracle
 from policies.slot_allocator import RaggedChoice
-from policies.types import StepCost, StepRow, Task
+from policies.types import PositionValues, StepCost, StepRow, Task
 
 RowRule = Callable[[Sequence[StepRow], int], RaggedChoice]  # rows, batch size -> k per row
 
@@ -140,11 +140,11 @@ class RowAllocationPlanner(RowPlanner):
         self,
         views: Sequence[RequestView],
         controllers: Sequence[SpecController],
-        confidence: Sequence[Sequence[float]],
+        confidence: Sequence[PositionValues],
     ) -> list[int]:
         started = time.perf_counter()
         rows = [
-            self._row(view)._replace(draft_confidence=tuple(values))
+            self._row(view)._replace(draft_confidence=values)
             for view, values in zip(views, confidence, strict=True)
         ]
         ks = self._rule(rows, len(views)).spec_tokens

@@ -34,7 +34,7 @@ from engines.embedded.events import (
 from engines.embedded.request import Request
 from engines.embedded.runner import Allocate, ModelRunner, StepResult
 from engines.embedded.scheduler import Scheduler
-from policies.types import clamp_spec_tokens, max_spec_tokens
+from policies.types import PositionValues, clamp_spec_tokens, max_spec_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class Engine:
         views = [by_id[r.request_id] for r in rows]
         controllers = [r.controller for r in rows]
 
-        def allocate(confidence: list[list[float]]) -> list[int]:
+        def allocate(confidence: list[PositionValues]) -> list[int]:
             drafted = [len(c) for c in confidence]
             try:
                 wanted = [int(k) for k in planner.allocate(views, controllers, confidence)]

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from policies.types import PositionValues
+
 FinishReason = Literal["stop", "length"]
 # How CUDA-graph verifies run (docs/engine.md, "Ragged verify on CUDA"): every row padded to the
 # widest k, or packed to the tokens the rows use (graphs keyed on a token bucket).
@@ -137,9 +139,10 @@ class SlotPlanner(StepPlanner, Protocol):
         self,
         views: Sequence[RequestView],
         controllers: Sequence[SpecController],
-        confidence: Sequence[Sequence[float]],
+        confidence: Sequence[PositionValues],
     ) -> list[int]:
-        """k per row from each row's draft confidence at its drafted positions."""
+        """k per row from each row's draft confidence at its drafted positions (per row a
+        sequence of floats or a float64 array; the engine hands array rows)."""
         ...
 
 

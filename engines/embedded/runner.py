@@ -31,7 +31,7 @@ from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
 from engines.embedded.synthetic import SyntheticAcceptance, assemble_rows
 from engines.embedded.target import TargetModel
-from policies.types import max_spec_tokens
+from policies.types import PositionValues, max_spec_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ CONFIDENCE_SCALE = 1_000_000  # draft confidence crosses to the host as integers
 
 
 # Two-phase steps: per row, the draft's confidence at its drafted positions -> k per row.
-Allocate = Callable[[list[list[float]]], list[int]]
+Allocate = Callable[[list[PositionValues]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -547,10 +547,10 @@ class ModelRunner:
         """The k each row verifies, from its drafted positions' confidence (host sync).
         ``drawn``: synthetic mode's confidence [B, >= widest], given to ``allocate`` in place
         of the draft's own (which is still copied: the step's cost stays real)."""
-        values = confidence.cpu().tolist()
-        if drawn is not None:
-            values = drawn.tolist()
-        rows = [row[:k] for row, k in zip(values, drafted, strict=True)]
+        # One array, sliced per row (no Python floats: this runs between draft and verify).
+        values = drawn if drawn is not None else confidence.cpu().numpy()
+        values = values.astype(np.float64, copy=False)
+        rows: list[PositionValues] = [values[i, :k] for i, k in enumerate(drafted)]
         chosen = [int(k) for k in allocate(rows)]
         if len(chosen) != len(drafted) or any(
             not 0 <= k <= d for k, d in zip(chosen, drafted, strict=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from policies.costmodel import CostModel
 
 
@@ -28,13 +30,15 @@ class BudgetCosts:
     def __init__(self, cost: RaggedCost, positions: int):
         self._cost = cost
         self._positions = positions
-        self._by_batch: dict[int, list[float]] = {}
+        self._by_batch: dict[int, np.ndarray] = {}
 
-    def __call__(self, batch_size: int, max_drafts: int) -> list[float]:
+    def __call__(self, batch_size: int, max_drafts: int) -> np.ndarray:
+        """A read-only view (no copy: the budget rule runs between draft and verify)."""
         costs = self._by_batch.get(batch_size)
         if costs is None or len(costs) <= max_drafts:
             top = max(max_drafts, batch_size * self._positions)
-            costs = [self._cost.step_time_s(batch_size, d) for d in range(top + 1)]
+            costs = np.array([self._cost.step_time_s(batch_size, d) for d in range(top + 1)])
+            costs.setflags(write=False)
             self._by_batch[batch_size] = costs
         return costs[: max_drafts + 1]
 

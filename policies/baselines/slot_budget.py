@@ -53,13 +53,23 @@ def sorted_scores(survival: Floats, capacities: Ints) -> Floats:
 
 
 def allocate_slots(survival: Floats, capacities: Ints, budget: int) -> Ints:
-    """Admitted drafts per row when the ``budget`` best eligible slots are verified."""
+    """Admitted drafts per row when the ``budget`` best eligible slots are verified. Equal
+    scores are taken in row-major order, as vLLM's stable (score, index) sort key takes them:
+    the winners are every slot above the ``budget``-th best score and the first of those
+    equal to it (a selection, not a sort: this runs between draft and verify)."""
     rows, positions = survival.shape
-    scores = np.where(eligible(survival, capacities), survival, -np.inf).ravel()
-    # Stable: equal scores keep row-major order, as vLLM's (score, index) sort key does.
-    winners = np.argsort(-scores, kind="stable")[: max(0, budget)]
-    winners = winners[np.isfinite(scores[winners])]
-    return np.bincount(winners // positions, minlength=rows).astype(np.int64)
+    mask = eligible(survival, capacities)
+    take = min(max(0, budget), int(mask.sum()))
+    if take == 0:
+        return np.zeros(rows, dtype=np.int64)
+    scores = np.where(mask, survival, -np.inf)
+    flat = scores.ravel()
+    threshold = np.partition(flat, flat.size - take)[flat.size - take]
+    above = scores > threshold
+    equal = (scores == threshold).ravel()
+    first = equal & (np.cumsum(equal) <= take - int(above.sum()))
+    counts: Ints = above.sum(axis=1) + first.reshape(rows, positions).sum(axis=1)
+    return counts.astype(np.int64)
 
 
 def expected_by_width(survival: Floats, capacities: Ints) -> Floats:

@@ -175,7 +175,7 @@ class VllmAdaptiveVerification:
         """cost(d) for d = 0..max_drafts, as vLLM's budget prices it (memoised per B)."""
         if self._draft_costs is None:
             return ragged_costs(self._cost_by_k(batch_size), batch_size, max_drafts)
-        return np.array(self._draft_costs(batch_size, max_drafts))
+        return self._draft_costs(batch_size, max_drafts)
 
     def _learn(self, rows: Sequence[StepRow]) -> None:
         """Fold in each row's outcome of the step it was last scored for, then count a step."""

@@ -91,3 +91,32 @@ def test_padded_width_is_the_same_objective_over_one_width_per_step(
 def test_ragged_costs_price_d_drafts_as_ceil_d_over_b_per_row() -> None:
     assert ragged_costs(np.array([1.0, 2.0, 3.0]), 2, 4).tolist() == [1.0, 2.0, 2.0, 3.0, 3.0]
     assert ragged_costs(np.array([1.0, 2.0]), 1, 3).tolist() == [1.0, 2.0, 2.0, 2.0]
+
+
+def _allocate_by_sort(survival: np.ndarray, capacities: np.ndarray, budget: int) -> np.ndarray:
+    """The rule as vLLM states it: a stable sort of every eligible slot, best first."""
+    rows, positions = survival.shape
+    positions_ = np.arange(positions)[None, :] < capacities[:, None]
+    scores = np.where(positions_, survival, -np.inf).ravel()
+    winners = np.argsort(-scores, kind="stable")[: max(0, budget)]
+    winners = winners[np.isfinite(scores[winners])]
+    return np.bincount(winners // positions, minlength=rows).astype(np.int64)
+
+
+def test_allocate_slots_selects_exactly_what_a_stable_sort_would() -> None:
+    """The selection (partition + row-major ties) against the full sort, on random batches
+    with many exact ties (scores from a few levels), zero and over-large budgets and rows
+    that did not draft."""
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        rows, positions = int(rng.integers(1, 40)), int(rng.integers(1, 16))
+        levels = rng.random(int(rng.integers(1, 6)))
+        survival = np.cumprod(rng.choice(levels, size=(rows, positions)), axis=1)
+        if rng.random() < 0.5:  # not a prefix product: the rule must not assume one
+            survival = rng.choice(levels, size=(rows, positions))
+        capacities = rng.integers(0, positions + 1, size=rows)
+        for budget in (0, 1, int(rng.integers(0, rows * positions + 3)), rows * positions + 5):
+            np.testing.assert_array_equal(
+                allocate_slots(survival, capacities, budget),
+                _allocate_by_sort(survival, capacities, budget),
+            )
