@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engines.embedded.events import VerifyMode
+from engines.embedded.events import CompileScope, VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -72,6 +72,9 @@ class EmbeddedConfig(Section):
     max_batch_size: int = Field(default=8, ge=1)
     max_seq_len: int = Field(default=2048, ge=16)
     torch_compile: bool = False
+    # What torch_compile compiles: each forward whole, or the target's decoder-layer step
+    # once for all its layers (regional: start-up does not grow with depth). docs/engine.md.
+    torch_compile_scope: CompileScope = "forward"
     # CUDA-graph verifies: every row padded to the widest k, or packed to the tokens the rows
     # use (graphs keyed on a token bucket; more graphs at start-up). docs/engine.md.
     verify_mode: VerifyMode = "padded"

@@ -144,6 +144,7 @@ class EmbeddedEngineBackend:
             c.max_batch_size,
             c.max_seq_len,
             compile_forwards=c.torch_compile,
+            compile_scope=c.torch_compile_scope,
             verify_mode=c.verify_mode,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,

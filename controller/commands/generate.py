@@ -50,6 +50,13 @@ def register(subparsers: Any) -> None:
         help="torch.compile the forwards first (faster steps on CUDA; slow start-up)",
     )
     parser.add_argument(
+        "--compile-scope",
+        default="forward",
+        choices=["forward", "layer"],
+        help="with --compile: each forward whole, or the target's layer step once for all "
+        "layers (regional: start-up does not grow with depth)",
+    )
+    parser.add_argument(
         "--verify-mode",
         default="padded",
         choices=["padded", "ragged"],
@@ -122,6 +129,7 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
         compile_forwards=args.compile,
+        compile_scope=args.compile_scope,
         verify_mode=args.verify_mode,
     )
     ceiling = max_spec_tokens(engine.block_size)

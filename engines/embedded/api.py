@@ -26,6 +26,7 @@ from typing import Any
 
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
+    CompileScope,
     RequestFailed,
     SamplingParams,
     SpecController,
@@ -83,13 +84,15 @@ class AsyncEngine:
         planner: StepPlanner | None = None,
         before_serving: Callable[[Engine], None] | None = None,
         verify_mode: VerifyMode = "padded",
+        compile_scope: CompileScope = "forward",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
         ``planner``: chooses k for all rows of each step (else each request's controller).
         ``before_serving``: runs on the loaded, idle engine before its thread starts (the
         start-up cost profile). ``verify_mode``: ``padded`` or ``ragged`` CUDA-graph verifies
-        (docs/engine.md, "Ragged verify on CUDA")."""
+        (docs/engine.md, "Ragged verify on CUDA"); ``compile_scope``: what
+        ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -103,6 +106,7 @@ class AsyncEngine:
             compile_forwards=compile_forwards,
             synthetic=synthetic,
             verify_mode=verify_mode,
+            compile_scope=compile_scope,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

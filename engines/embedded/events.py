@@ -14,6 +14,10 @@ FinishReason = Literal["stop", "length"]
 # widest k, or packed to the tokens the rows use (graphs keyed on a token bucket).
 VerifyMode = Literal["padded", "ragged"]
 VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
+# What ``torch_compile`` compiles: each forward whole, or the target's decoder-layer step once
+# for every layer (regional compilation; ``ModelRunner``).
+CompileScope = Literal["forward", "layer"]
+COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

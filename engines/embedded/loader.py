@@ -15,7 +15,7 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import VerifyMode
+from engines.embedded.events import CompileScope, VerifyMode
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -78,9 +78,11 @@ def load_runner(
     compile_forwards: bool = False,
     synthetic: SyntheticAcceptance | None = None,
     verify_mode: VerifyMode = "padded",
+    compile_scope: CompileScope = "forward",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
-    ``verify_mode``: how CUDA-graph verifies run (``ModelRunner``)."""
+    ``verify_mode``: how CUDA-graph verifies run; ``compile_scope``: what ``compile_forwards``
+    compiles (``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -102,7 +104,7 @@ def load_runner(
         device,
         dtype,
         graphs,
-        compile_forwards,
+        compile_scope if compile_forwards else False,
         verify_mode,
     )
     return ModelRunner(
@@ -116,4 +118,5 @@ def load_runner(
         compile_forwards,
         synthetic=synthetic,
         verify_mode=verify_mode,
+        compile_scope=compile_scope,
     )

@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import VERIFY_MODES, VerifyMode
+from engines.embedded.events import COMPILE_SCOPES, VERIFY_MODES, CompileScope, VerifyMode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.packing import Packing, unpack
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
@@ -92,11 +92,19 @@ class ModelRunner:
         compile_forwards: bool = False,
         synthetic: SyntheticAcceptance | None = None,
         verify_mode: VerifyMode = "padded",
+        compile_scope: CompileScope = "forward",
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
         (graph runners): ``padded`` verifies every row at the widest k; ``ragged`` replays
-        graphs whose GEMMs run on the packed tokens the rows use."""
+        graphs whose GEMMs run on the packed tokens the rows use. ``compile_scope`` (with
+        ``compile_forwards``): ``forward`` compiles each forward whole; ``layer`` compiles the
+        target's decoder-layer step once for every layer (regional compilation: start-up no
+        longer grows with the depth) and the draft's forwards whole."""
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(
+                f"compile_scope={compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"
+            )
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"verify_mode={verify_mode!r}: use one of {', '.join(VERIFY_MODES)}")
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
@@ -119,10 +127,14 @@ class ModelRunner:
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
-        if compile_forwards:
+        if compile_forwards and compile_scope == "layer":
+            target.compile_layers()
+            self._draft = torch.compile(self._draft_forward, fullgraph=True)
+        elif compile_forwards:
             self._verify = torch.compile(self._verify_forward, fullgraph=True)
             self._draft = torch.compile(self._draft_forward, fullgraph=True)
             self._ragged_verify = torch.compile(self._ragged_verify_forward, fullgraph=True)
+        self.compile_scope = compile_scope
         self.block_size = draft.spec.block_size
         self.mask_token_id = draft.spec.mask_token_id
         # Benchmark only (engines/embedded/synthetic.py): accept decisions drawn, not verified.

@@ -3,6 +3,8 @@ also returns the residual stream after the layers the draft reads (``target_laye
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -23,6 +25,41 @@ from engines.embedded.layers import (
 from engines.embedded.packing import Packing, pack
 
 
+def target_layer_step(
+    layer: DecoderLayer,
+    h: torch.Tensor,
+    rope: tuple[torch.Tensor, ...],
+    k_part: torch.Tensor,
+    v_part: torch.Tensor,
+    positions: torch.Tensor,
+    written: torch.Tensor | None,
+    packed: tuple[torch.Tensor, torch.Tensor] | None,
+    packing: Packing | None,
+    slots: torch.Tensor | None,
+    mask: torch.Tensor,
+    num_keys: int,
+) -> torch.Tensor:
+    """One decoder layer of ``TargetModel.forward``: its K/V written into the layer's cache
+    rows (``k_part``, ``v_part``: the batch's rows, or every slot's when ``slots`` is given),
+    attention over them, the MLP; returns the residual stream after the layer."""
+    q, k, v = layer.qkv(layer.input_layernorm(h), rope)
+    if slots is not None:  # write the slots' rows, then read copies of them
+        for full, values in zip((k_part, v_part), (k, v), strict=True):
+            write_cache(full, positions, values, slots, written)
+        k_cache, v_cache = (full.index_select(0, slots) for full in (k_part, v_part))
+    else:
+        k_cache, v_cache = k_part, v_part
+        for part, values in zip((k_cache, v_cache), (k, v), strict=True):
+            if packed is None:
+                write_cache(part, positions, values, rows=written)
+            else:
+                write_cache_at(part, packed, values)
+    if packing is not None:
+        q = packing.unpack_queries(q)
+    attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
+    return layer.feed_forward(h + layer.attention_out(pack(attn, packing)))
+
+
 class TargetModel(nn.Module):
     def __init__(
         self, shape: ModelShape, max_positions: int, aux_layer_ids: tuple[int, ...]
@@ -35,6 +72,17 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+
+    # One decoder layer's step (``target_layer_step``); ``compile_layers`` swaps in its
+    # compiled form.
+    layer_step: Callable[..., torch.Tensor] = staticmethod(target_layer_step)
+
+    def compile_layers(self) -> None:
+        """Regional compilation: compile one decoder layer's step, which every layer reuses
+        (the layers differ only in their weights, which the compiled code takes as inputs),
+        instead of the whole forward. Start-up then costs one compile per input shape class
+        rather than one whose size grows with the number of layers (docs/engine.md)."""
+        self.layer_step = torch.compile(target_layer_step, fullgraph=True)
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF ``model.*`` / ``lm_head`` tensors; ties the head to the embedding if needed."""
@@ -78,24 +126,26 @@ class TargetModel(nn.Module):
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         written = cache_rows(positions, slots) if packed is None else None
         saved: dict[int, torch.Tensor] = {}
+        step = self.layer_step
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = layer.qkv(layer.input_layernorm(h), rope)
-            if slots is not None:  # write the slots' rows, then read copies of them
-                everything = cache.rows(index, 0, cache.num_slots)
-                for full, values in zip(everything, (k, v), strict=True):
-                    write_cache(full, positions, values, slots, written)
-                k_cache, v_cache = (full.index_select(0, slots) for full in everything)
+            if slots is not None:  # the layer writes the slots' rows, then reads copies
+                k_part, v_part = cache.rows(index, 0, cache.num_slots)
             else:
-                k_cache, v_cache = cache.rows(index, first_slot, batch)
-                for part, values in zip((k_cache, v_cache), (k, v), strict=True):
-                    if packed is None:
-                        write_cache(part, positions, values, rows=written)
-                    else:
-                        write_cache_at(part, packed, values)
-            if packing is not None:
-                q = packing.unpack_queries(q)
-            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
-            h = layer.feed_forward(h + layer.attention_out(pack(attn, packing)))
+                k_part, v_part = cache.rows(index, first_slot, batch)
+            h = step(
+                layer,
+                h,
+                rope,
+                k_part,
+                v_part,
+                positions,
+                written,
+                packed,
+                packing,
+                slots,
+                mask,
+                num_keys,
+            )
             if index in self.aux_layer_ids:
                 saved[index] = h
         # Residual stream after layer i, i.e. HF ``hidden_states[i + 1]`` (dflash's offset 1).

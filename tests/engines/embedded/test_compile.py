@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from engines.embedded.loader import load_runner
 
@@ -40,3 +41,34 @@ def test_compiled_forwards_match_eager_without_graph_breaks(
     torch.testing.assert_close(verify(ids, positions), eager_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(runner.draft_cache.k, eager_cache)  # context written in place
     torch.testing.assert_close(draft(block, block_positions), eager_draft, rtol=1e-4, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_regional_compile_serves_every_layer_with_one_graph(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """``compile_scope: layer``: the target's decoder-layer step compiled once serves every
+    layer (their weights are its inputs), computes what eager does, and its K/V writes land in
+    the engine's cache (they go through views of it)."""
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 64)
+    assert runner.target.shape.num_layers >= 2
+    ids = torch.tensor([[65, 66], [70, 65]])
+    positions = torch.tensor([[3, 4], [9, 10]])
+    eager_logits = runner._verify_forward(ids, positions)
+    eager_k, eager_v = runner.target_cache.k.clone(), runner.target_cache.v.clone()
+    torch._dynamo.reset()
+    counters.clear()
+    runner.target.compile_layers()
+    runner.target_cache.k.zero_()
+    runner.target_cache.v.zero_()
+    torch.testing.assert_close(
+        runner._verify_forward(ids, positions), eager_logits, rtol=1e-4, atol=1e-4
+    )
+    torch.testing.assert_close(runner.target_cache.k, eager_k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(runner.target_cache.v, eager_v, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1  # one compile for all the layers
+
+
+def test_an_unknown_compile_scope_is_refused(tiny_pair: tuple[Path, Path]) -> None:
+    with pytest.raises(ValueError, match="compile_scope='model': use one of forward, layer"):
+        load_runner(*tiny_pair, torch.device("cpu"), 2, 64, compile_scope="model")  # type: ignore[arg-type]
