@@ -81,7 +81,11 @@ class TargetModel(nn.Module):
         """Regional compilation: compile one decoder layer's step, which every layer reuses
         (the layers differ only in their weights, which the compiled code takes as inputs),
         instead of the whole forward. Start-up then costs one compile per input shape class
-        rather than one whose size grows with the number of layers (docs/engine.md)."""
+        rather than one whose size grows with the number of layers (docs/engine.md). Every
+        forward shares this one function (verifies padded and ragged, graph and packed
+        prefills), so its variants and their dynamic forms may exceed dynamo's default of 8
+        compiles per function, past which it would silently run eager: the limit is raised."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.layer_step = torch.compile(target_layer_step, fullgraph=True)
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from engines.embedded.cuda_graphs import StaticCall
 from engines.embedded.engine import Engine
@@ -22,6 +23,7 @@ from engines.embedded.packing import Packing
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index, token_ladder
 from engines.embedded.request import Request
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
+from engines.embedded.target import target_layer_step
 from tests.engines.embedded.conftest import BLOCK_SIZE, greedy_request, random_prompt
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
 from tests.engines.embedded.test_two_phase import RandomAllocation
@@ -222,3 +224,24 @@ def test_graph_steps_equal_target_only_greedy(
     else:
         assert counts["ragged"] == 0 and counts["verify"] > 10, counts
     assert runner.block_size == BLOCK_SIZE
+
+
+@torch.inference_mode()
+def test_ragged_verify_with_the_layer_step_compiled_alone(agreeing_pair: tuple[Path, Path]) -> None:
+    """``torch_compile_scope: layer`` on a ragged runner: the packed layer step (packed cache
+    writes, queries unpacked for attention) traces as one graph that every layer reuses and
+    gives the eager forward's logits on the rows' valid positions."""
+    runner = graph_runner(agreeing_pair, "ragged")
+    ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
+    positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
+    index = ragged_index([3, 1, 8, 2], 4, 8, 16)
+    want = runner._ragged_verify_forward(ids, positions, index).clone()
+    torch._dynamo.reset()
+    counters.clear()
+    runner.target.layer_step = torch.compile(  # compile_layers(), traced without codegen
+        target_layer_step, fullgraph=True, backend="eager"
+    )
+    got = runner._ragged_verify_forward(ids, positions, index)
+    valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
+    torch.testing.assert_close(got[valid], want[valid])
+    assert counters["stats"]["unique_graphs"] == 1
