@@ -10,6 +10,8 @@ tail is overwritten later and never read), ``propose`` writes the noise block's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -31,6 +33,27 @@ from engines.embedded.packing import Packing, pack, unpack
 from engines.embedded.target import TargetModel
 
 
+def draft_layer_step(
+    layer: DecoderLayer,
+    h: torch.Tensor,
+    rope: tuple[torch.Tensor, ...],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    written: torch.Tensor,
+    rows: Packing | None,
+    mask: torch.Tensor,
+    num_keys: int,
+) -> torch.Tensor:
+    """One layer of ``DraftModel.propose``: the block's K/V written into the layer's cache
+    rows, attention over the context and the block, the MLP; the residual stream after it."""
+    q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h), rope))
+    write_cache(k_cache, positions, k, rows=written)
+    write_cache(v_cache, positions, v, rows=written)
+    attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
+    return layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
+
+
 class DraftModel(nn.Module):
     def __init__(self, spec: DraftSpec, max_positions: int) -> None:
         super().__init__()
@@ -43,6 +66,16 @@ class DraftModel(nn.Module):
         self.hidden_norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+
+    # One layer of ``propose`` (``draft_layer_step``); ``compile_layers`` compiles it.
+    layer_step: Callable[..., torch.Tensor] = staticmethod(draft_layer_step)
+
+    def compile_layers(self) -> None:
+        """Regional compilation of ``propose``: its layer step compiled once for all layers
+        (``TargetModel.compile_layers``). The context insert (a projection and a cache write
+        per layer) stays eager."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self.layer_step = torch.compile(draft_layer_step, fullgraph=True)
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         state = {
@@ -114,13 +147,10 @@ class DraftModel(nn.Module):
         # The rows' tokens (packed with ``rows``) are normed and rotated before unpacking.
         rope = tuple(pack(t, rows) for t in self.rotary.tables(positions, h.dtype))
         written = cache_rows(positions)
+        step = self.layer_step
         for index, layer in enumerate(decoder_layers(self.layers)):
-            q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h), rope))
             k_cache, v_cache = cache.rows(index, first_slot, batch)
-            write_cache(k_cache, positions, k, rows=written)
-            write_cache(v_cache, positions, v, rows=written)
-            attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
-            h = layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
+            h = step(layer, h, rope, k_cache, v_cache, positions, written, rows, mask, num_keys)
         after_first = pack(unpack(h, rows)[:, 1:], outputs)
         logits = (
             unpack(target.logits(self.norm(after_first)), outputs) * self.spec.output_multiplier

@@ -99,8 +99,8 @@ class ModelRunner:
         (graph runners): ``padded`` verifies every row at the widest k; ``ragged`` replays
         graphs whose GEMMs run on the packed tokens the rows use. ``compile_scope`` (with
         ``compile_forwards``): ``forward`` compiles each forward whole; ``layer`` compiles the
-        target's decoder-layer step once for every layer (regional compilation: start-up no
-        longer grows with the depth) and the draft's forwards whole."""
+        target's and the draft's decoder-layer steps once each for all their layers (regional
+        compilation: start-up no longer grows with the depth); the glue stays eager."""
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(
                 f"compile_scope={compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"
@@ -129,7 +129,7 @@ class ModelRunner:
         self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
         if compile_forwards and compile_scope == "layer":
             target.compile_layers()
-            self._draft = torch.compile(self._draft_forward, fullgraph=True)
+            draft.compile_layers()
         elif compile_forwards:
             self._verify = torch.compile(self._verify_forward, fullgraph=True)
             self._draft = torch.compile(self._draft_forward, fullgraph=True)

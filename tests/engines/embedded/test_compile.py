@@ -49,7 +49,7 @@ def test_regional_compile_serves_every_layer_with_one_graph(
 ) -> None:
     """``compile_scope: layer``: the target's decoder-layer step compiled once serves every
     layer (their weights are its inputs), computes what eager does, and its K/V writes land in
-    the engine's cache (they go through views of it)."""
+    the engine's cache (they go through views of it); the draft's likewise."""
     runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 64)
     assert runner.target.shape.num_layers >= 2
     ids = torch.tensor([[65, 66], [70, 65]])
@@ -67,6 +67,17 @@ def test_regional_compile_serves_every_layer_with_one_graph(
     torch.testing.assert_close(runner.target_cache.k, eager_k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(runner.target_cache.v, eager_v, rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1  # one compile for all the layers
+    # The draft's propose: the same for its layer step (the glue around it stays eager).
+    block = torch.full((2, runner.block_size), runner.mask_token_id)
+    block[:, 0] = ids[:, 0]
+    block_positions = positions[:, :1] + torch.arange(runner.block_size)
+    eager_draft = runner._draft_forward(block, block_positions)
+    runner.draft.compile_layers()
+    torch.testing.assert_close(
+        runner._draft_forward(block, block_positions), eager_draft, rtol=1e-4, atol=1e-4
+    )
+    assert counters["stats"]["unique_graphs"] == 2  # the draft's layer step: one more
+    assert runner.draft.spec.shape.num_layers >= 1
 
 
 def test_an_unknown_compile_scope_is_refused(tiny_pair: tuple[Path, Path]) -> None:
