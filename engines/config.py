@@ -100,4 +100,9 @@ class EmbeddedConfig(Section):
                 "torch_compile needs CUDA graphs, so device cuda (or auto on a CUDA machine); "
                 "set torch_compile: false for cpu"
             )
+        if self.torch_compile_scope != "forward" and not self.torch_compile:
+            raise ValueError(
+                f"torch_compile_scope: {self.torch_compile_scope} only applies with "
+                "torch_compile: true; set both, or drop torch_compile_scope"
+            )
         return self

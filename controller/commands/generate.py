@@ -69,6 +69,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from engines.embedded.checkpoint import CheckpointError
 
+    if args.compile_scope != "forward" and not args.compile:
+        logger.error("generate: --compile-scope %s only applies with --compile", args.compile_scope)
+        return 2
     try:
         prompts = _read_prompts(args)
         results = asyncio.run(_generate_all(args, prompts))

@@ -59,6 +59,19 @@ def test_torch_compile_on_cpu_is_a_config_problem() -> None:
     assert parse_config(text.replace("cpu", "cuda"), Path("/cfg")).backends[0].torch_compile
 
 
+def test_a_compile_scope_without_torch_compile_is_a_config_problem() -> None:
+    text = (
+        "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"
+        "     device: cuda, torch_compile_scope: layer}\n"
+    )
+    (problem,) = _problems(text)
+    assert "torch_compile_scope: layer only applies with torch_compile: true" in problem
+    on = parse_config(text.replace("layer}", "layer, torch_compile: true}"), Path("/cfg"))
+    assert on.backends[0].torch_compile_scope == "layer"  # type: ignore[union-attr]
+    (problem,) = _problems(text.replace("scope: layer", "scope: model"))
+    assert "torch_compile_scope" in problem and "'forward' or 'layer'" in problem
+
+
 def test_verify_mode_defaults_to_padded_and_names_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]

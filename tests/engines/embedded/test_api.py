@@ -157,3 +157,12 @@ def test_cli_generate_rejects_bad_spec_tokens(agreeing_pair, caplog) -> None:
     )
     assert code == 2
     assert "--spec-tokens 8: must be in 0..7" in caplog.text
+
+
+def test_cli_generate_rejects_a_compile_scope_without_compile(agreeing_pair, caplog) -> None:
+    from controller.cli import main
+
+    args = ["generate", "--target", str(agreeing_pair[0]), "--draft", str(agreeing_pair[1])]
+    code = main([*args, "--prompt", "x", "--device", "cpu", "--compile-scope", "layer"])
+    assert code == 2
+    assert "--compile-scope layer only applies with --compile" in caplog.text
