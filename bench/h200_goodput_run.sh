@@ -8,6 +8,9 @@
 #   3. runs bench/gpu_decisions.py --arm real-pair with it (every policy on the same seeded
 #      requests: no-spec, static k, dsd-schedule, vllm-av, goodput; greedy exactness check on
 #      EXACTNESS prompts, default 256, 0 = skip);
+#      VERIFY_MODE=ragged runs the arm on ragged verifies (the exactness check's per-row and
+#      two-phase settings then check ragged against plain decoding on this trained pair);
+#      LABEL names the arm, POLICIES picks the policies (bench/gpu_decisions.py --help);
 #   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
@@ -104,7 +107,8 @@ say "bench: real-pair arm, ${LEFT}s left"
 "$PY" bench/gpu_decisions.py --arm real-pair --target "$WORK/export/target" \
   --draft "$WORK/export/draft16" --prompts "$WORK/prompts.jsonl" --device "$DEVICE" \
   --scale "${SCALE:-0.5}" --repeats "${REPEATS:-3}" --budget-s "$LEFT" \
-  --exactness-prompts "${EXACTNESS:-256}" \
+  --exactness-prompts "${EXACTNESS:-256}" --verify-mode "${VERIFY_MODE:-padded}" \
+  ${LABEL:+--label "$LABEL"} ${POLICIES:+--policies "$POLICIES"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"

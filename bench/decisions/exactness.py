@@ -1,6 +1,9 @@
 """Greedy exactness of the engine as it runs in the benchmark (bf16, CUDA graphs on a GPU):
-every prompt decoded with drafting off (k = 0) and again at each setting — k = 4, k = block − 1
-and a random k every step — all prompts batched at once, so rows join and leave mid-run.
+every prompt decoded with drafting off (k = 0) and again at each setting — k = 4, k = block − 1,
+a random k every step, and two-phase steps (every row drafts whole, then verifies a random k
+of its own: ``RandomAllocation``) — all prompts batched at once, so rows join and leave mid-run.
+With ``--verify-mode ragged`` the per-row settings run ragged verifies, so this is also the
+check that ragged and padded steps give the same tokens.
 
 Speculative decoding is lossless in exact arithmetic; in bf16 a verify of width w and a plain
 step compute the same logits with different kernels, so a token whose top two logits are
@@ -21,9 +24,15 @@ from typing import Any
 import torch
 
 from engines.embedded.engine import Engine
-from engines.embedded.events import RequestView, SamplingParams, TokenEvent
+from engines.embedded.events import (
+    RequestView,
+    SamplingParams,
+    SpecController,
+    StepReport,
+    TokenEvent,
+)
 from engines.embedded.request import Request
-from policies.types import max_spec_tokens
+from policies.types import PositionValues, max_spec_tokens
 
 MAX_NEW_TOKENS = 128
 # bf16 keeps 8 significant bits: at a logit of magnitude ~16 one step is 0.125. A margin within
@@ -49,6 +58,43 @@ def settings(block_size: int, seed: int = 0) -> list[Setting]:
 
     ks = sorted({4, k_max})
     return [*(Setting(f"k{k}", fixed(k)) for k in ks), Setting("random-k", random_k)]
+
+
+class RandomAllocation:
+    """A slot planner (``SlotPlanner``) that makes every step two-phase: each row drafts all it
+    may, then verifies a random k in [0, drafted] (draft, confidence to the host, allocation,
+    verify: the path a confidence allocator takes). ``fail``: allocation raises (tests)."""
+
+    def __init__(self, seed: int, fail: bool = False) -> None:
+        self.rng = random.Random(seed)
+        self.fail = fail
+        self.allocated: list[list[int]] = []
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        return [v.max_spec_tokens for v in views]
+
+    def allocates(self) -> bool:
+        return True
+
+    def allocate(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+    ) -> list[int]:
+        if self.fail:
+            raise RuntimeError("allocation broke")
+        ks = [self.rng.randint(0, len(c)) for c in confidence]
+        self.allocated.append(ks)
+        return ks
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        return None
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        return None
 
 
 def decode(
@@ -169,4 +215,11 @@ def check(
     for setting in settings(engine.block_size, seed):
         got = decode(engine, prompts, setting.controller_for, setting.name, max_new_tokens)
         result[setting.name] = compare(prompts, plain, got, margins)
+    # Two-phase steps: every row drafts whole, then verifies a random k of its own.
+    planner, engine.planner = engine.planner, RandomAllocation(seed)
+    try:
+        got = decode(engine, prompts, lambda i: lambda view: 0, "two-phase", max_new_tokens)
+    finally:
+        engine.planner = planner
+    result["two-phase-random"] = compare(prompts, plain, got, margins)
     return result

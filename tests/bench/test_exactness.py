@@ -52,9 +52,10 @@ def test_every_setting_matches_plain_decoding(setup: tuple[Engine, list[list[int
     engine, prompts = setup
     result = exactness.check(engine, prompts, DEMO / "target", max_new_tokens=40)
     assert [s.name for s in exactness.settings(engine.block_size)] == ["k4", "k7", "random-k"]
-    for name in ("k4", "k7", "random-k"):
+    for name in ("k4", "k7", "random-k", "two-phase-random"):
         assert result[name]["identical"] == len(prompts), result[name]
         assert result[name]["diverged_at_clear_margin"] == 0
+    assert engine.planner is None  # the two-phase setting's planner was taken off again
 
 
 def test_a_divergence_is_reported_with_the_reference_margins(

@@ -5,14 +5,13 @@ target's own, whatever the allocation; a planner that raises costs speed, never 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.decisions.exactness import RandomAllocation
 from engines.embedded.engine import Engine
-from engines.embedded.events import RequestView, SpecController, StepReport
 from engines.embedded.request import Request
 from engines.step_controller import StepController
 from policies.costmodel import CostTable
@@ -26,41 +25,6 @@ from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
 
 NUM_PROMPTS = 12
 NEW_TOKENS = 20
-
-
-class RandomAllocation:
-    """Drafts every row whole, then verifies a random k in [0, drafted] per row."""
-
-    def __init__(self, seed: int, fail: bool = False) -> None:
-        self.rng = random.Random(seed)
-        self.fail = fail
-        self.allocated: list[list[int]] = []
-
-    def plan(
-        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
-    ) -> list[int]:
-        return [v.max_spec_tokens for v in views]
-
-    def allocates(self) -> bool:
-        return True
-
-    def allocate(
-        self,
-        views: Sequence[RequestView],
-        controllers: Sequence[SpecController],
-        confidence: Sequence[Sequence[float]],
-    ) -> list[int]:
-        if self.fail:
-            raise RuntimeError("allocation broke")
-        ks = [self.rng.randint(0, len(c)) for c in confidence]
-        self.allocated.append(ks)
-        return ks
-
-    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
-        return None
-
-    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
