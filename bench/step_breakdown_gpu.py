@@ -1,10 +1,13 @@
 """Where the time of one engine step goes, kernel by kernel (issue #16 diagnostics).
 
 For the shape's target and its DFlash draft (random weights), at each batch size: the draft
-forward over the whole block, the padded verify at each width, and (batch 1) the plain
-decode step. Each case is timed as a CUDA-graph replay (what the engine runs) and profiled
-eagerly with ``torch.profiler``; kernels are grouped into GEMM, attention, normalisation,
-index (gathers, scatters, cache writes), elementwise and other, and the largest are listed.
+forward over the whole block, the padded verify at each width, (batch > 1) a ragged verify
+of rows of mixed widths as the ragged graphs run it (compare it with the padded verify of
+width 8, about the same tokens: issue #16's "ragged within 5% of padded at equal tokens"),
+and (batch 1) the plain decode step. Each case is timed as a CUDA-graph replay (what the
+engine runs) and profiled eagerly with ``torch.profiler``; kernels are grouped into GEMM,
+attention, normalisation, index (gathers, scatters, cache writes), elementwise and other,
+and the largest are listed.
 Two levers are timed beside the engine's own forward: attention reading only the keys the
 rows use (``num_keys`` rounded to 64) instead of the whole cache, and each SDPA backend on
 the step's masked attention call.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import sys
@@ -34,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import attention_mask, cached_attention
 from engines.embedded.loader import build_models
+from engines.embedded.packing import Packing
+from engines.embedded.ragged import ragged_index
 from engines.embedded.shapes import TINY_SHAPE, dflash_draft_for, shape_by_name
 
 CATEGORIES = (
@@ -220,12 +226,45 @@ def main() -> None:
     def propose(ids: torch.Tensor, pos: torch.Tensor, num_keys: int | None) -> Callable[[], Any]:
         return lambda: draft.propose(ids, pos, caches["draft"], target, num_keys=num_keys)
 
+    # Ragged verify as the runner's ragged graphs run it: the rows' tokens packed for the
+    # GEMMs, norms, RoPE and cache writes; queries unpacked to [B, W] for attention; logits
+    # scattered back. Rows of mixed widths (lengths 1..W, mean ~8 tokens: k ~7), against the
+    # padded verify of width 8 at the same batch, whose token count is about the same.
+    query_rows = max(batches) * widths[-1] + 1
+    ragged_queries = torch.zeros(
+        query_rows * shape.num_heads * shape.head_dim, device=device, dtype=dtype
+    )
+    ragged_logits = torch.zeros(query_rows, shape.vocab_size, device=device, dtype=dtype)
+
+    def ragged_lengths(batch: int, width: int) -> list[int]:
+        rng = random.Random(batch)
+        return [rng.randint(1, width) for _ in range(batch)]
+
+    def ragged(ids: torch.Tensor, pos: torch.Tensor, num_keys: int | None) -> Callable[[], Any]:
+        batch, width = ids.shape
+        lengths = ragged_lengths(batch, width)
+        index = ragged_index(lengths, batch, width, sum(lengths)).to(device)
+
+        def run() -> torch.Tensor:
+            packing = Packing.from_indices((batch, width), index[0], index[1])
+            packing.query_buffer = ragged_queries
+            hidden, features = target(
+                ids, pos, caches["target"], num_keys=num_keys, packing=packing
+            )
+            draft.insert_context(features, pos, caches["draft"], packing=packing)
+            return packing.unpack(target.logits(hidden), out=ragged_logits)
+
+        return run
+
     with torch.inference_mode():
         for batch in batches:
             cases: list[tuple[str, Callable[..., Callable[[], Any]], int]] = [
                 (f"verify {batch}x{w}", verify, w) for w in widths
             ]
             cases.append((f"draft {batch}x{block}", propose, block))
+            if batch > 1:
+                tokens = sum(ragged_lengths(batch, widths[-1]))
+                cases.append((f"ragged {batch}x{widths[-1]} ({tokens} tokens)", ragged, widths[-1]))
             for name, make, width in cases:
                 ids = torch.randint(0, shape.vocab_size, (batch, width), device=device)
                 pos = (args.context + torch.arange(width, device=device)).repeat(batch, 1)

@@ -31,6 +31,9 @@ def test_the_step_breakdown_runs_every_case(tmp_path: Path) -> None:
         for name in (f"verify {batch}x1", f"verify {batch}x8", f"verify {batch}x16"):
             case = report["cases"][name]
             assert case["graph_ms"] > 0 and case["graph_ms_used_keys"] > 0
+        if batch > 1:  # rows of mixed widths, packed as the ragged graphs run them
+            (ragged,) = [name for name in report["cases"] if name.startswith(f"ragged {batch}x16")]
+            assert report["cases"][ragged]["graph_ms"] > 0
         attention = report["cases"][f"attention {batch}x16 (one layer)"]
         assert isinstance(attention["MATH keys=128"], float)
         for label, value in attention.items():  # a backend this device refuses is named
