@@ -54,7 +54,7 @@ from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
 from policies.step_mode import ModeSettings, StepModeChooser
-from policies.types import Policy, PositionValues, StepRow, Task, max_spec_tokens
+from policies.types import TASK_INDEX, Policy, PositionValues, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class StepController:
         self._lock = threading.Lock()
         self._width: BatchWidth | None = None
         # The next step's shared k, prepared while the device ran the last one: (k, the rows
-        # it was decided for, policy version).
+        # it was decided for, their mix, policy version).
         self._prepared: tuple[int, frozenset[str], tuple[int, ...], int] | None = None
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
@@ -507,12 +507,14 @@ class StepController:
         if newest is not None and not self._two_phase(newest, len(shared), decide=False):
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held
-            live = held is not None and held.age < held.serves and held.version == newest.version
-            if live and held is not None and held.row_ids == ids:
-                mix = held.mix  # the same rows: the mix it was decided for
-            else:
-                mix = _mix(controllers, shared)  # only when the rows changed: it costs a loop
-            if live and held is not None and (held.row_ids == ids or _similar(held.mix, mix)):
+            if held is not None and (held.age >= held.serves or held.version != newest.version):
+                held = None  # expired: decide afresh
+            if held is not None and held.row_ids == ids:
+                mix, keep = held.mix, True  # the same rows: the mix it was decided for
+            else:  # the rows changed (the loop over them only then)
+                mix = _mix(controllers, shared)
+                keep = held is not None and _similar(held.mix, mix)
+            if held is not None and keep:
                 held.age += 1
                 k = held.spec_tokens
             else:
@@ -696,17 +698,14 @@ def _version(active: ActivePolicy) -> int:
     return active.version
 
 
-_TASK_ORDER = {task: i for i, task in enumerate(Task)}
-
-
 def _mix(controllers: Sequence[SpecController], shared: Sequence[int]) -> tuple[int, ...]:
     """Rows per task among the shared rows: what a shared decision depends on besides the
     rows' own histories, so a decision held for one batch fits a batch of the same mix."""
-    counts = [0] * len(_TASK_ORDER)
+    counts = [0] * len(TASK_INDEX)
     for i in shared:
         steps = controllers[i]
         assert isinstance(steps, RequestSteps)  # a shared row is one (``_split``)
-        counts[_TASK_ORDER[steps.task]] += 1
+        counts[TASK_INDEX[steps.task]] += 1
     return tuple(counts)
 
 

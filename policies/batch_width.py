@@ -46,10 +46,9 @@ from policies import types
 from policies.acceptance import drafted_steps
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
-from policies.types import TASKS, StepCost, StepRow, Task
+from policies.types import TASK_INDEX, TASKS, StepCost, StepRow, Task
 
 Learned = Callable[[Task], Mapping[str, Any]]
-_TASK_INDEX = {task: i for i, task in enumerate(TASKS)}
 _newest = operator.itemgetter(-1)
 _fields = operator.attrgetter("row_id", "task", "accept_lengths", "spec_tokens", "max_spec_tokens")
 
@@ -185,7 +184,7 @@ class RowWindows:
         return slot
 
     def _reset(self, slot: int, task: Task) -> None:
-        self.task[slot] = index = _TASK_INDEX[task]
+        self.task[slot] = index = TASK_INDEX[task]
         self.rows_per_task[index] += 1
         self.counts[slot] = 0.0
         self._ring[slot] = 0.0
@@ -252,7 +251,7 @@ class BatchWidth:
         cost: StepCost = self._fallback_cost
         for task, each in fields.items():
             rates = self._fill(task, each.get("accept_rates", ()))
-            np.multiply(rates, self._strength, out=self._prior_successes[_TASK_INDEX[task]])
+            np.multiply(rates, self._strength, out=self._prior_successes[TASK_INDEX[task]])
             cost = each.get("step_cost") or cost
         totals = self._expected_totals(slots, ceilings)
         ceiling = max(0, min(max(ceilings), self._positions))
@@ -332,7 +331,7 @@ class BatchWidth:
             return None
         target = wider[0]
         for task, each in fields.items():
-            rates = (self._prior_successes[_TASK_INDEX[task]] / self._strength).tolist()
+            rates = (self._prior_successes[TASK_INDEX[task]] / self._strength).tolist()
             trials = each.get("accept_trials", ())
             if drafted_steps(rates, trials, spec_tokens, target) < self._spec.probe_min_steps:
                 return target

@@ -46,7 +46,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
-from policies.types import TASKS, PositionValues, StepRow, Task
+from policies.types import TASK_INDEX, TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
 _EPS = 1e-4
@@ -274,10 +274,9 @@ class SlotAllocator:
         """[rows] task index and [rows, K] log-odds from the task prior and each request's
         own history (before the confidence)."""
         k = self._k
-        task_index = {t: i for i, t in enumerate(TASKS)}
-        tasks = np.array([task_index[r.task] for r in rows], dtype=np.int64)
+        tasks = np.array([TASK_INDEX[r.task] for r in rows], dtype=np.int64)
         priors = np.empty((len(TASKS), k))
-        for t, i in task_index.items():
+        for t, i in TASK_INDEX.items():
             if (tasks == i).any():
                 values = list(rates(t))[:k]
                 values += [values[-1] if values else 0.5] * (k - len(values))

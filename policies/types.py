@@ -24,6 +24,7 @@ class Task(StrEnum):
 
 
 TASKS: tuple[Task, ...] = (Task.MATH, Task.CODE, Task.CHAT)
+TASK_INDEX: dict[Task, int] = {task: i for i, task in enumerate(TASKS)}  # a task's row in arrays
 
 
 def max_spec_tokens(block_size: int) -> int:

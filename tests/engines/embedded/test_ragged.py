@@ -143,19 +143,29 @@ def test_a_ragged_verify_writes_only_its_tokens_positions_and_the_scratch_positi
 
 
 @torch.inference_mode()
-def test_ragged_verify_traces_as_one_graph(agreeing_pair: tuple[Path, Path]) -> None:
-    """``torch_compile`` wraps the ragged forward in ``fullgraph=True``: no host sync or graph
-    break may hide in it (the eager backend traces without compiling kernels)."""
+@pytest.mark.parametrize("scope", ["forward", "layer"])
+def test_ragged_verify_traces_as_one_graph(agreeing_pair: tuple[Path, Path], scope: str) -> None:
+    """``torch_compile`` wraps the ragged forward in ``fullgraph=True`` (``forward``), or
+    compiles the target's layer step alone (``layer``: packed cache writes, queries unpacked
+    for attention): no host sync or graph break may hide in it, the layer step is one graph
+    every layer reuses, and both give eager's logits on the rows' valid positions (the eager
+    backend traces without compiling kernels)."""
     runner = graph_runner(agreeing_pair, "ragged")
     ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
     positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
     index = ragged_index([3, 1, 8, 2], 4, 8, 16)
     want = runner._ragged_verify_forward(ids, positions, index).clone()
     torch._dynamo.reset()
-    traced = torch.compile(runner._ragged_verify_forward, fullgraph=True, backend="eager")
+    counters.clear()
+    traced = runner._ragged_verify_forward
+    if scope == "forward":
+        traced = torch.compile(traced, fullgraph=True, backend="eager")
+    else:  # what compile_layers() does, traced without codegen
+        runner.target.layer_step = torch.compile(target_layer_step, fullgraph=True, backend="eager")
     got = traced(ids, positions, index)
     valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
     torch.testing.assert_close(got[valid], want[valid])
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 class CountingCall:
@@ -224,24 +234,3 @@ def test_graph_steps_equal_target_only_greedy(
     else:
         assert counts["ragged"] == 0 and counts["verify"] > 10, counts
     assert runner.block_size == BLOCK_SIZE
-
-
-@torch.inference_mode()
-def test_ragged_verify_with_the_layer_step_compiled_alone(agreeing_pair: tuple[Path, Path]) -> None:
-    """``torch_compile_scope: layer`` on a ragged runner: the packed layer step (packed cache
-    writes, queries unpacked for attention) traces as one graph that every layer reuses and
-    gives the eager forward's logits on the rows' valid positions."""
-    runner = graph_runner(agreeing_pair, "ragged")
-    ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
-    positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
-    index = ragged_index([3, 1, 8, 2], 4, 8, 16)
-    want = runner._ragged_verify_forward(ids, positions, index).clone()
-    torch._dynamo.reset()
-    counters.clear()
-    runner.target.layer_step = torch.compile(  # compile_layers(), traced without codegen
-        target_layer_step, fullgraph=True, backend="eager"
-    )
-    got = runner._ragged_verify_forward(ids, positions, index)
-    valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
-    torch.testing.assert_close(got[valid], want[valid])
-    assert counters["stats"]["unique_graphs"] == 1
