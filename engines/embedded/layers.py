@@ -225,5 +225,13 @@ def cached_attention(
     kvh = k_cache.shape[1]
     g = h // kvh
     q = q.view(b, w, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * w, d)
-    out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+    out = grouped_attention(q, k_cache, v_cache, mask)
     return out.view(b, kvh, g, w, d).permute(0, 3, 1, 2, 4).reshape(b, w, h * d)
+
+
+def grouped_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """q already grouped: [B, kv_heads, group * W, D] (``cached_attention``'s layout, which
+    ``Packing.grouped_queries`` writes directly); returns the output in that layout."""
+    return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)

@@ -6,9 +6,11 @@ projections, the MLP and the LM head pay for ``B x W`` tokens; packed they pay f
 ``N = sum(k_r + 1)``, so a row's own k (0 included) changes the step's cost. Norms, RoPE and
 the KV-cache writes run on the packed tokens too (``cache_slots`` says where each one writes);
 only the attention itself takes the padded ``[B, W]`` layout (each row attends to its own cache
-slot): the queries are scattered there (``unpack``) and the outputs gathered back (``pack``),
-two index kernels per layer. Padded positions hold stale or zero queries there and their
-outputs are dropped.
+slot): the queries are scattered straight into the grouped layout the attention kernel reads
+(``grouped_queries``: ``[B, kv_heads, group * W, head_dim]``, one index kernel that also does
+the head permutation) and the outputs gathered from it back into packed tokens
+(``packed_output``, one index kernel): two index kernels per layer, no layout copies.
+Padded positions hold stale or zero queries there and their outputs are dropped.
 
 Two index vectors describe a packing: ``gather`` [N] picks the packed tokens out of the flattened
 ``B * W`` batch, ``scatter`` [N] puts them back. Eager packings compute both from a mask
@@ -33,8 +35,9 @@ class Packing:
         self.index = gather
         self.scatter = scatter
         self.num_tokens = int(gather.shape[0])  # metadata, no sync
-        # A reused buffer for ``unpack_queries`` (None: each call allocates zeros).
+        # A reused buffer for ``grouped_queries`` (None: each call allocates zeros).
         self.query_buffer: torch.Tensor | None = None
+        self._grouped: tuple[tuple[int, int], tuple[torch.Tensor, ...]] | None = None
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, width: int) -> Packing:
@@ -63,14 +66,53 @@ class Packing:
         rows = torch.where(padding, 0, self.scatter // width)
         return rows, torch.where(padding, scratch_position, packed_positions[0])
 
-    def unpack_queries(self, q: torch.Tensor) -> torch.Tensor:
-        """Packed queries [1, N, heads, head_dim] -> [B, W, heads, head_dim] for attention: into
-        ``query_buffer`` when set (one index kernel; positions without a token keep finite stale
+    def grouped_index(self, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, ...]:
+        """Where each packed token's heads live in the grouped query layout
+        ``[B, kv_heads, group * W, head_dim]`` (``cached_attention``'s: query head h of row r,
+        column c at ``[r, h // group, (h % group) * W + c]``, i.e. flat row ``(r * heads + h) *
+        W + c``). Returns (scatter [N, heads] flat rows, the scratch row ``B * heads * W`` for
+        padding tokens; gather: batch, kv head, query index [N, heads], padding tokens at 0).
+        Built once per forward (a few small kernels) and shared by every layer."""
+        if self._grouped is not None and self._grouped[0] == (num_heads, num_kv_heads):
+            return self._grouped[1]
+        batch, width = self.shape
+        group = num_heads // num_kv_heads
+        padding = (self.scatter >= batch * width)[:, None]
+        row, column = self.scatter // width, self.scatter % width
+        heads = torch.arange(num_heads, device=self.scatter.device)[None, :]
+        flat = (row[:, None] * num_heads + heads) * width + column[:, None]
+        scatter = torch.where(padding, batch * num_heads * width, flat)
+        rows = torch.where(padding, 0, row[:, None].expand_as(flat))
+        kv_heads = (heads // group).expand_as(flat)
+        queries = torch.where(padding, 0, (heads % group) * width + column[:, None])
+        index = (scatter, rows, kv_heads, queries)
+        self._grouped = ((num_heads, num_kv_heads), index)
+        return index
+
+    def grouped_queries(self, q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+        """Packed queries [1, N, heads, head_dim] (a strided view is fine) -> the grouped layout
+        [B, kv_heads, group * W, head_dim] that ``grouped_attention`` reads, in one index
+        kernel: into ``query_buffer`` when set (positions without a token keep finite stale
         queries whose outputs are dropped), else into zeros."""
-        if self.query_buffer is None:
-            return self.unpack(q)
-        flat = self.query_buffer.view(-1, *q.shape[2:])
-        return self.unpack(q, out=flat)
+        batch, width = self.shape
+        heads, head_dim = q.shape[2:]
+        scatter = self.grouped_index(heads, num_kv_heads)[0]
+        size = batch * heads * width + 1  # + the scratch row
+        flat = (
+            q.new_zeros(size, head_dim)
+            if self.query_buffer is None
+            else self.query_buffer[: size * head_dim].view(size, head_dim)
+        )
+        flat.index_put_((scatter,), q[0])
+        group = heads // num_kv_heads
+        return flat[:-1].view(batch, num_kv_heads, group * width, head_dim)
+
+    def packed_output(self, out: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """Attention output in the grouped layout [B, kv_heads, group * W, head_dim] (any
+        strides) -> packed [1, N, heads * head_dim], in one index kernel."""
+        _, rows, kv_heads, queries = self.grouped_index(num_heads, out.shape[1])
+        packed = out[rows, kv_heads, queries]  # [N, heads, head_dim]
+        return packed.view(1, packed.shape[0], -1)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, W, ...] -> [1, N, ...]"""

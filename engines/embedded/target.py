@@ -18,6 +18,7 @@ from engines.embedded.layers import (
     cache_rows,
     cached_attention,
     decoder_layers,
+    grouped_attention,
     load_strict,
     write_cache,
     write_cache_at,
@@ -54,10 +55,14 @@ def target_layer_step(
                 write_cache(part, positions, values, rows=written)
             else:
                 write_cache_at(part, packed, values)
-    if packing is not None:
-        q = packing.unpack_queries(q)
-    attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
-    return layer.feed_forward(h + layer.attention_out(pack(attn, packing)))
+    k_cache, v_cache = k_cache[:, :, :num_keys], v_cache[:, :, :num_keys]
+    if packing is None:
+        attn = cached_attention(q, k_cache, v_cache, mask)
+    else:  # queries scattered straight into the grouped layout, outputs gathered from it
+        grouped = packing.grouped_queries(q, layer.num_kv_heads)
+        out = grouped_attention(grouped, k_cache, v_cache, mask)
+        attn = packing.packed_output(out, layer.num_heads)
+    return layer.feed_forward(h + layer.attention_out(attn))
 
 
 class TargetModel(nn.Module):
@@ -129,6 +134,8 @@ class TargetModel(nn.Module):
         rope = self.rotary.tables(token_positions, h.dtype)
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         written = cache_rows(positions, slots) if packed is None else None
+        if packing is not None:  # built once here, shared by every layer's attention
+            packing.grouped_index(self.shape.num_heads, self.shape.num_kv_heads)
         saved: dict[int, torch.Tensor] = {}
         step = self.layer_step
         for index, layer in enumerate(decoder_layers(self.layers)):

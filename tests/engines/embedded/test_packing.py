@@ -21,6 +21,40 @@ def test_pack_then_unpack_keeps_valid_tokens_and_zeroes_the_rest() -> None:
 
 
 @torch.inference_mode()
+def test_grouped_queries_and_packed_output_match_the_layout_copies() -> None:
+    """The packed attention path (queries scattered straight into the grouped layout, outputs
+    gathered from it) gives bit for bit what unpack -> cached_attention -> pack gives, padding
+    entries included (a graph's bucket: they scatter into the scratch row, gather token 0)."""
+    from engines.embedded.layers import attention_mask, cached_attention, grouped_attention
+    from engines.embedded.ragged import ragged_index
+
+    gen = torch.Generator().manual_seed(3)
+    batch, width, heads, kv_heads, dim, keys = 3, 4, 8, 2, 16, 12
+    lengths = [1, 4, 2]
+    index = ragged_index(lengths, batch, width, num_tokens=9)  # 7 tokens + 2 padding
+    packing = Packing.from_indices((batch, width), index[0], index[1])
+    # A strided view like the one ``DecoderLayer.qkv`` returns (q's heads of q and k's heads).
+    qk = torch.randn(1, 9, heads + kv_heads, dim, generator=gen)
+    q = qk[:, :, :heads]
+    k_cache, v_cache = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in "kv")
+    visible = torch.rand(batch, width, keys, generator=gen) < 0.7
+    visible[..., 0] = True
+    mask = attention_mask(visible, heads, kv_heads)
+    want = packing.pack(cached_attention(packing.unpack(q), k_cache, v_cache, mask))
+    for buffer in (None, torch.full(((batch * width + 1) * heads * dim,), 5.0)):
+        packing.query_buffer = buffer
+        grouped = packing.grouped_queries(q, kv_heads)
+        assert grouped.shape == (batch, kv_heads, heads // kv_heads * width, dim)
+        got = packing.packed_output(grouped_attention(grouped, k_cache, v_cache, mask), heads)
+        used = sum(lengths)
+        assert torch.equal(got[:, :used], want[:, :used])
+    # The scratch row takes the padding writes; no real query was overwritten.
+    scatter = packing.grouped_index(heads, kv_heads)[0]
+    assert scatter[sum(lengths) :].eq(batch * heads * width).all()
+    assert scatter[: sum(lengths)].unique().numel() == sum(lengths) * heads
+
+
+@torch.inference_mode()
 def test_packed_verify_and_draft_match_the_padded_forwards(
     agreeing_pair: tuple[Path, Path],
 ) -> None:
