@@ -114,6 +114,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _graphs(runner: Any) -> dict[str, Any]:
+    return {
+        "padded": len(runner._graphs),
+        "ragged": len(runner._ragged_graphs),
+        "ragged_dropped": [list(key) for key in runner.ragged_dropped],
+        "capture_s": runner.capture_s,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     threads = torch.get_num_threads()
     try:
@@ -147,6 +156,9 @@ def _main(args: argparse.Namespace) -> int:
         "load_s": time.perf_counter() - started,
         "phases": [vars(p) | {"mix": {t.value: s for t, s in p.mix.items()}} for p in phases],
         "arm_info": arm.info,
+        # Per call, not per arm (merges compare arm_info): the ragged graphs the engine timed
+        # at start-up and dropped as slower than the padded graph (runner.keep_faster_ragged).
+        "graphs": _graphs(arm.engine.runner),
         "runs": [],
     }
     if args.warm_up:

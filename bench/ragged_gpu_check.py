@@ -18,7 +18,10 @@ same caches and weights), random K/V in the caches below ``--context-len``, then
 3. two-phase steps (the goodput policy's ``step_mode: slots``): whole steps one- and
    two-phase at the same verified k, and the two-phase step's parts on the host clock (to the
    allocation: the draft and the confidence's copy; the allocation; the verify after it);
-4. start-up: capture seconds and graph counts, padded and ragged, and GPU memory.
+4. start-up: capture seconds and graph counts, padded and ragged, and GPU memory;
+5. pruning: the engine's start-up timing of every graph (``runner.keep_faster_ragged``; this
+   runner is built without it so that sections 1-3 see every bucket): per (B, W) the largest
+   token bucket that stays ragged, and each graph's replay in ms.
 
 Writes the JSON after every section (a stopped run keeps what finished); ``--budget-s`` skips
 what would not finish in time and says so in the JSON.
@@ -140,6 +143,7 @@ class Bench:
             use_cuda_graphs=True,
             compile_forwards=args.compile,
             verify_mode="ragged",
+            prune_ragged=False,  # every bucket measured here; section 5 prunes as the engine does
         )
         for cache in (runner.target_cache, runner.draft_cache):  # a context to attend to
             cache.k.normal_()
@@ -432,7 +436,35 @@ class Bench:
                 two_phase[f"b{batch}/random_mean7"] = self.two_phase(ks)
                 logger.info("two-phase b%d: %s", batch, two_phase[f"b{batch}/random_mean7"])
                 self.save()
+        if not self.over_budget("pruning"):
+            self.result["pruning"] = self.pruning()
         self.save()
+
+    def pruning(self) -> dict[str, Any]:
+        """What the engine's start-up timing does on this device (``keep_faster_ragged``):
+        every graph's replay, and per (B, W) the largest token bucket kept ragged."""
+        runner = self.runner
+        before = dict(runner.ragged_shapes.buckets)
+        started = time.perf_counter()
+        dropped = runner.keep_faster_ragged()
+        kept = {
+            f"{b}x{w}": {
+                "padded_tokens": b * w,
+                "largest_kept": max(runner.ragged_shapes.buckets.get((b, w), [0])),
+                "buckets": len(sizes),
+            }
+            for (b, w), sizes in before.items()
+        }
+        logger.info(
+            "pruning: %d of %d ragged graphs dropped", len(dropped), sum(map(len, before.values()))
+        )
+        return {
+            "seconds": time.perf_counter() - started,
+            "dropped": len(dropped),
+            "kept": len(runner._ragged_graphs),
+            "by_shape": kept,
+            "graph_ms": runner.graph_ms,
+        }
 
 
 def summarise_exactness(exact: dict[str, Any]) -> dict[str, Any]:

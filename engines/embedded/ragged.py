@@ -12,9 +12,16 @@ would reach ``B * W`` replays the padded graph instead, which computes the same 
 
 Everything here runs on the host from the k each row verifies (known before the step), so the
 captured region needs no ``nonzero`` or other host sync.
+
+On a CUDA device the runner then times every captured graph once and keeps only the buckets
+that are faster than the padded graph they would replace (``RaggedShapes.keep_faster``): what a
+ragged step saves in GEMM rows it partly pays back in index kernels, so the token count at
+which it stops paying is measured per (B, W) on the machine, not assumed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -69,6 +76,32 @@ class RaggedShapes:
         """Every captured (B, W, N), largest first (capture order: smaller graphs reuse memory)."""
         keys = [(b, w, n) for (b, w), sizes in self.buckets.items() for n in sizes]
         return sorted(keys, key=lambda key: (key[0] * key[1], key[2]), reverse=True)
+
+    def keep_faster(
+        self,
+        ragged_s: Mapping[tuple[int, int, int], float],
+        padded_s: Mapping[tuple[int, int], float],
+    ) -> list[tuple[int, int, int]]:
+        """Keep, per (B, W), the token buckets whose measured step is faster than the padded
+        step of that (B, W): the smallest ones, up to the first that is not (a ragged step
+        of ``N < B * W`` tokens can cost more than the padded ``B * W``: its attention runs at
+        the padded layout plus two index kernels per layer, so near ``B * W`` the saved GEMM
+        rows do not pay for them). Buckets without a measurement are kept. Returns the keys
+        dropped; a dropped bucket's steps replay the padded graph."""
+        dropped: list[tuple[int, int, int]] = []
+        for (batch, width), sizes in list(self.buckets.items()):
+            padded = padded_s.get((batch, width))
+            if padded is None:
+                continue
+            kept = 0
+            while kept < len(sizes) and ragged_s.get((batch, width, sizes[kept]), 0.0) < padded:
+                kept += 1
+            dropped += [(batch, width, n) for n in sizes[kept:]]
+            if kept:
+                self.buckets[batch, width] = sizes[:kept]
+            else:
+                del self.buckets[batch, width]
+        return dropped
 
     def choose(self, lengths: list[int], batch: int, width: int) -> int | None:
         """The token bucket for rows of ``lengths`` tokens padded to (batch, width), or None

@@ -93,6 +93,7 @@ class ModelRunner:
         synthetic: SyntheticAcceptance | None = None,
         verify_mode: VerifyMode = "padded",
         compile_scope: CompileScope = "forward",
+        prune_ragged: bool | None = None,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -100,7 +101,10 @@ class ModelRunner:
         graphs whose GEMMs run on the packed tokens the rows use. ``compile_scope`` (with
         ``compile_forwards``): ``forward`` compiles each forward whole; ``layer`` compiles the
         target's and the draft's decoder-layer steps once each for all their layers (regional
-        compilation: start-up no longer grows with the depth); the glue stays eager."""
+        compilation: start-up no longer grows with the depth); the glue stays eager.
+        ``prune_ragged`` (ragged graph runners; default: on a CUDA device): time every graph
+        after capture and drop the ragged buckets slower than their padded graph
+        (``keep_faster_ragged``)."""
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(
                 f"compile_scope={compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"
@@ -178,6 +182,10 @@ class ModelRunner:
         self.prefill_lengths = [*range(PREFILL_BUCKET, max_seq_len, PREFILL_BUCKET), max_seq_len]
         self._prefill_graphs: dict[int, StaticCall] = {}
         self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
+        # Per captured verify graph, its measured step (``keep_faster_ragged``), and the
+        # ragged buckets that were slower than their padded graph (dropped).
+        self.graph_ms: dict[str, dict[str, float]] = {"padded": {}, "ragged": {}}
+        self.ragged_dropped: list[tuple[int, int, int]] = []
         # Start-up seconds spent capturing the padded graphs and the ragged verify graphs.
         self.capture_s = {"padded": 0.0, "ragged": 0.0}
         if use_cuda_graphs:
@@ -187,6 +195,8 @@ class ModelRunner:
             self.capture_s["padded"] = time.perf_counter() - started
             if verify_mode == "ragged":
                 self._capture_ragged()
+                if device.type == "cuda" if prune_ragged is None else prune_ragged:
+                    self.keep_faster_ragged()
                 self.capture_s["ragged"] = time.perf_counter() - started - self.capture_s["padded"]
 
     # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
@@ -294,6 +304,50 @@ class ModelRunner:
             self._ragged_graphs[batch, width, num_tokens] = call(
                 self._ragged_verify, (ids, pos, index), pool
             )
+
+    @torch.inference_mode()
+    def keep_faster_ragged(self, repeats: int = 3) -> list[tuple[int, int, int]]:
+        """Time every ragged verify graph and the padded verify graph of its (B, W) (best of
+        ``repeats`` replays on the inputs they were captured with, device synchronised), then
+        drop the ragged buckets that are not faster than their padded graph
+        (``RaggedShapes.keep_faster``); their steps replay the padded graph. Runs at start-up
+        on a CUDA device (~4 replays per graph); returns the dropped keys."""
+        padded_s = {
+            (batch, width): self._replay_s(self._graphs["verify", batch, width], repeats)
+            for batch, width in self.ragged_shapes.buckets
+        }
+        ragged_s = {
+            key: self._replay_s(graph, repeats) for key, graph in self._ragged_graphs.items()
+        }
+        dropped = self.ragged_shapes.keep_faster(ragged_s, padded_s)
+        for key in dropped:
+            del self._ragged_graphs[key]
+        self.ragged_dropped += dropped
+        self.graph_ms = {
+            "padded": {f"{b}x{w}": 1e3 * t for (b, w), t in padded_s.items()},
+            "ragged": {f"{b}x{w}x{n}": 1e3 * t for (b, w, n), t in ragged_s.items()},
+        }
+        logger.info(
+            "ragged verify graphs: %d kept, %d slower than the padded graph dropped",
+            len(self._ragged_graphs),
+            len(dropped),
+        )
+        return dropped
+
+    def _replay_s(self, call: StaticCall, repeats: int) -> float:
+        """Best of ``repeats`` timed runs of ``call`` on its current inputs (after one untimed)."""
+        cuda = self.device.type == "cuda"
+        call.again()
+        best = float("inf")
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            started = time.perf_counter()
+            call.again()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            best = min(best, time.perf_counter() - started)
+        return best
 
     def _run(
         self,

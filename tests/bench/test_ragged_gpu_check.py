@@ -42,4 +42,9 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     parts = two["two_phase_parts_ms"]["two_phase_mix"]
     assert set(parts) == {"to_allocation_ms", "allocation_ms", "after_allocation_ms"}
     assert all(v >= 0 for v in parts.values())
+    pruning = result["pruning"]
+    assert pruning["kept"] + pruning["dropped"] == setup["num_graphs"]["ragged"]
+    shape = pruning["by_shape"]["4x16"]
+    assert shape["largest_kept"] < shape["padded_tokens"] == 64
+    assert len(pruning["graph_ms"]["ragged"]) == setup["num_graphs"]["ragged"]
     assert not result["skipped"]

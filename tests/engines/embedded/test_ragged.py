@@ -61,6 +61,26 @@ def test_choose_picks_the_smallest_bucket_or_falls_back_to_padded() -> None:
     assert shapes.choose([1], 1, 1) is None
 
 
+def test_keep_faster_keeps_the_buckets_below_the_padded_step_and_falls_back_above() -> None:
+    shapes = RaggedShapes([1, 2, 4, 8], [1, 8])
+    sizes = shapes.buckets[8, 8]  # 8, 16, ..., 56
+    # Measured: a ragged step of N tokens costs 0.5 + N / 64 ms, the padded 8 x 8 step 1.25 ms:
+    # ragged pays up to 47 tokens; the 2 x 8 shape's buckets are all slower (dropped whole).
+    ragged = {(8, 8, n): 0.5 + n / 64 for n in sizes} | {(2, 8, 8): 2.0}
+    dropped = shapes.keep_faster(ragged, {(8, 8): 1.25, (2, 8): 1.0})
+    assert shapes.buckets[8, 8] == [n for n in sizes if n < 48]
+    assert (2, 8) not in shapes.buckets and (2, 8, 8) in dropped
+    assert {(8, 8, n) for n in sizes if n >= 48} <= set(dropped)
+    assert shapes.choose([8] * 5, 8, 8) == 40  # still ragged
+    assert shapes.choose([8] * 6, 8, 8) is None  # 48 tokens: the padded graph is faster
+    assert shapes.choose([8, 1], 2, 8) is None
+    # A bucket slower than padded ends the kept ones even if a bigger one measured faster.
+    shapes = RaggedShapes([1, 2, 4, 8], [1, 8])
+    noisy = {(8, 8, n): 0.1 for n in sizes} | {(8, 8, 24): 9.0}
+    shapes.keep_faster(noisy, {(8, 8): 1.0})
+    assert shapes.buckets[8, 8] == [8, 16]
+
+
 def test_ragged_index_packs_rows_and_sends_padding_to_the_scratch_row() -> None:
     index = ragged_index([1, 3, 0], 4, 3, 8)
     assert index[0].tolist() == [0, 3, 4, 5, 0, 0, 0, 0]  # padding gathers token 0
@@ -91,6 +111,25 @@ def graph_runner(pair: tuple[Path, Path], mode: VerifyMode, max_batch: int = 4) 
     return load_runner(
         *pair, torch.device("cpu"), max_batch, 64, use_cuda_graphs=True, verify_mode=mode
     )
+
+
+def test_the_runner_times_its_graphs_and_keeps_only_ragged_ones_faster_than_padded(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """What a CUDA runner does at start-up, on the CPU's static calls: every kept bucket
+    measured faster than its padded graph, every dropped one not (or after one that was not),
+    its graph released, and steps of its token count replay the padded graph."""
+    runner = graph_runner(agreeing_pair, "ragged")
+    before = set(runner._ragged_graphs)
+    dropped = runner.keep_faster_ragged(repeats=2)
+    assert set(dropped) | set(runner._ragged_graphs) == before
+    assert not set(dropped) & set(runner._ragged_graphs)
+    assert runner.ragged_dropped == dropped
+    padded, ragged = runner.graph_ms["padded"], runner.graph_ms["ragged"]
+    assert len(ragged) == len(before) and all(t > 0 for t in (*padded.values(), *ragged.values()))
+    for batch, width, n in runner._ragged_graphs:
+        assert ragged[f"{batch}x{width}x{n}"] < padded[f"{batch}x{width}"]
+    assert set(runner.ragged_shapes.keys) == set(runner._ragged_graphs)
 
 
 @torch.inference_mode()
