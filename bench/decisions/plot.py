@@ -11,11 +11,12 @@ file). Needs matplotlib (the ``plots`` extra).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.decisions.report import read_report
 
 
 def _k_series(run: dict[str, Any]) -> tuple[list[float], list[float], list[tuple[float, str]]]:
@@ -89,10 +90,12 @@ def write_plot(reports: Sequence[dict[str, Any]], path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("raw", type=Path, nargs="+", help="bench/gpu_decisions.py --out files")
+    parser.add_argument(
+        "raw", type=Path, nargs="+", help="bench/gpu_decisions.py --out files (.json or .json.gz)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     args = parser.parse_args(argv)
-    reports = [json.loads(p.read_text()) for p in args.raw]
+    reports = [read_report(p) for p in args.raw]
     print(write_plot(reports, args.out))
     return 0
 

@@ -10,6 +10,7 @@ overhead: goodput's decode step time over a static k's at the same batch and wid
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from collections.abc import Sequence
@@ -156,6 +157,16 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_report(path: Path) -> dict[str, Any]:
+    """One call's JSON (``bench/gpu_decisions.py --out``), plain or gzipped: the raw calls are
+    committed as ``.json.gz`` (their per-step timelines; bench/results/gpu_decisions/)."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    report: dict[str, Any] = json.loads(data)
+    return report
+
+
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """The results file from one JSON per arm (each arm's own command kept with it). Several
     files of one arm (calls that added repeats of the same requests) pool their runs; they must
@@ -165,7 +176,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     engines: dict[str, list[str]] = {}  # engine -> the files that ran on it
     for given in paths:
         text, _, label = str(given).partition("=")
-        report = json.loads(Path(text).read_text())
+        report = read_report(Path(text))
         reports.setdefault(label or report["arm"], []).append(report)
         # Files from before ``--verify-mode`` ran on the padded engine.
         engines.setdefault(report.get("engine", "padded"), []).append(text)

@@ -147,6 +147,18 @@ def test_a_file_can_be_merged_under_another_arm_name(arm_json: Path, tmp_path: P
     assert arms["synthetic-tiny"]["calls"] == arms["synthetic-tiny-b"]["calls"] == 1
 
 
+def test_gzipped_raw_calls_merge_to_the_same_results(arm_json: Path, tmp_path: Path) -> None:
+    """The raw calls are committed as .json.gz: merging one gives what the plain file gives."""
+    import gzip
+
+    packed = tmp_path / "call.json.gz"
+    packed.write_bytes(gzip.compress(arm_json.read_bytes()))
+    plain, from_gz = tmp_path / "plain.json", tmp_path / "gz.json"
+    assert main(["--merge", str(arm_json), "--out", str(plain)]) == 0
+    assert main(["--merge", str(packed), "--out", str(from_gz)]) == 0
+    assert from_gz.read_text() == plain.read_text()
+
+
 # -- the ragged engine (issue #16) ---------------------------------------------------------------
 
 RAGGED_LOG = _Collect()
