@@ -23,6 +23,7 @@ mix, closed loop, each drained before the next; tok/s = tokens emitted / wall ti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -63,7 +64,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="merge arm JSONs into --out (files of one arm pool their runs; PATH=NAME files "
         "PATH under arm NAME)",
     )
-    parser.add_argument("--policies", default=",".join((*NAMES, "oracle")))
+    parser.add_argument(
+        "--policies",
+        default=",".join((*NAMES, "oracle")),
+        help="comma-separated (bench/decisions/policies.py); on a ragged arm NAME@padded runs "
+        "NAME as on the padded engine (the same runner switched to its padded graphs, the "
+        "policy built for padded verifies): a same-call padded vs ragged comparison",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phases", default=DEFAULT_PHASES, help="NAME:C:N:task=share,...;...")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies requests per phase")
@@ -111,6 +118,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.merge is None and args.arm is None:
         parser.error("--arm is required (or --merge)")
+    for name in args.policies.split(","):
+        _, at, engine = name.strip().partition("@")
+        if at and (engine != "padded" or args.verify_mode != "ragged"):
+            parser.error(
+                f"policy {name.strip()!r}: the only suffix is @padded, on a ragged arm "
+                "(--verify-mode ragged): it runs the policy on the same runner's padded graphs"
+            )
     return args
 
 
@@ -197,10 +211,22 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _run(arm: Arm, name: str, repeat: int, phases: Any, jobs: Any) -> dict[str, Any]:
-    built = build(name, arm.context)
-    tallies: list[PhaseTally] = run_policy(
-        arm.engine, built, phases, jobs, arm.context.goodput.verify_width_multiple
-    )
+    """One run of the named policy over the trace; ``NAME@padded`` runs NAME on the ragged
+    runner's padded graphs, built as for a padded engine, and switches the runner back."""
+    base, _, engine = name.partition("@")
+    runner = arm.engine.runner
+    context = arm.context
+    if engine:
+        context = dataclasses.replace(context, verify_mode=engine)
+    before = runner.verify_mode
+    runner.verify_mode = context.verify_mode
+    try:
+        built = build(base, context)
+        tallies: list[PhaseTally] = run_policy(
+            arm.engine, built, phases, jobs, context.goodput.verify_width_multiple
+        )
+    finally:
+        runner.verify_mode = before
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
     return {

@@ -127,7 +127,7 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
         out["best_static_overall"] = best
         out["vs_best_static"] = goodput["tok_s_mean"] / static[best]["tok_s_mean"]
         out["noise_vs_best_static"] = _noise(goodput, static[best])
-    for name in ("static-k15", "vllm-av", "dsd-schedule", "no-spec", "oracle"):
+    for name in ("static-k15", "vllm-av", "dsd-schedule", "no-spec", "oracle", "goodput@padded"):
         if name in policies:
             out[f"vs_{name}"] = goodput["tok_s_mean"] / policies[name]["tok_s_mean"]
             out[f"noise_vs_{name}"] = _noise(goodput, policies[name])

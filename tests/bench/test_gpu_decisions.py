@@ -189,7 +189,7 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ragged",
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
-        "goodput-slots,oracle",
+        "goodput-slots,oracle,goodput@padded,vllm-av@padded",
         "--device",
         "cpu",
         "--scale",
@@ -230,6 +230,8 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "goodput",
         "goodput-slots",
         "oracle",
+        "goodput@padded",
+        "vllm-av@padded",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
@@ -311,10 +313,51 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
         assert all(len(step) == 6 for step in steps)
         assert any(step[5] > 0 for step in steps), name
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
-    for name in ("static-k7", "oracle"):
+    for name in ("static-k7", "oracle", "goodput@padded", "vllm-av@padded"):
         for phase in runs[name]["phases"].values():
             assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name
             assert phase["two_phase_allocation_ms"] is None
+
+
+def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NAME@padded builds NAME for a padded engine and runs it with the runner on its padded
+    graphs; the runner is ragged again afterwards, also when the run fails."""
+    from types import SimpleNamespace
+
+    import bench.gpu_decisions as harness
+    from bench.decisions.policies import Context
+    from policies.model import GoodputSpec
+
+    seen: list[tuple[str, str, str]] = []
+    runner = SimpleNamespace(verify_mode="ragged")
+    context = Context(16, 8, None, GoodputSpec(), {}, {}, None, 0, "ragged")  # type: ignore[arg-type]
+
+    def fake_build(name: str, ctx: Any) -> str:
+        seen.append((name, ctx.verify_mode, runner.verify_mode))
+        return name
+
+    def failing_run(*args: Any) -> Any:
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(harness, "build", fake_build)
+    monkeypatch.setattr(harness, "run_policy", failing_run)
+    arm = SimpleNamespace(engine=SimpleNamespace(runner=runner), context=context)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        harness._run(arm, "goodput@padded", 0, [], [])  # type: ignore[arg-type]
+    assert seen == [("goodput", "padded", "padded")]
+    assert runner.verify_mode == "ragged"
+
+
+def test_a_padded_variant_needs_a_ragged_arm(tmp_path: Path) -> None:
+    base = ["--arm", "synthetic-tiny", "--device", "cpu", "--out", str(tmp_path / "x.json")]
+    for argv in (
+        [*base, "--policies", "goodput@padded"],  # a padded arm already is
+        [*base, "--verify-mode", "ragged", "--policies", "goodput@ragged"],
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
 
 
 def test_an_untimed_warm_run_comes_first_and_is_not_reported(arm_json: Path) -> None:
