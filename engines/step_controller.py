@@ -219,6 +219,11 @@ class StepController:
         self._decision_s: float | None = None
         self._step_s: float | None = None
         self.decisions = 0  # shared-k decisions made (the rest reused a held one)
+        # ``_split``'s last answer: (the controllers, their ids, shared rows, rows asked
+        # alone, newest policy among the shared).
+        self._split_memo: (
+            tuple[list[SpecController], list[int], list[int], list[int], ActivePolicy | None] | None
+        ) = None
 
     @property
     def batch_width(self) -> BatchWidth | None:
@@ -529,23 +534,40 @@ class StepController:
         ks: list[int] | None,
     ) -> tuple[list[int], ActivePolicy | None]:
         """Indices of the rows the batch planner decides together, and the newest policy
-        among them; other rows are asked alone (into ``ks``) when ``ks`` is given."""
+        among them; other rows are asked alone (into ``ks``) when ``ks`` is given. Memoised
+        on the controllers' identities (``plan`` and ``prepare`` ask twice a step, and a
+        batch keeps its rows for many steps); the memo holds the controllers, so an id it
+        compares cannot be a new object's."""
         if len(views) != len(controllers):
             raise ValueError(f"{len(views)} views for {len(controllers)} controllers")
+        ids = list(map(id, controllers))
+        memo = self._split_memo
+        if memo is None or memo[1] != ids:
+            memo = self._split_memo = (list(controllers), ids, *self._split_rows(controllers))
+        _, _, shared, alone, newest = memo
+        if ks is not None:
+            for i in alone:
+                ks[i] = controllers[i](views[i])
+        return shared, newest
+
+    def _split_rows(
+        self, controllers: Sequence[SpecController]
+    ) -> tuple[list[int], list[int], ActivePolicy | None]:
         shared: list[int] = []
+        alone: list[int] = []
         actives: list[ActivePolicy] = []
         for i, steps in enumerate(controllers):
             if self._shared_width and isinstance(steps, RequestSteps) and steps.group is not None:
                 shared.append(i)
                 actives.append(steps.active)
-            elif ks is not None:
-                ks[i] = steps(views[i])
+            else:
+                alone.append(i)
         if not actives:
-            return shared, None
+            return shared, alone, None
         first = actives[0]
         if all(active is first for active in actives):  # the usual case: one policy version
-            return shared, first
-        return shared, max(actives, key=_version)
+            return shared, alone, first
+        return shared, alone, max(actives, key=_version)
 
     def _reuse_prepared(
         self,

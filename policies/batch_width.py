@@ -119,12 +119,16 @@ class RowWindows:
         # or rows with none: one cell per engine step, oldest first; row i ran the step j back
         # when it brought at least j new steps, else the cell holds zeros for it.
         span = min(max(int(new.max()), 1), self.size)
-        ks = np.zeros((count, span), np.intp)
-        lengths = np.ones((count, span), np.intp)
-        for i in np.flatnonzero((new >= 1) & (new <= self.size)).tolist():
-            n = int(new[i])
-            ks[i, span - n :] = spec_tokens[i][-n:]
-            lengths[i, span - n :] = accept_lengths[i][-n:]
+        if bool((new == span).all()):  # the usual spaced call: every row brought ``span`` steps
+            ks = np.array([row[-span:] for row in spec_tokens], np.intp)
+            lengths = np.array([row[-span:] for row in accept_lengths], np.intp)
+        else:
+            ks = np.zeros((count, span), np.intp)
+            lengths = np.ones((count, span), np.intp)
+            for i in np.flatnonzero((new >= 1) & (new <= self.size)).tolist():
+                n = int(new[i])
+                ks[i, span - n :] = spec_tokens[i][-n:]
+                lengths[i, span - n :] = accept_lengths[i][-n:]
         cells = (self._cell + np.arange(1, span + 1)) % self.size
         self._cell = int(cells[-1])
         entries = self._step_rows(ks, lengths)  # [rows, span, 2, positions]

@@ -133,3 +133,27 @@ def test_add_steps_counts_what_add_step_counts_one_by_one() -> None:
         many.add_steps([k for k, _ in chunk], [n for _, n in chunk])
     assert many.snapshot().rates == pytest.approx(one.snapshot().rates)
     assert many.snapshot().trials == pytest.approx(one.snapshot().trials)
+
+
+def test_add_steps_counts_the_same_in_python_and_numpy() -> None:
+    """Large calls (a 64-row batch's steps between spaced decisions) count with numpy: the
+    same state, bit for bit, as the plain-Python loop of small calls."""
+    import random
+
+    from policies import acceptance
+    from policies.acceptance import PositionCounts
+
+    rng = random.Random(4)
+    for size in (acceptance._VECTOR_STEPS, 512):
+        ks = [rng.choice([0, 1, 4, 7, 15, 20]) for _ in range(size)]
+        lengths = [rng.randint(0, 17) for _ in range(size)]
+        vector = PositionCounts([0.6] * 15, 4.0, 50.0)
+        vector.add_steps(ks, lengths)
+        loop = PositionCounts([0.6] * 15, 4.0, 50.0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(acceptance, "_VECTOR_STEPS", size + 1)
+            loop.add_steps(ks, lengths)
+        assert vector.snapshot() == loop.snapshot()
+        assert vector._scale == loop._scale
+    with pytest.raises(ValueError, match="3 spec_tokens for 2 accept_lengths"):
+        PositionCounts([0.6] * 15, 4.0, 50.0).add_steps([1, 2, 3], [1, 2])
