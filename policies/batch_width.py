@@ -119,13 +119,18 @@ class RowWindows:
         # or rows with none: one cell per engine step, oldest first; row i ran the step j back
         # when it brought at least j new steps, else the cell holds zeros for it.
         span = min(max(int(new.max()), 1), self.size)
-        if bool((new == span).all()):  # the usual spaced call: every row brought ``span`` steps
+        full = new >= span  # rows that bring a whole span of steps: read in one array
+        if bool(full.all()):  # the usual spaced call: every row stayed
             ks = np.array([row[-span:] for row in spec_tokens], np.intp)
             lengths = np.array([row[-span:] for row in accept_lengths], np.intp)
         else:
             ks = np.zeros((count, span), np.intp)
             lengths = np.ones((count, span), np.intp)
-            for i in np.flatnonzero((new >= 1) & (new <= self.size)).tolist():
+            stayed = np.flatnonzero(full & (new <= self.size)).tolist()
+            if stayed:
+                ks[stayed] = [spec_tokens[i][-span:] for i in stayed]
+                lengths[stayed] = [accept_lengths[i][-span:] for i in stayed]
+            for i in np.flatnonzero((new >= 1) & (new < span)).tolist():  # joined since
                 n = int(new[i])
                 ks[i, span - n :] = spec_tokens[i][-n:]
                 lengths[i, span - n :] = accept_lengths[i][-n:]
