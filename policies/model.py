@@ -148,10 +148,14 @@ class GoodputSpec(StrictModel):
     # measured step time on this engine (policies/step_mode.py: both are tried in blocks of
     # ``mode_probe_steps`` until each has ``mode_learn_steps`` steps, then the faster runs and
     # the other is re-measured for one block every ``mode_reprobe_steps`` steps; the
-    # incumbent keeps its place unless the other is ``mode_margin`` faster).
+    # incumbent keeps its place unless the other is ``mode_margin`` faster). Blocks of 8 steps
+    # until 16 each (16 and 32 until 2026-12-02): in a Monte Carlo of the chooser
+    # (bench/step_mode_mc.py, bench/results/step_mode_mc.json: mode gaps of -5..+7%, per-step
+    # noise 8-25%) the best worst case of the settings tried, 0.2-1.2% more of the best mode's
+    # rate where a bucket lives ~100 steps, at most 0.1% less where it lives 2,000.
     step_mode: Literal["shared", "slots", "auto"] = "shared"
-    mode_probe_steps: int = Field(default=16, ge=1)
-    mode_learn_steps: int = Field(default=32, ge=1)
+    mode_probe_steps: int = Field(default=8, ge=1)
+    mode_learn_steps: int = Field(default=16, ge=1)
     mode_reprobe_steps: int = Field(default=512, ge=1)
     mode_margin: float = Field(default=0.02, ge=0, le=1)
     # Slots and auto modes: a step with fewer rows than this is planned as in shared mode (one

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ModeSettings:
-    probe_steps: int = 16  # steps of one mode in a row while measuring
-    learn_steps: int = 32  # measured steps of each mode before the faster one is run
+    probe_steps: int = 8  # steps of one mode in a row while measuring
+    learn_steps: int = 16  # measured steps of each mode before the faster one is run
     reprobe_steps: int = 512  # decided steps between two re-measurements of the other mode
     margin: float = 0.02  # the other mode must be this much faster to take over
     decay: float = 0.995  # per recorded step of a bucket: old steps fade (traffic changes)

@@ -1,0 +1,18 @@
+"""bench/step_mode_mc.py: the Monte Carlo behind the auto step mode's block lengths."""
+
+from __future__ import annotations
+
+from bench.step_mode_mc import share_of_best
+from policies.step_mode import ModeSettings
+
+
+def test_the_chooser_settles_on_the_faster_mode_and_pays_only_while_it_learns() -> None:
+    settings = ModeSettings(probe_steps=8, learn_steps=16)
+    # Two-phase is half as fast: after 32 learning steps one-phase runs (with a re-probe
+    # block every 512), so a long-lived bucket keeps almost all of the best rate ...
+    assert share_of_best(settings, 0.5, 0.05, 2000, seed=0) > 0.98
+    # ... a short one pays for its learning: half of 32 steps at half the rate.
+    short = share_of_best(settings, 0.5, 0.05, 32, seed=0)
+    assert 0.7 < short < 0.8
+    # Two-phase faster (a negative gap): the share is of two-phase's rate.
+    assert share_of_best(settings, -0.2, 0.05, 2000, seed=1) > 0.98
