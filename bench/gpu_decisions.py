@@ -42,7 +42,7 @@ from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
-from engines.embedded.events import VERIFY_MODES
+from engines.embedded.events import COMPILE_SCOPES, VERIFY_MODES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -92,6 +92,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "its own k (ragged: goodput allocates per slot, vllm-av per row, the oracle verifies "
         "each row's drawn run)",
     )
+    parser.add_argument(
+        "--compile-scope",
+        choices=["off", *COMPILE_SCOPES],
+        default="off",
+        help="torch.compile the engine's forwards before capture (layer: regional, ~35 s of "
+        "start-up on the H200 8B shape; forward: each forward whole, ~4 min); CUDA only; the "
+        "arm info records it, so such calls pool only with each other",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",
@@ -118,6 +126,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.merge is None and args.arm is None:
         parser.error("--arm is required (or --merge)")
+    if args.compile_scope != "off" and args.device != "cuda":
+        parser.error("--compile-scope needs --device cuda (compiled forwards run as CUDA graphs)")
     for name in args.policies.split(","):
         _, at, engine = name.strip().partition("@")
         if at and (engine != "padded" or args.verify_mode != "ragged"):

@@ -129,6 +129,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         device.type == "cuda",
         synthetic=synthetic,
         verify_mode=args.verify_mode,
+        **_compile(args),
     )
     table = load_cost_table(args.cost_table or COST_TABLES[args.arm])
     vocab = shape.vocab_size
@@ -140,6 +141,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
     info = {
         "shape": args.arm,
         "verify_mode": args.verify_mode,
+        **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
@@ -155,7 +157,13 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     device = torch.device(args.device)
     max_seq_len = 1024
     runner = load_runner(
-        args.target, args.draft, device, MAX_BATCH, max_seq_len, verify_mode=args.verify_mode
+        args.target,
+        args.draft,
+        device,
+        MAX_BATCH,
+        max_seq_len,
+        verify_mode=args.verify_mode,
+        **_compile(args),
     )
     tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
     by_task: dict[Task, list[list[int]]] = defaultdict(list)
@@ -181,6 +189,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         "target": str(args.target),
         "draft": str(args.draft),
         "verify_mode": args.verify_mode,
+        **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
         "block_size": runner.block_size,
         "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
         "measured_rates": _rounded(rates),
@@ -190,6 +199,13 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     lists = [by_task[task] for task in Task]
     mixed = [p[i] for i in range(max(map(len, lists))) for p in lists if i < len(p)]
     return Arm(engine, context, prompt_for, _device_name(device), info, mixed)
+
+
+def _compile(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner's torch.compile arguments for ``--compile-scope`` (off: eager kernels)."""
+    if args.compile_scope == "off":
+        return {}
+    return {"compile_forwards": True, "compile_scope": args.compile_scope}
 
 
 def _context(

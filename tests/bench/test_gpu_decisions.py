@@ -350,6 +350,20 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
     assert runner.verify_mode == "ragged"
 
 
+def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path) -> None:
+    """--compile-scope builds the runner with compiled forwards (CUDA only: they run as CUDA
+    graphs); off leaves the runner's defaults (eager kernels)."""
+    import argparse
+
+    from bench.decisions.arms import _compile
+
+    with pytest.raises(SystemExit):
+        main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-scope", "layer"])
+    layer = argparse.Namespace(compile_scope="layer")
+    assert _compile(layer) == {"compile_forwards": True, "compile_scope": "layer"}
+    assert _compile(argparse.Namespace(compile_scope="off")) == {}
+
+
 def test_a_padded_variant_needs_a_ragged_arm(tmp_path: Path) -> None:
     base = ["--arm", "synthetic-tiny", "--device", "cpu", "--out", str(tmp_path / "x.json")]
     for argv in (
