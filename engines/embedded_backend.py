@@ -150,6 +150,7 @@ class EmbeddedEngineBackend:
             before_serving=self._profile_costs if c.cost_profile else None,
         )
         self.steps.block_size = self._engine.block_size
+        self.steps.ragged = self._engine.per_row_widths  # goodput's step_mode "engine"
         self._max_prompt_chars = _max_prompt_chars(self._engine.tokenizer, c.max_seq_len)
         log.info("embedded engine %s loaded on %s", c.name, self._engine.device)
 

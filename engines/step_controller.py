@@ -180,9 +180,14 @@ class StepController:
         window_steps: int = 32,
         shared_width: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        ragged: bool = False,
     ) -> None:
         self._source = source
         self.block_size = block_size
+        # The engine's rows verify at their own widths (ragged CUDA-graph verifies or the eager
+        # packed path; the embedded backend sets it once the engine is loaded): goodput's
+        # ``step_mode: engine`` (the default) then runs ``auto``, else ``shared``.
+        self.ragged = ragged
         self._rng = rng or random.Random()
         self._window = window_steps
         self._shared_width = shared_width
@@ -290,7 +295,7 @@ class StepController:
                 width = float(padded_width(widest, newest.models.spec.verify_width_multiple))
                 drafting = float(widest > 0)
             seconds = reports[0].step_time_s
-            if newest.spec.goodput.step_mode == "auto":
+            if self.step_mode(newest) == "auto":
                 self._record_mode(newest, reports)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
@@ -449,12 +454,22 @@ class StepController:
         """A step of ``rows`` rows the policy decides together is two-phase: slots mode at
         ``slots_min_batch`` rows or more; auto mode there when its chooser says so (``decide``
         advances the chooser's schedule: the step is being planned; else it only peeks)."""
-        if not _two_phase(active, rows):
+        mode = self.step_mode(active)
+        if mode == "shared" or not _two_phase(active, rows):
             return False
-        if active.spec.goodput.step_mode != "auto":
+        if mode != "auto":
             return True
         chooser = self._mode_chooser(active)
         return chooser.decide(rows) if decide else chooser.peek(rows)
+
+    def step_mode(self, active: ActivePolicy) -> str:
+        """The goodput policy's step mode on this engine: its own, or for ``engine`` (the
+        default) ``auto`` where rows verify at their own widths and ``shared`` where a step
+        pads every row to the widest (two-phase steps could save nothing there)."""
+        mode = active.spec.goodput.step_mode
+        if mode == "engine":
+            return "auto" if self.ragged else "shared"
+        return mode
 
     def _mode_chooser(self, active: ActivePolicy) -> StepModeChooser:
         """One per engine (the modes' speeds are the engine's), rebuilt when its settings
@@ -748,18 +763,14 @@ def _ema(mean: float | None, value: float) -> float:
     return value if mean is None else mean + _HOST_EMA * (value - mean)
 
 
-def _allocates(active: ActivePolicy) -> bool:
-    """The policy asks for two-phase steps and can price them (a cost model)."""
+def _two_phase(active: ActivePolicy, rows: int) -> bool:
+    """A step of ``rows`` rows that a goodput policy with a two-phase step mode (the caller
+    checked it) decides together may be two-phase: the policy can price it (a cost model) and
+    the batch has at least ``slots_min_batch`` rows; otherwise one shared k."""
     models = active.models
     return (
         models is not None
         and models.cost is not None
         and active.spec.kind == "goodput"
-        and active.spec.goodput.step_mode in ("slots", "auto")
+        and rows >= active.spec.goodput.slots_min_batch
     )
-
-
-def _two_phase(active: ActivePolicy, rows: int) -> bool:
-    """A step of ``rows`` rows the policy decides together is two-phase (slots mode, batch
-    of at least ``slots_min_batch``); otherwise one shared k."""
-    return _allocates(active) and rows >= active.spec.goodput.slots_min_batch

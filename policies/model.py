@@ -153,7 +153,10 @@ class GoodputSpec(StrictModel):
     # (bench/step_mode_mc.py, bench/results/step_mode_mc.json: mode gaps of -5..+7%, per-step
     # noise 8-25%) the best worst case of the settings tried, 0.2-1.2% more of the best mode's
     # rate where a bucket lives ~100 steps, at most 0.1% less where it lives 2,000.
-    step_mode: Literal["shared", "slots", "auto"] = "shared"
+    # "engine" (the default): "auto" on an engine whose rows verify at their own widths
+    # (verify_mode: ragged, or the eager packed path), "shared" on one that pads a step's
+    # rows to the widest (CUDA graphs, verify_mode: padded), where two-phase steps save nothing.
+    step_mode: Literal["engine", "shared", "slots", "auto"] = "engine"
     mode_probe_steps: int = Field(default=8, ge=1)
     mode_learn_steps: int = Field(default=16, ge=1)
     mode_reprobe_steps: int = Field(default=512, ge=1)

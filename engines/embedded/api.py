@@ -53,6 +53,7 @@ class AsyncEngine:
         self._engine = engine
         self.tokenizer = tokenizer
         self.block_size = engine.block_size
+        self.per_row_widths = engine.runner.per_row_widths
         self.device = device
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         # Consumers' streams. The caller's event loop adds and removes them; the engine thread

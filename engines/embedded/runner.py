@@ -305,6 +305,12 @@ class ModelRunner:
                 self._ragged_verify, (ids, pos, index), pool
             )
 
+    @property
+    def per_row_widths(self) -> bool:
+        """Whether a step's rows verify at their own widths (ragged CUDA-graph verifies, or the
+        eager packed path), so per-row k change what a step costs."""
+        return self.pack_ragged or self.verify_mode == "ragged"
+
     @torch.inference_mode()
     def keep_faster_ragged(self, repeats: int = 3) -> list[tuple[int, int, int]]:
         """Time every ragged verify graph and the padded verify graph of its (B, W) (best of

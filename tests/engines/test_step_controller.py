@@ -294,6 +294,27 @@ def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_seco
     assert True in modes[8:40]  # ... which does come
 
 
+def test_the_default_step_mode_follows_the_engine() -> None:
+    """``step_mode: engine`` (the default) is auto where the engine's rows verify at their own
+    widths (two-phase steps then at ``slots_min_batch`` rows, measured against one phase) and
+    shared where a step pads its rows to the widest (never two-phase: nothing to save)."""
+    goodput = QUIET.model_copy(update={"slots_min_batch": 2})
+    assert GoodputSpec().step_mode == "engine"
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    views = [_view("a", 3, 2, [4, 4, 4]), _view("b", 3, 2, [4, 4, 4])]
+    planned = {}
+    for ragged in (False, True):
+        models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
+        active = Active(1, spec, build_policy(spec), models)
+        controller = StepController(Source(active), 16, random.Random(0), ragged=ragged)
+        assert controller.step_mode(active) == ("auto" if ragged else "shared")
+        rows = [controller.start(Task.MATH, 0.9, 7) for _ in views]
+        planned[ragged] = [controller.plan(views, rows) for _ in range(3)]
+        assert controller.allocates() == ragged  # auto learns two-phase first
+    assert len({k for ks in planned[False] for k in ks}) == 1  # one shared k
+    assert planned[True][0] == [15, 15]  # every row drafts whole, then allocates
+
+
 def test_shared_mode_never_allocates_and_slots_need_a_cost_model() -> None:
     controller = StepController(Source(_goodput()), 16, random.Random(0))
     steps = controller.start(Task.MATH, 0.9, 7)

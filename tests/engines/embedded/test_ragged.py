@@ -113,6 +113,19 @@ def graph_runner(pair: tuple[Path, Path], mode: VerifyMode, max_batch: int = 4) 
     )
 
 
+def test_a_runner_says_whether_its_rows_verify_at_their_own_widths(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """What goodput's default step mode follows (``StepController.ragged``): the eager packed
+    path and ragged graphs verify each row at its own width, padded graphs do not."""
+    eager = load_runner(*agreeing_pair, torch.device("cpu"), 2, 64)
+    assert eager.per_row_widths
+    padded = graph_runner(agreeing_pair, "padded", max_batch=2)
+    assert not padded.per_row_widths
+    padded.verify_mode = "ragged"  # switched after capture, as the benchmarks do
+    assert padded.per_row_widths
+
+
 def test_the_runner_times_its_graphs_and_keeps_only_ragged_ones_faster_than_padded(
     agreeing_pair: tuple[Path, Path],
 ) -> None:
