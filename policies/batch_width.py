@@ -119,21 +119,18 @@ class RowWindows:
         # or rows with none: one cell per engine step, oldest first; row i ran the step j back
         # when it brought at least j new steps, else the cell holds zeros for it.
         span = min(max(int(new.max()), 1), self.size)
-        full = new >= span  # rows that bring a whole span of steps: read in one array
-        if bool(full.all()):  # the usual spaced call: every row stayed
-            ks = np.array([row[-span:] for row in spec_tokens], np.intp)
-            lengths = np.array([row[-span:] for row in accept_lengths], np.intp)
-        else:
-            ks = np.zeros((count, span), np.intp)
-            lengths = np.ones((count, span), np.intp)
-            stayed = np.flatnonzero(full & (new <= self.size)).tolist()
-            if stayed:
-                ks[stayed] = [spec_tokens[i][-span:] for i in stayed]
-                lengths[stayed] = [accept_lengths[i][-span:] for i in stayed]
-            for i in np.flatnonzero((new >= 1) & (new < span)).tolist():  # joined since
-                n = int(new[i])
-                ks[i, span - n :] = spec_tokens[i][-n:]
-                lengths[i, span - n :] = accept_lengths[i][-n:]
+        ks = np.zeros((count, span), np.intp)
+        lengths = np.ones((count, span), np.intp)
+        # Rows that bring a whole span of steps (the usual spaced call: all of them) in one
+        # array each; rows that joined since, one by one.
+        stayed = np.flatnonzero((new == span) & (new <= self.size)).tolist()
+        if stayed:
+            ks[stayed] = [spec_tokens[i][-span:] for i in stayed]
+            lengths[stayed] = [accept_lengths[i][-span:] for i in stayed]
+        for i in np.flatnonzero((new >= 1) & (new < span)).tolist():
+            n = int(new[i])
+            ks[i, span - n :] = spec_tokens[i][-n:]
+            lengths[i, span - n :] = accept_lengths[i][-n:]
         cells = (self._cell + np.arange(1, span + 1)) % self.size
         self._cell = int(cells[-1])
         entries = self._step_rows(ks, lengths)  # [rows, span, 2, positions]

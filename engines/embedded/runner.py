@@ -171,7 +171,8 @@ class ModelRunner:
         # Ragged verify graphs unpack their logits into this one buffer (each graph's own
         # output would hold B * W * vocab logits per captured token bucket).
         self._ragged_logits = torch.empty(0, device=device, dtype=dtype)
-        # Queries scattered to [B, W] for attention (finite: zeros, then earlier queries).
+        # Ragged verifies' queries, scattered into attention's grouped layout (finite: zeros,
+        # then earlier queries; Packing.grouped_queries).
         self._ragged_queries: torch.Tensor | None = None
         self._graphs: dict[tuple[str, int, int], StaticCall] = {}
         # The last step's two-phase wait on the host clock: (blocked on the draft's confidence,
