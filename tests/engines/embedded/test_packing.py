@@ -117,3 +117,54 @@ def test_mixed_k_steps_emit_the_same_tokens_packed_or_padded(
             engine.step()
         outputs.append([(r.output_ids, r.accept_lengths) for r in requests])
     assert outputs[0] == outputs[1]
+
+
+@torch.inference_mode()
+def test_flex_attention_matches_the_dense_mask_and_reads_only_the_used_key_blocks() -> None:
+    """FlexAttention (``TargetModel.attention == "flex"``) computes what SDPA with the dense
+    mask computes, on the padded layout and on the packed path's grouped queries; and each
+    row stops at the key block holding its last position: NaN keys and values past that
+    block (cache slots a row never wrote) leave its output finite and unchanged."""
+    from engines.embedded.layers import (
+        FLEX_BLOCK,
+        attention_mask,
+        cached_attention,
+        flex_blocks,
+        grouped_attention,
+    )
+    from engines.embedded.ragged import ragged_index
+
+    gen = torch.Generator().manual_seed(5)
+    batch, width, heads, kv_heads, dim = 3, 4, 8, 2, 16
+    keys = 3 * FLEX_BLOCK + 40  # not a multiple of the block
+    q = torch.randn(batch, width, heads, dim, generator=gen)
+    k_cache, v_cache = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in "kv")
+    starts = torch.tensor([[5], [FLEX_BLOCK + 70], [3 * FLEX_BLOCK + 20]])
+    positions = starts + torch.arange(width)
+    visible = torch.arange(keys)[None, None, :] <= positions[:, :, None]
+    want = cached_attention(q, k_cache, v_cache, attention_mask(visible, heads, kv_heads))
+    blocks = flex_blocks(positions, keys)
+    assert blocks.kv_num_blocks[:, 0, 0].tolist() == [1, 2, 4]
+    torch.testing.assert_close(cached_attention(q, k_cache, v_cache, blocks), want)
+    # Compiled (as the engine runs it; eagerly FlexAttention applies the table as a dense
+    # mask, and NaN values times zero weights would show up), with rows 0 and 1 holding
+    # garbage past their last block: the kernel never reads it.
+    for row, used in enumerate((1, 2)):
+        k_cache[row, :, used * FLEX_BLOCK :] = float("nan")
+        v_cache[row, :, used * FLEX_BLOCK :] = float("nan")
+    torch._dynamo.reset()
+    got = torch.compile(cached_attention, fullgraph=True, dynamic=False)(
+        q, k_cache, v_cache, blocks
+    )
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, want)
+    k_cache, v_cache = k_cache.nan_to_num(), v_cache.nan_to_num()
+    # The packed path: queries scattered into the grouped layout, outputs gathered back.
+    lengths = [2, 4, 1]
+    index = ragged_index(lengths, batch, width, num_tokens=9)
+    packing = Packing.from_indices((batch, width), index[0], index[1])
+    packed_q = packing.pack(q)
+    grouped = packing.grouped_queries(packed_q, kv_heads)
+    got = packing.packed_output(grouped_attention(grouped, k_cache, v_cache, blocks), heads)
+    used = sum(lengths)
+    torch.testing.assert_close(got[:, :used], packing.pack(want.view(batch, width, -1))[:, :used])
