@@ -214,24 +214,17 @@ def measure_shape(
             torch.manual_seed(0)
             models = build_models(shape, spec, device, dtype, max_seq_len + 64)
         started = time.perf_counter()
-        try:
-            runners[label] = ModelRunner(
-                *models,
-                device,
-                dtype,
-                max_batch,
-                max_seq_len,
-                True,
-                compiled,
-                compile_scope=compile_scope,
-                attention=attention,
-            )
-        except Exception as exc:  # a compiled variant that fails leaves the others measured
-            if label == "eager":
-                raise
-            logger.exception("%s %s runner failed", name, label)
-            result[f"{label}_error"] = repr(exc)[:2000]
-            continue
+        runners[label] = ModelRunner(
+            *models,
+            device,
+            dtype,
+            max_batch,
+            max_seq_len,
+            True,
+            compiled,
+            compile_scope=compile_scope,
+            attention=attention,
+        )
         result[f"{label}_start_s"] = time.perf_counter() - started
         logger.info("%s %s runner ready in %.1f s", name, label, result[f"{label}_start_s"])
     sizes = weight_bytes(runners["eager"])

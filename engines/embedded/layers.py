@@ -266,18 +266,13 @@ class FlexBlocks(NamedTuple):
     positions: torch.Tensor  # [B, W]: column c of row b sees keys <= positions[b, c]
     kv_num_blocks: torch.Tensor  # [B, 1, query blocks] int32: key blocks each row reads
     kv_indices: torch.Tensor  # [B, 1, query blocks, key blocks] int32: 0, 1, 2, ...
-    # Query heads, a plain int: the GQA group size must stay a constant under dynamic shapes
-    # (the CUDA lowering checks it is a power of two), so the head count is not derived from
-    # the grouped layout's symbolic length.
-    num_heads: int
 
 
 AttentionMask = torch.Tensor | FlexBlocks
 
 
-def flex_blocks(positions: torch.Tensor, num_keys: int, num_heads: int) -> FlexBlocks:
-    """positions [B, W]; ``num_keys``: the cache length the forward attends over;
-    ``num_heads``: the target's query heads. Each row
+def flex_blocks(positions: torch.Tensor, num_keys: int) -> FlexBlocks:
+    """positions [B, W]; ``num_keys``: the cache length the forward attends over. Each row
     reads key blocks up to the one holding its largest position (on device: no host sync,
     graphable)."""
     batch, width = positions.shape
@@ -288,7 +283,7 @@ def flex_blocks(positions: torch.Tensor, num_keys: int, num_heads: int) -> FlexB
     num = used[:, None, None].expand(batch, 1, query_blocks).contiguous()
     indices = torch.arange(key_blocks, dtype=torch.int32, device=positions.device)
     indices = indices.expand(batch, 1, query_blocks, key_blocks).contiguous()
-    return FlexBlocks(positions, num, indices, num_heads)
+    return FlexBlocks(positions, num, indices)
 
 
 def flex_grouped_attention(
@@ -299,9 +294,10 @@ def flex_grouped_attention(
     (query head h = kv_head * group + g, column c at grouped index g * W + c), so FlexAttention
     takes it as [B, heads, W, D] with grouped-query attention. The same mask as
     ``attention_mask``: key j is visible to column c of row b iff j <= positions[b, c]."""
-    positions, heads = blocks.positions, blocks.num_heads
+    positions = blocks.positions
     batch, kv_heads, grouped_len, dim = q.shape
-    width = grouped_len // (heads // kv_heads)
+    width = positions.shape[1]
+    heads = kv_heads * (grouped_len // width)
 
     def visible(
         b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor

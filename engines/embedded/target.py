@@ -133,7 +133,7 @@ class TargetModel(nn.Module):
         batch = input_ids.shape[0]
         mask: AttentionMask
         if self.attention == "flex":
-            mask = flex_blocks(positions, num_keys, self.shape.num_heads)
+            mask = flex_blocks(positions, num_keys)
         else:
             key_positions = torch.arange(num_keys, device=input_ids.device)
             visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]

@@ -143,7 +143,7 @@ def test_flex_attention_matches_the_dense_mask_and_reads_only_the_used_key_block
     positions = starts + torch.arange(width)
     visible = torch.arange(keys)[None, None, :] <= positions[:, :, None]
     want = cached_attention(q, k_cache, v_cache, attention_mask(visible, heads, kv_heads))
-    blocks = flex_blocks(positions, keys, heads)
+    blocks = flex_blocks(positions, keys)
     assert blocks.kv_num_blocks[:, 0, 0].tolist() == [1, 2, 4]
     torch.testing.assert_close(cached_attention(q, k_cache, v_cache, blocks), want)
     # Compiled (as the engine runs it; eagerly FlexAttention applies the table as a dense
