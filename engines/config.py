@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engines.embedded.events import Attention, CompileScope, VerifyMode
+from engines.embedded.events import CompileScope, VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -78,10 +78,6 @@ class EmbeddedConfig(Section):
     # CUDA-graph verifies: every row padded to the widest k, or packed to the tokens the rows
     # use (graphs keyed on a token bucket; more graphs at start-up). docs/engine.md.
     verify_mode: VerifyMode = "padded"
-    # The target's attention kernel: sdpa (a dense mask over the whole cache) or flex
-    # (FlexAttention, reading only the key blocks each row uses; compiled, so it needs
-    # torch_compile with torch_compile_scope: layer). docs/engine.md, "Attention".
-    attention: Attention = "sdpa"
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price
@@ -108,13 +104,5 @@ class EmbeddedConfig(Section):
             raise ValueError(
                 f"torch_compile_scope: {self.torch_compile_scope} only applies with "
                 "torch_compile: true; set both, or drop torch_compile_scope"
-            )
-        if self.attention == "flex" and not (
-            self.torch_compile and self.torch_compile_scope == "layer"
-        ):
-            raise ValueError(
-                "attention: flex runs fast only compiled, and every forward (prefills too) "
-                "must go through the compiled layer step: set torch_compile: true and "
-                "torch_compile_scope: layer, or attention: sdpa"
             )
         return self

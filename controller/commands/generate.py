@@ -62,13 +62,6 @@ def register(subparsers: Any) -> None:
         choices=["padded", "ragged"],
         help="CUDA-graph verifies padded to the widest k, or packed to the tokens rows use",
     )
-    parser.add_argument(
-        "--attention",
-        default="sdpa",
-        choices=["sdpa", "flex"],
-        help="the target's attention kernel: SDPA with a dense mask, or FlexAttention reading "
-        "only the key blocks each row uses (needs --compile --compile-scope layer)",
-    )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)
 
@@ -78,12 +71,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compile_scope != "forward" and not args.compile:
         logger.error("generate: --compile-scope %s only applies with --compile", args.compile_scope)
-        return 2
-    if args.attention == "flex" and not (args.compile and args.compile_scope == "layer"):
-        logger.error(
-            "generate: --attention flex runs fast only compiled: add --compile "
-            "--compile-scope layer (or use --attention sdpa)"
-        )
         return 2
     try:
         prompts = _read_prompts(args)
@@ -147,7 +134,6 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         compile_forwards=args.compile,
         compile_scope=args.compile_scope,
         verify_mode=args.verify_mode,
-        attention=args.attention,
     )
     ceiling = max_spec_tokens(engine.block_size)
     k = ceiling if args.spec_tokens is None else args.spec_tokens

@@ -18,10 +18,6 @@ VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
 # for every layer (regional compilation; ``ModelRunner``).
 CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
-# The target's attention kernel (docs/engine.md, "Attention"): PyTorch SDPA with a dense mask,
-# or FlexAttention reading only the key blocks each row uses (torch.compile'd forwards).
-Attention = Literal["sdpa", "flex"]
-ATTENTIONS: tuple[Attention, ...] = ("sdpa", "flex")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

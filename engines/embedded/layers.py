@@ -5,13 +5,9 @@ one to one.
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engines.embedded.checkpoint import ModelShape
 
@@ -218,12 +214,12 @@ def attention_mask(visible: torch.Tensor, num_heads: int, num_kv_heads: int) -> 
 
 
 def cached_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttentionMask
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """q: [B, W, heads, D]; k/v_cache: [B, kv_heads, L, D]; mask from ``attention_mask``.
 
     Grouped-query attention without copying K/V: each kv head's query group is folded into the
-    query length, so one attention call reads every cached key once. Returns [B, W, heads * D].
+    query length, so one SDPA call reads every cached key once. Returns [B, W, heads * D].
     """
     b, w, h, d = q.shape
     kvh = k_cache.shape[1]
@@ -234,86 +230,8 @@ def cached_attention(
 
 
 def grouped_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttentionMask
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """q already grouped: [B, kv_heads, group * W, D] (``cached_attention``'s layout, which
-    ``Packing.grouped_queries`` writes directly); returns the output in that layout.
-    ``mask``: a dense mask (``attention_mask``: SDPA) or ``FlexBlocks`` (FlexAttention)."""
-    if isinstance(mask, FlexBlocks):
-        return flex_grouped_attention(q, k_cache, v_cache, mask)
+    ``Packing.grouped_queries`` writes directly); returns the output in that layout."""
     return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
-
-
-# FlexAttention for the target's causal attention over the cache (``TargetModel.attention ==
-# "flex"``; meant for torch.compile'd forwards, where it becomes Triton kernels: eager it runs
-# a slow reference path). No dense [B, group * W, keys] mask: each row's positions [B, W] and
-# a block table that stops every row at the key block holding its last position, so a row
-# reads only the keys it uses (the dense mask made SDPA read the whole cache), and queries as
-# short as a decode step's use the split-KV decoding kernel (many thread blocks per row, where
-# a flash kernel with 64-query tiles gets one per row and KV head).
-FLEX_BLOCK = 128
-# BlockMask.from_kv_blocks skips the backward pass's block tables where this torch can.
-_FLEX_NO_Q_BLOCKS: dict[str, Any] = (
-    {"compute_q_blocks": False}
-    if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
-    else {}
-)
-
-
-class FlexBlocks(NamedTuple):
-    """What ``flex_grouped_attention`` needs, built once per forward (``flex_blocks``)."""
-
-    positions: torch.Tensor  # [B, W]: column c of row b sees keys <= positions[b, c]
-    kv_num_blocks: torch.Tensor  # [B, 1, query blocks] int32: key blocks each row reads
-    kv_indices: torch.Tensor  # [B, 1, query blocks, key blocks] int32: 0, 1, 2, ...
-
-
-AttentionMask = torch.Tensor | FlexBlocks
-
-
-def flex_blocks(positions: torch.Tensor, num_keys: int) -> FlexBlocks:
-    """positions [B, W]; ``num_keys``: the cache length the forward attends over. Each row
-    reads key blocks up to the one holding its largest position (on device: no host sync,
-    graphable)."""
-    batch, width = positions.shape
-    key_blocks = -(-num_keys // FLEX_BLOCK)
-    query_blocks = -(-width // FLEX_BLOCK)
-    last = positions.amax(dim=1)
-    used = torch.clamp(last // FLEX_BLOCK + 1, min=1, max=key_blocks).to(torch.int32)
-    num = used[:, None, None].expand(batch, 1, query_blocks).contiguous()
-    indices = torch.arange(key_blocks, dtype=torch.int32, device=positions.device)
-    indices = indices.expand(batch, 1, query_blocks, key_blocks).contiguous()
-    return FlexBlocks(positions, num, indices)
-
-
-def flex_grouped_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: FlexBlocks
-) -> torch.Tensor:
-    """``grouped_attention`` with FlexAttention: q [B, kv_heads, group * W, D], k/v
-    [B, kv_heads, keys, D]. The grouped layout is the head-major one viewed differently
-    (query head h = kv_head * group + g, column c at grouped index g * W + c), so FlexAttention
-    takes it as [B, heads, W, D] with grouped-query attention. The same mask as
-    ``attention_mask``: key j is visible to column c of row b iff j <= positions[b, c]."""
-    positions = blocks.positions
-    batch, kv_heads, grouped_len, dim = q.shape
-    width = positions.shape[1]
-    heads = kv_heads * (grouped_len // width)
-
-    def visible(
-        b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
-    ) -> torch.Tensor:
-        return kv_idx <= positions[b, q_idx]
-
-    mask = BlockMask.from_kv_blocks(
-        blocks.kv_num_blocks,
-        blocks.kv_indices,
-        BLOCK_SIZE=FLEX_BLOCK,
-        mask_mod=visible,
-        seq_lengths=(width, k_cache.shape[2]),
-        **_FLEX_NO_Q_BLOCKS,
-    )
-    out = flex_attention(
-        q.reshape(batch, heads, width, dim), k_cache, v_cache, block_mask=mask, enable_gqa=True
-    )
-    assert isinstance(out, torch.Tensor)
-    return out.view(batch, kv_heads, grouped_len, dim)

@@ -9,10 +9,8 @@ import torch
 from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
-from engines.embedded.events import Attention
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
-    AttentionMask,
     DecoderLayer,
     RMSNorm,
     Rotary,
@@ -20,7 +18,6 @@ from engines.embedded.layers import (
     cache_rows,
     cached_attention,
     decoder_layers,
-    flex_blocks,
     grouped_attention,
     load_strict,
     write_cache,
@@ -40,7 +37,7 @@ def target_layer_step(
     packed: tuple[torch.Tensor, torch.Tensor] | None,
     packing: Packing | None,
     slots: torch.Tensor | None,
-    mask: AttentionMask,
+    mask: torch.Tensor,
     num_keys: int,
 ) -> torch.Tensor:
     """One decoder layer of ``TargetModel.forward``: its K/V written into the layer's cache
@@ -80,9 +77,6 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
-        # The attention kernel: "sdpa" (a dense mask) or "flex" (FlexAttention, reading only
-        # the key blocks each row uses; for torch.compile'd forwards: layers.flex_blocks).
-        self.attention: Attention = "sdpa"
 
     # One decoder layer's step (``target_layer_step``); ``compile_layers`` swaps in its
     # compiled form.
@@ -131,13 +125,9 @@ class TargetModel(nn.Module):
         ``[1, N, ...]``."""
         num_keys = num_keys or cache.max_len
         batch = input_ids.shape[0]
-        mask: AttentionMask
-        if self.attention == "flex":
-            mask = flex_blocks(positions, num_keys)
-        else:
-            key_positions = torch.arange(num_keys, device=input_ids.device)
-            visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
-            mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
+        key_positions = torch.arange(num_keys, device=input_ids.device)
+        visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
+        mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
         h = self.embed_tokens(pack(input_ids, packing))
         # Packed: norms, RoPE and cache writes on the N packed tokens, attention at [B, W].
         token_positions = pack(positions, packing)

@@ -72,25 +72,6 @@ def test_a_compile_scope_without_torch_compile_is_a_config_problem() -> None:
     assert "torch_compile_scope" in problem and "'forward' or 'layer'" in problem
 
 
-def test_flex_attention_needs_the_compiled_layer_step() -> None:
-    text = (
-        "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"
-        "     device: cuda, attention: flex}\n"
-    )
-    (problem,) = _problems(text)
-    assert "attention: flex runs fast only compiled" in problem
-    assert "torch_compile_scope: layer" in problem
-    (problem,) = _problems(text.replace("flex}", "flex, torch_compile: true}"))
-    assert "attention: flex runs fast only compiled" in problem  # scope forward: refused too
-    on = parse_config(
-        text.replace("flex}", "flex, torch_compile: true, torch_compile_scope: layer}"),
-        Path("/cfg"),
-    )
-    assert on.backends[0].attention == "flex"  # type: ignore[union-attr]
-    (problem,) = _problems(text.replace("flex}", "dense}"))
-    assert "attention" in problem and "'sdpa' or 'flex'" in problem
-
-
 def test_verify_mode_defaults_to_padded_and_names_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]
