@@ -75,9 +75,10 @@ class EmbeddedConfig(Section):
     # What torch_compile compiles: each forward whole, or the target's decoder-layer step
     # once for all its layers (regional: start-up does not grow with depth). docs/engine.md.
     torch_compile_scope: CompileScope = "forward"
-    # CUDA-graph verifies: every row padded to the widest k, or packed to the tokens the rows
-    # use (graphs keyed on a token bucket; more graphs at start-up). docs/engine.md.
-    verify_mode: VerifyMode = "padded"
+    # CUDA-graph verifies: packed to the tokens the rows use (graphs keyed on a token bucket,
+    # each kept only where faster than the padded graph; more graphs at start-up), or every
+    # row padded to the widest k. docs/engine.md.
+    verify_mode: VerifyMode = "ragged"
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price

@@ -58,9 +58,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--verify-mode",
-        default="padded",
+        default="ragged",
         choices=["padded", "ragged"],
-        help="CUDA-graph verifies padded to the widest k, or packed to the tokens rows use",
+        help="CUDA-graph verifies packed to the tokens rows use (default), or padded to the "
+        "widest k",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)

@@ -84,7 +84,7 @@ class AsyncEngine:
         synthetic: SyntheticAcceptance | None = None,
         planner: StepPlanner | None = None,
         before_serving: Callable[[Engine], None] | None = None,
-        verify_mode: VerifyMode = "padded",
+        verify_mode: VerifyMode = "ragged",
         compile_scope: CompileScope = "forward",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.

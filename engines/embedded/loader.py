@@ -77,11 +77,13 @@ def load_runner(
     dtype: torch.dtype | None = None,
     compile_forwards: bool = False,
     synthetic: SyntheticAcceptance | None = None,
-    verify_mode: VerifyMode = "padded",
+    verify_mode: VerifyMode = "ragged",
     compile_scope: CompileScope = "forward",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
-    ``verify_mode``: how CUDA-graph verifies run; ``compile_scope``: what ``compile_forwards``
+    ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
+    ragged buckets slower than the padded graph dropped at start-up; no effect without CUDA
+    graphs, where steps are packed anyway); ``compile_scope``: what ``compile_forwards``
     compiles (``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)

@@ -72,12 +72,12 @@ def test_a_compile_scope_without_torch_compile_is_a_config_problem() -> None:
     assert "torch_compile_scope" in problem and "'forward' or 'layer'" in problem
 
 
-def test_verify_mode_defaults_to_padded_and_names_a_bad_value() -> None:
+def test_verify_mode_defaults_to_ragged_and_names_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]
-    assert isinstance(backend, EmbeddedConfig) and backend.verify_mode == "padded"
-    ragged = parse_config(text.replace("d}", "d, verify_mode: ragged}"), Path("/cfg"))
-    assert ragged.backends[0].verify_mode == "ragged"  # type: ignore[union-attr]
+    assert isinstance(backend, EmbeddedConfig) and backend.verify_mode == "ragged"
+    padded = parse_config(text.replace("d}", "d, verify_mode: padded}"), Path("/cfg"))
+    assert padded.backends[0].verify_mode == "padded"  # type: ignore[union-attr]
     (problem,) = _problems(text.replace("d}", "d, verify_mode: packed}"))
     assert problem == (
         "backends.0.verify_mode: Input should be 'padded' or 'ragged' (got 'packed') (line 2)"
