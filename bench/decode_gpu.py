@@ -25,10 +25,14 @@ the weights above plus every row's used keys and values (the prompt's, target la
 once. ``--no-compile`` skips the compiled runner (its start-up took ~4 minutes).
 ``--compile-scope layer``: the compiled runner compiles the target's decoder-layer step once
 for all layers (regional compilation) on its own copy of the models; ``compiled_start_s`` is
-then what issue #16's "compiled start-up <= 60 s" asks about.
+then what issue #16's "compiled start-up <= 60 s" asks about. ``--attention sdpa,triton``: an
+eager and a compiled runner per attention kernel besides the eager SDPA reference, each on
+its own copy of the models (``eager_triton``, ``compiled_triton``: the split-KV Triton
+attention; ``step_ms_eager_triton`` / ``step_ms_compiled_triton`` in the batch table; every
+runner's logits and engine tokens against the eager SDPA reference).
 
     python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
-        [--compile-scope forward|layer]
+        [--compile-scope forward|layer] [--attention sdpa,triton]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
 process would: otherwise the second shape's compiles count against the first's recompile
@@ -56,7 +60,7 @@ from engine_gpu import hbm_bandwidth_bytes_per_s, identical_prefix, run_engine, 
 
 from engines.embedded.cuda_graphs import GraphedCall
 from engines.embedded.engine import Engine
-from engines.embedded.events import COMPILE_SCOPES, CompileScope
+from engines.embedded.events import ATTENTIONS, COMPILE_SCOPES, Attention, CompileScope
 from engines.embedded.loader import build_models
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
@@ -184,6 +188,7 @@ def measure_shape(
     batches: list[int] | None = None,
     compile_too: bool = True,
     compile_scope: CompileScope = "forward",
+    attentions: tuple[Attention, ...] = ("sdpa",),
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -199,25 +204,39 @@ def measure_shape(
     max_batch = max(batches)
     if any(b not in GRAPH_BATCH_SIZES for b in batches):
         raise ValueError(f"batch sizes must be captured ones {GRAPH_BATCH_SIZES}, got {batches}")
-    modes = (("eager", False), ("compiled", True)) if compile_too else (("eager", False),)
-    for label, compiled in modes:
+    # The reference (eager kernels, SDPA) first; every other runner on its own copy of the
+    # models (same seed, same weights): regional compilation swaps the target's layer step and
+    # the attention kernel is a model attribute.
+    modes: list[tuple[str, bool, Attention]] = [("eager", False, "sdpa")]
+    for attention in attentions:
+        if attention != "sdpa":
+            modes.append((runner_label(False, attention), False, attention))
+        if compile_too:
+            modes.append((runner_label(True, attention), True, attention))
+    for label, compiled, attention in modes:
         models = (target, draft)
-        if compiled and compile_scope == "layer":
-            # Regional compilation swaps the target's layer step for a compiled one: on its
-            # own copy of the models (same seed, same weights), so the eager runner stays eager.
+        if label != "eager":
             torch.manual_seed(0)
             models = build_models(shape, spec, device, dtype, max_seq_len + 64)
         started = time.perf_counter()
-        runners[label] = ModelRunner(
-            *models,
-            device,
-            dtype,
-            max_batch,
-            max_seq_len,
-            True,
-            compiled,
-            compile_scope=compile_scope,
-        )
+        try:
+            runners[label] = ModelRunner(
+                *models,
+                device,
+                dtype,
+                max_batch,
+                max_seq_len,
+                True,
+                compiled,
+                compile_scope=compile_scope,
+                attention=attention,
+            )
+        except Exception as exc:  # a variant that fails leaves the others measured
+            if label == "eager":
+                raise
+            logger.exception("%s %s runner failed", name, label)
+            result[f"{label}_error"] = repr(exc)[:2000]
+            continue
         result[f"{label}_start_s"] = time.perf_counter() - started
         logger.info("%s %s runner ready in %.1f s", name, label, result[f"{label}_start_s"])
     sizes = weight_bytes(runners["eager"])
@@ -233,23 +252,27 @@ def measure_shape(
     weights = sizes["target"] + sizes["draft_context"]
     with torch.inference_mode():
         result["batch"] = measure_batches(runners["eager"], batches, weights, bandwidth)
-        if "compiled" in runners:
-            compiled_batches = measure_batches(runners["compiled"], batches, weights, bandwidth)
+        for label in runners:
+            if label == "eager":
+                continue
+            compiled_batches = measure_batches(runners[label], batches, weights, bandwidth)
             for batch, cell in compiled_batches.items():
-                result["batch"][batch]["step_ms_compiled"] = cell["step_ms"]
+                result["batch"][batch][f"step_ms_{label}"] = cell["step_ms"]
     logger.info("%s per batch: %s", name, result["batch"])
-    if "compiled" not in runners:
+    eager_ids = {key: result["eager"][key].pop("output_ids") for key in ("engine_k0", "engine_k15")}
+    for label in runners:
+        if label == "eager":
+            continue
+        versus = result[f"{label}_vs_eager"] = {
+            f"verify_{w}_logits": compare_logits(runners["eager"], runners[label], w)
+            for w in (1, 16)
+        }
+        for key in ("engine_k0", "engine_k15"):
+            versus[f"{key}_identical_prefix_tokens"] = identical_prefix(
+                eager_ids[key], result[label][key].pop("output_ids")
+            )
+    if len(runners) == 1:
         return result
-    result["compiled_vs_eager"] = {
-        f"verify_{w}_logits": compare_logits(runners["eager"], runners["compiled"], w)
-        for w in (1, 16)
-    }
-    for key in ("engine_k0", "engine_k15"):
-        eager_ids = result["eager"][key].pop("output_ids")
-        compiled_ids = result["compiled"][key].pop("output_ids")
-        result["compiled_vs_eager"][f"{key}_identical_prefix_tokens"] = identical_prefix(
-            eager_ids, compiled_ids
-        )
     result["dynamo"] = {
         "unique_graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
@@ -257,6 +280,12 @@ def measure_shape(
     del runners, target, draft
     torch.cuda.empty_cache()
     return result
+
+
+def runner_label(compiled: bool, attention: Attention) -> str:
+    """eager, compiled (SDPA), eager_triton, compiled_triton."""
+    kernels = "compiled" if compiled else "eager"
+    return kernels if attention == "sdpa" else f"{kernels}_{attention}"
 
 
 def main() -> int:
@@ -274,8 +303,17 @@ def main() -> int:
         help="what the compiled runner compiles: each forward whole, or the target's layer "
         "step once for all layers (regional; its start-up is compiled_start_s)",
     )
+    parser.add_argument(
+        "--attention",
+        default="sdpa",
+        help="comma-separated attention kernels, one compiled runner each: "
+        + ", ".join(ATTENTIONS),
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    attentions = tuple(args.attention.split(","))
+    if unknown := [a for a in attentions if a not in ATTENTIONS]:
+        parser.error(f"--attention: unknown {unknown}; use {', '.join(ATTENTIONS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (CUDA graphs)")
@@ -298,6 +336,7 @@ def main() -> int:
                 batches,
                 not args.no_compile,
                 args.compile_scope,
+                attentions,  # type: ignore[arg-type]
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)

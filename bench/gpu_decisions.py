@@ -42,7 +42,7 @@ from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
-from engines.embedded.events import COMPILE_SCOPES, VERIFY_MODES
+from engines.embedded.events import ATTENTIONS, COMPILE_SCOPES, VERIFY_MODES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -100,6 +100,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "start-up on the H200 8B shape; forward: each forward whole, ~4 min); CUDA only; the "
         "arm info records it, so such calls pool only with each other",
     )
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="sdpa",
+        help="the target's attention kernel in steps (triton: the split-KV kernel reading only "
+        "the keys each row uses); the arm info records triton",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",
@@ -128,6 +135,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--arm is required (or --merge)")
     if args.compile_scope != "off" and args.device != "cuda":
         parser.error("--compile-scope needs --device cuda (compiled forwards run as CUDA graphs)")
+    if args.attention == "triton" and args.device != "cuda":
+        parser.error("--attention triton needs --device cuda")
     for name in args.policies.split(","):
         _, at, engine = name.strip().partition("@")
         if at and (engine != "padded" or args.verify_mode != "ragged"):

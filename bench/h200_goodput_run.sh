@@ -12,6 +12,7 @@
 #      two-phase settings then check ragged against plain decoding on this trained pair);
 #      LABEL names the arm, POLICIES picks the policies (bench/gpu_decisions.py --help),
 #      COMPILE_SCOPE=layer runs the arm on torch.compile'd forwards (regional);
+#      ATTENTION=triton on the split-KV Triton attention (engines/embedded/decode_attention.py);
 #   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
@@ -110,7 +111,7 @@ say "bench: real-pair arm, ${LEFT}s left"
   --scale "${SCALE:-0.5}" --repeats "${REPEATS:-3}" --budget-s "$LEFT" \
   --exactness-prompts "${EXACTNESS:-256}" --verify-mode "${VERIFY_MODE:-padded}" \
   ${LABEL:+--label "$LABEL"} ${POLICIES:+--policies "$POLICIES"} \
-  ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} \
+  ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"

@@ -45,7 +45,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.embedded.cuda_graphs import padded_size
-from engines.embedded.events import VERIFY_MODES, SamplingParams, VerifyMode
+from engines.embedded.events import (
+    ATTENTIONS,
+    COMPILE_SCOPES,
+    VERIFY_MODES,
+    SamplingParams,
+    VerifyMode,
+)
 from engines.embedded.loader import build_models
 from engines.embedded.ragged import RaggedShapes
 from engines.embedded.request import Request
@@ -142,6 +148,8 @@ class Bench:
             max_seq_len,
             use_cuda_graphs=True,
             compile_forwards=args.compile,
+            compile_scope=args.compile_scope,
+            attention=args.attention,
             verify_mode="ragged",
             prune_ragged=False,  # every bucket measured here; section 5 prunes as the engine does
         )
@@ -158,6 +166,8 @@ class Bench:
             "context_len": args.context_len,
             "max_batch_size": max_batch,
             "compiled": args.compile,
+            "compile_scope": args.compile_scope,
+            "attention": args.attention,
             "build_models_s": round(built_s, 2),
             "capture_s": {k: round(v, 2) for k, v in runner.capture_s.items()},
             "num_graphs": {"padded": len(runner._graphs), "ragged": len(runner._ragged_graphs)},
@@ -494,6 +504,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
     parser.add_argument("--margin", type=float, default=0.125, help="decided top-2 logit margin")
     parser.add_argument("--compile", action="store_true", help="torch.compile before capture")
+    parser.add_argument(
+        "--compile-scope",
+        choices=COMPILE_SCOPES,
+        default="forward",
+        help="with --compile: each forward whole, or the layer steps once (regional)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="sdpa",
+        help="the target's attention kernel in steps (triton: the split-KV kernel; CUDA)",
+    )
     parser.add_argument("--budget-s", type=float, default=270.0, help="skip work past this")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

@@ -7,7 +7,8 @@ width 8, about the same tokens: issue #16's "ragged within 5% of padded at equal
 and (batch 1) the plain decode step. Each case is timed as a CUDA-graph replay (what the
 engine runs) and profiled eagerly with ``torch.profiler``; kernels are grouped into GEMM,
 attention, normalisation, index (gathers, scatters, cache writes), elementwise and other,
-and the largest are listed.
+and the largest are listed. The one-layer attention cases also time the split-KV Triton
+attention (``attention: triton``) at the widest width and at width 1, beside SDPA.
 Two levers are timed beside the engine's own forward: attention reading only the keys the
 rows use (``num_keys`` rounded to 64) instead of the whole cache, and each SDPA backend on
 the step's masked attention call.
@@ -36,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.embedded.kv_cache import KVCache
-from engines.embedded.layers import attention_mask, cached_attention
+from engines.embedded.layers import KeyPositions, attention_mask, cached_attention
 from engines.embedded.loader import build_models
 from engines.embedded.packing import Packing
 from engines.embedded.ragged import ragged_index
@@ -315,6 +316,34 @@ def main() -> None:
                         backends[label] = round(ms, 4)
                     except Exception as exc:  # a backend that refuses these inputs
                         backends[label] = f"unsupported: {str(exc).splitlines()[0][:120]}"
+            # The split-KV Triton attention (attention: triton), at the widest width and at
+            # width 1 (a plain decode step), beside SDPA's default at width 1.
+            for w in (width, 1):
+                seen = torch.arange(args.cache_len, device=device)[None, None, :]
+                dense = attention_mask(seen <= pos[:, :w, None], heads, kv_heads)
+                for kernel in ("triton", "default") if w == 1 else ("triton",):
+
+                    def attend(
+                        kernel: str = kernel,
+                        w: int = w,
+                        q: torch.Tensor = q,
+                        k_all: torch.Tensor = k_all,
+                        v_all: torch.Tensor = v_all,
+                        pos: torch.Tensor = pos,
+                        dense: torch.Tensor = dense,
+                    ) -> torch.Tensor:
+                        k, v = k_all[:, :, : args.cache_len], v_all[:, :, : args.cache_len]
+                        if kernel == "triton":
+                            return cached_attention(q[:, :w], k, v, KeyPositions(pos[:, :w]))
+                        return cached_attention(q[:, :w], k, v, dense)
+
+                    label = f"{kernel} W={w} keys={args.cache_len}"
+                    try:
+                        backends[label] = round(
+                            timed_ms(graphed(attend, device), device, args.repeats), 4
+                        )
+                    except Exception as exc:  # keep the other figures
+                        backends[label] = f"failed: {str(exc).splitlines()[0][:160]}"
             report["cases"][f"attention {batch}x{width} (one layer)"] = backends
             print(f"attention {batch}x{width}: {backends}", flush=True)
         report["first_use"] = first_use(shape, device, dtype)

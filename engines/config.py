@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engines.embedded.events import CompileScope, VerifyMode
+from engines.embedded.events import Attention, CompileScope, VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -79,6 +79,10 @@ class EmbeddedConfig(Section):
     # each kept only where faster than the padded graph; more graphs at start-up), or every
     # row padded to the widest k. docs/engine.md.
     verify_mode: VerifyMode = "ragged"
+    # The target's attention kernel: sdpa (PyTorch SDPA with a dense mask over the whole
+    # cache) or triton (a split-KV Triton kernel reading only the keys each row uses; CUDA
+    # only). docs/engine.md, "Attention".
+    attention: Attention = "sdpa"
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price
@@ -105,5 +109,9 @@ class EmbeddedConfig(Section):
             raise ValueError(
                 f"torch_compile_scope: {self.torch_compile_scope} only applies with "
                 "torch_compile: true; set both, or drop torch_compile_scope"
+            )
+        if self.attention == "triton" and self.device == "cpu":
+            raise ValueError(
+                "attention: triton runs on CUDA (a Triton kernel); use attention: sdpa on cpu"
             )
         return self

@@ -146,6 +146,7 @@ class EmbeddedEngineBackend:
             compile_forwards=c.torch_compile,
             compile_scope=c.torch_compile_scope,
             verify_mode=c.verify_mode,
+            attention=c.attention,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

@@ -142,6 +142,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         "shape": args.arm,
         "verify_mode": args.verify_mode,
         **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
+        **({"attention": args.attention} if args.attention != "sdpa" else {}),
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
@@ -190,6 +191,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         "draft": str(args.draft),
         "verify_mode": args.verify_mode,
         **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
+        **({"attention": args.attention} if args.attention != "sdpa" else {}),
         "block_size": runner.block_size,
         "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
         "measured_rates": _rounded(rates),
@@ -202,10 +204,15 @@ def _real_pair(args: argparse.Namespace) -> Arm:
 
 
 def _compile(args: argparse.Namespace) -> dict[str, Any]:
-    """The runner's torch.compile arguments for ``--compile-scope`` (off: eager kernels)."""
+    """The runner's kernel arguments: torch.compile for ``--compile-scope`` (off: eager
+    kernels) and the attention kernel (``--attention``)."""
     if args.compile_scope == "off":
-        return {}
-    return {"compile_forwards": True, "compile_scope": args.compile_scope}
+        return {"attention": args.attention}
+    return {
+        "compile_forwards": True,
+        "compile_scope": args.compile_scope,
+        "attention": args.attention,
+    }
 
 
 def _context(

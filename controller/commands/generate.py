@@ -63,6 +63,13 @@ def register(subparsers: Any) -> None:
         help="CUDA-graph verifies packed to the tokens rows use (default), or padded to the "
         "widest k",
     )
+    parser.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=["sdpa", "triton"],
+        help="the target's attention kernel: SDPA with a dense mask, or a split-KV Triton "
+        "kernel reading only the keys each row uses (CUDA only)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)
 
@@ -72,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compile_scope != "forward" and not args.compile:
         logger.error("generate: --compile-scope %s only applies with --compile", args.compile_scope)
+        return 2
+    if args.attention == "triton" and args.device == "cpu":
+        logger.error("generate: --attention triton runs on CUDA; use --attention sdpa on cpu")
         return 2
     try:
         prompts = _read_prompts(args)
@@ -135,6 +145,7 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         compile_forwards=args.compile,
         compile_scope=args.compile_scope,
         verify_mode=args.verify_mode,
+        attention=args.attention,
     )
     ceiling = max_spec_tokens(engine.block_size)
     k = ceiling if args.spec_tokens is None else args.spec_tokens

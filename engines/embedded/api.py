@@ -26,6 +26,7 @@ from typing import Any
 
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
+    Attention,
     CompileScope,
     RequestFailed,
     SamplingParams,
@@ -86,6 +87,7 @@ class AsyncEngine:
         before_serving: Callable[[Engine], None] | None = None,
         verify_mode: VerifyMode = "ragged",
         compile_scope: CompileScope = "forward",
+        attention: Attention = "sdpa",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -93,7 +95,8 @@ class AsyncEngine:
         ``before_serving``: runs on the loaded, idle engine before its thread starts (the
         start-up cost profile). ``verify_mode``: ``padded`` or ``ragged`` CUDA-graph verifies
         (docs/engine.md, "Ragged verify on CUDA"); ``compile_scope``: what
-        ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md)."""
+        ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md); ``attention``: the
+        target's attention kernel in steps (``sdpa`` or ``triton``, docs/engine.md)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -108,6 +111,7 @@ class AsyncEngine:
             synthetic=synthetic,
             verify_mode=verify_mode,
             compile_scope=compile_scope,
+            attention=attention,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

@@ -18,6 +18,10 @@ VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
 # for every layer (regional compilation; ``ModelRunner``).
 CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
+# The target's attention kernel (docs/engine.md, "Attention"): PyTorch SDPA with a dense mask,
+# or a split-KV Triton kernel reading only the keys each row uses (decode_attention.py).
+Attention = Literal["sdpa", "triton"]
+ATTENTIONS: tuple[Attention, ...] = ("sdpa", "triton")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

@@ -5,11 +5,14 @@ one to one.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
+from engines.embedded.decode_attention import grouped_decode_attention
 
 
 class RMSNorm(nn.Module):
@@ -214,12 +217,12 @@ def attention_mask(visible: torch.Tensor, num_heads: int, num_kv_heads: int) -> 
 
 
 def cached_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttentionMask
 ) -> torch.Tensor:
     """q: [B, W, heads, D]; k/v_cache: [B, kv_heads, L, D]; mask from ``attention_mask``.
 
     Grouped-query attention without copying K/V: each kv head's query group is folded into the
-    query length, so one SDPA call reads every cached key once. Returns [B, W, heads * D].
+    query length, so one attention call reads every cached key once. Returns [B, W, heads * D].
     """
     b, w, h, d = q.shape
     kvh = k_cache.shape[1]
@@ -230,8 +233,23 @@ def cached_attention(
 
 
 def grouped_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: AttentionMask
 ) -> torch.Tensor:
     """q already grouped: [B, kv_heads, group * W, D] (``cached_attention``'s layout, which
-    ``Packing.grouped_queries`` writes directly); returns the output in that layout."""
+    ``Packing.grouped_queries`` writes directly); returns the output in that layout.
+    ``mask``: a dense mask (``attention_mask``: SDPA) or ``KeyPositions`` (the split-KV
+    Triton kernel, decode_attention.py)."""
+    if isinstance(mask, KeyPositions):
+        return grouped_decode_attention(q, k_cache, v_cache, mask.positions)
     return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+
+
+class KeyPositions(NamedTuple):
+    """The causal mask as the Triton attention takes it (``TargetModel.attention ==
+    "triton"``): key j is visible to column c of row b iff j <= positions[b, c] — the same
+    mask ``attention_mask`` builds densely, without the [B, group * W, keys] tensor."""
+
+    positions: torch.Tensor  # [B, W]
+
+
+AttentionMask = torch.Tensor | KeyPositions

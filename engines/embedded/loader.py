@@ -15,7 +15,7 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import CompileScope, VerifyMode
+from engines.embedded.events import Attention, CompileScope, VerifyMode
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -79,12 +79,13 @@ def load_runner(
     synthetic: SyntheticAcceptance | None = None,
     verify_mode: VerifyMode = "ragged",
     compile_scope: CompileScope = "forward",
+    attention: Attention = "sdpa",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
     ragged buckets slower than the padded graph dropped at start-up; no effect without CUDA
     graphs, where steps are packed anyway); ``compile_scope``: what ``compile_forwards``
-    compiles (``ModelRunner``)."""
+    compiles; ``attention``: the target's attention kernel (``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -100,7 +101,8 @@ def load_runner(
     )
     graphs = device.type == "cuda" if use_cuda_graphs is None else use_cuda_graphs
     logger.info(
-        "loaded target %s and draft %s on %s (%s, cuda graphs: %s, compiled: %s, verify: %s)",
+        "loaded target %s and draft %s on %s (%s, cuda graphs: %s, compiled: %s, verify: %s, "
+        "attention: %s)",
         target_dir,
         draft_dir,
         device,
@@ -108,6 +110,7 @@ def load_runner(
         graphs,
         compile_scope if compile_forwards else False,
         verify_mode,
+        attention,
     )
     return ModelRunner(
         target,
@@ -121,4 +124,5 @@ def load_runner(
         synthetic=synthetic,
         verify_mode=verify_mode,
         compile_scope=compile_scope,
+        attention=attention,
     )

@@ -21,8 +21,16 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
+from engines.embedded.decode_attention import triton_interpreted
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import COMPILE_SCOPES, VERIFY_MODES, CompileScope, VerifyMode
+from engines.embedded.events import (
+    ATTENTIONS,
+    COMPILE_SCOPES,
+    VERIFY_MODES,
+    Attention,
+    CompileScope,
+    VerifyMode,
+)
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.packing import Packing, unpack
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
@@ -94,6 +102,7 @@ class ModelRunner:
         verify_mode: VerifyMode = "padded",
         compile_scope: CompileScope = "forward",
         prune_ragged: bool | None = None,
+        attention: Attention = "sdpa",
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -104,7 +113,16 @@ class ModelRunner:
         compilation: start-up no longer grows with the depth); the glue stays eager.
         ``prune_ragged`` (ragged graph runners; default: on a CUDA device): time every graph
         after capture and drop the ragged buckets slower than their padded graph
-        (``keep_faster_ragged``)."""
+        (``keep_faster_ragged``). ``attention``: the target's attention kernel in steps,
+        ``sdpa`` or ``triton`` (the split-KV kernel of decode_attention.py, reading only the
+        keys each row uses; CUDA, or the CPU under ``TRITON_INTERPRET=1`` for tests)."""
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTIONS)}")
+        if attention == "triton" and device.type != "cuda" and not triton_interpreted():
+            raise ValueError(
+                f"attention='triton' runs on CUDA, not {device.type} (tests run it on the CPU "
+                "with TRITON_INTERPRET=1); use attention='sdpa'"
+            )
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(
                 f"compile_scope={compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"
@@ -112,6 +130,7 @@ class ModelRunner:
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"verify_mode={verify_mode!r}: use one of {', '.join(VERIFY_MODES)}")
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
+        target.attention = self.attention = attention
         # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
         # into a few kernels; the graphs below then capture the compiled forwards. Costs a
         # compile per distinct shape class at start-up (see docs/engine.md).

@@ -9,9 +9,13 @@ import torch
 from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
+from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
+from engines.embedded.events import Attention
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
+    AttentionMask,
     DecoderLayer,
+    KeyPositions,
     RMSNorm,
     Rotary,
     attention_mask,
@@ -37,7 +41,7 @@ def target_layer_step(
     packed: tuple[torch.Tensor, torch.Tensor] | None,
     packing: Packing | None,
     slots: torch.Tensor | None,
-    mask: torch.Tensor,
+    mask: AttentionMask,
     num_keys: int,
 ) -> torch.Tensor:
     """One decoder layer of ``TargetModel.forward``: its K/V written into the layer's cache
@@ -77,6 +81,9 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+        # The attention kernel: "sdpa" (a dense mask) or "triton" (the split-KV kernel of
+        # decode_attention.py, reading only the keys each row uses; CUDA).
+        self.attention: Attention = "sdpa"
 
     # One decoder layer's step (``target_layer_step``); ``compile_layers`` swaps in its
     # compiled form.
@@ -125,9 +132,14 @@ class TargetModel(nn.Module):
         ``[1, N, ...]``."""
         num_keys = num_keys or cache.max_len
         batch = input_ids.shape[0]
-        key_positions = torch.arange(num_keys, device=input_ids.device)
-        visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
-        mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
+        mask: AttentionMask
+        group = self.shape.num_heads // self.shape.num_kv_heads
+        if self.attention == "triton" and group * positions.shape[1] <= MAX_GROUPED_QUERIES:
+            mask = KeyPositions(positions)  # steps; prefills (long W) keep SDPA
+        else:
+            key_positions = torch.arange(num_keys, device=input_ids.device)
+            visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
+            mask = attention_mask(visible, self.shape.num_heads, self.shape.num_kv_heads)
         h = self.embed_tokens(pack(input_ids, packing))
         # Packed: norms, RoPE and cache writes on the N packed tokens, attention at [B, W].
         token_positions = pack(positions, packing)

@@ -352,16 +352,24 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
 
 def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path) -> None:
     """--compile-scope builds the runner with compiled forwards (CUDA only: they run as CUDA
-    graphs); off leaves the runner's defaults (eager kernels)."""
+    graphs); off leaves eager kernels; --attention goes to the runner either way (triton:
+    CUDA only)."""
     import argparse
 
     from bench.decisions.arms import _compile
 
     with pytest.raises(SystemExit):
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-scope", "layer"])
-    layer = argparse.Namespace(compile_scope="layer")
-    assert _compile(layer) == {"compile_forwards": True, "compile_scope": "layer"}
-    assert _compile(argparse.Namespace(compile_scope="off")) == {}
+    with pytest.raises(SystemExit):
+        main(["--arm", "synthetic-tiny", "--device", "cpu", "--attention", "triton"])
+    layer = argparse.Namespace(compile_scope="layer", attention="sdpa")
+    assert _compile(layer) == {
+        "compile_forwards": True,
+        "compile_scope": "layer",
+        "attention": "sdpa",
+    }
+    off = argparse.Namespace(compile_scope="off", attention="triton")
+    assert _compile(off) == {"attention": "triton"}
 
 
 def test_a_padded_variant_needs_a_ragged_arm(tmp_path: Path) -> None:

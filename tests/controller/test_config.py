@@ -72,6 +72,19 @@ def test_a_compile_scope_without_torch_compile_is_a_config_problem() -> None:
     assert "torch_compile_scope" in problem and "'forward' or 'layer'" in problem
 
 
+def test_triton_attention_needs_cuda() -> None:
+    text = (
+        "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"
+        "     device: cpu, attention: triton}\n"
+    )
+    (problem,) = _problems(text)
+    assert "attention: triton runs on CUDA" in problem
+    on = parse_config(text.replace("cpu", "cuda"), Path("/cfg"))
+    assert on.backends[0].attention == "triton"  # type: ignore[union-attr]
+    (problem,) = _problems(text.replace("triton}", "dense}"))
+    assert "attention" in problem and "'sdpa' or 'triton'" in problem
+
+
 def test_verify_mode_defaults_to_ragged_and_names_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]

@@ -117,3 +117,64 @@ def test_mixed_k_steps_emit_the_same_tokens_packed_or_padded(
             engine.step()
         outputs.append([(r.output_ids, r.accept_lengths) for r in requests])
     assert outputs[0] == outputs[1]
+
+
+@torch.inference_mode()
+def test_triton_attention_matches_the_dense_mask_and_reads_only_the_used_keys() -> None:
+    """The split-KV Triton attention (``TargetModel.attention == "triton"``; run by Triton's
+    CPU interpreter here) computes what SDPA with the dense mask computes, on the padded
+    layout and on the packed path's grouped queries, with one split per row and with many; and
+    each row stops at its last position: NaN keys and values past it (cache slots a row never
+    wrote) leave its output finite and unchanged."""
+    from engines.embedded import decode_attention
+    from engines.embedded.layers import KeyPositions, attention_mask, cached_attention
+    from engines.embedded.ragged import ragged_index
+
+    gen = torch.Generator().manual_seed(5)
+    batch, width, heads, kv_heads, dim = 3, 4, 8, 2, 16
+    keys = 3 * decode_attention.BLOCK_N + 40  # not a multiple of the key block
+    q = torch.randn(batch, width, heads, dim, generator=gen)
+    k_cache, v_cache = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in "kv")
+    starts = torch.tensor([[5], [decode_attention.BLOCK_N + 70], [keys - width]])
+    positions = starts + torch.arange(width)
+    visible = torch.arange(keys)[None, None, :] <= positions[:, :, None]
+    want = cached_attention(q, k_cache, v_cache, attention_mask(visible, heads, kv_heads))
+    for row in (0, 1):  # garbage past the row's last position
+        k_cache[row, :, int(positions[row, -1]) + 1 :] = float("nan")
+        v_cache[row, :, int(positions[row, -1]) + 1 :] = float("nan")
+    assert decode_attention.num_splits(batch, kv_heads, keys) == 4  # every key block its own
+    for splits in (1, 4):
+        original = decode_attention.TARGET_PROGRAMS
+        decode_attention.TARGET_PROGRAMS = splits * batch * kv_heads
+        try:
+            got = cached_attention(q, k_cache, v_cache, KeyPositions(positions))
+        finally:
+            decode_attention.TARGET_PROGRAMS = original
+        assert got.isfinite().all()
+        torch.testing.assert_close(got, want)
+    # The packed path: queries scattered into the grouped layout, outputs gathered back.
+    lengths = [2, 4, 1]
+    index = ragged_index(lengths, batch, width, num_tokens=9)
+    packing = Packing.from_indices((batch, width), index[0], index[1])
+    grouped = packing.grouped_queries(packing.pack(q), kv_heads)
+    got = packing.packed_output(
+        decode_attention.grouped_decode_attention(grouped, k_cache, v_cache, positions), heads
+    )
+    used = sum(lengths)
+    torch.testing.assert_close(got[:, :used], packing.pack(want)[:, :used])
+
+
+def test_triton_attention_traces_as_one_graph_as_an_opaque_op() -> None:
+    """``torch.compile(fullgraph=True)`` takes the kernel as one custom op (its fake gives the
+    output's shape), with dynamic shapes, and the compiled call computes what eager does."""
+    from engines.embedded.decode_attention import grouped_decode_attention
+
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 2, 8, 16, generator=gen)
+    k, v = (torch.randn(2, 2, 70, 16, generator=gen) for _ in "kv")
+    positions = torch.tensor([[30, 31], [60, 61]])
+    torch._dynamo.reset()
+    compiled = torch.compile(grouped_decode_attention, fullgraph=True, dynamic=True)
+    torch.testing.assert_close(
+        compiled(q, k, v, positions), grouped_decode_attention(q, k, v, positions)
+    )

@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from engines.embedded.cuda_graphs import StaticCall
 from engines.embedded.engine import Engine
-from engines.embedded.events import RequestView, VerifyMode
+from engines.embedded.events import Attention, RequestView, VerifyMode
 from engines.embedded.loader import load_runner
 from engines.embedded.packing import Packing
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index, token_ladder
@@ -107,9 +107,17 @@ def test_static_packing_matches_the_mask_packing_and_drops_padding() -> None:
     assert (got[~valid] == -1).all(), "positions without a token are left as they were"
 
 
-def graph_runner(pair: tuple[Path, Path], mode: VerifyMode, max_batch: int = 4) -> ModelRunner:
+def graph_runner(
+    pair: tuple[Path, Path], mode: VerifyMode, max_batch: int = 4, attention: Attention = "sdpa"
+) -> ModelRunner:
     return load_runner(
-        *pair, torch.device("cpu"), max_batch, 64, use_cuda_graphs=True, verify_mode=mode
+        *pair,
+        torch.device("cpu"),
+        max_batch,
+        64,
+        use_cuda_graphs=True,
+        verify_mode=mode,
+        attention=attention,
     )
 
 
@@ -264,16 +272,28 @@ def expected(agreeing_pair: tuple[Path, Path], prompts: list[list[int]]) -> list
     return target_only_greedy(agreeing_pair[0], prompts, NEW_TOKENS)
 
 
-@pytest.mark.parametrize("mode", ["padded", "ragged"])
-@pytest.mark.parametrize("two_phase", [False, True])
+@pytest.mark.parametrize(
+    ("mode", "two_phase", "attention"),
+    [
+        ("padded", False, "sdpa"),
+        ("padded", True, "sdpa"),
+        ("ragged", False, "sdpa"),
+        ("ragged", True, "sdpa"),
+        # The split-KV Triton attention (Triton's CPU interpreter here, ~1 min): the same
+        # tokens; the ragged runner replays padded graphs too where no bucket is smaller.
+        ("ragged", True, "triton"),
+    ],
+)
 def test_graph_steps_equal_target_only_greedy(
     agreeing_pair: tuple[Path, Path],
     prompts: list[list[int]],
     expected: list[list[int]],
     mode: VerifyMode,
     two_phase: bool,
+    attention: Attention,
 ) -> None:
-    runner = graph_runner(agreeing_pair, mode, MAX_BATCH)
+    runner = graph_runner(agreeing_pair, mode, MAX_BATCH, attention)
+    assert runner.target.attention == attention
     counts = counting(runner)
     engine = Engine(runner, MAX_BATCH, 64)
     if two_phase:

@@ -1,0 +1,259 @@
+"""Split-KV attention for verify and decode steps (a Triton kernel pair; ``attention: triton``).
+
+The engine's steps attend a few query columns per row (``W`` = k + 1 ≤ block size) to that
+row's KV cache. PyTorch SDPA with a dense ``[B, group × W, keys]`` mask reads every key of the
+cache the graph was captured with (the whole ``max_seq_len``), and its flash kernels tile the
+grouped queries 64 or 128 at a time, so a row and KV head get one thread block: at batch 1
+eight blocks walk 768 keys each (0.70 ms of a 7.5 ms 8B decode step on the H200,
+``bench/results/step_breakdown_h200_2026-12-02.json``; 0.14 ms per layer at 64 rows × 16).
+
+Here (flash-decoding): program (row, kv head, split) attends all ``group × W`` grouped queries
+of that row and head to one slice of the keys, stopping at the row's largest position (keys
+past it are never read), with an online softmax; a second kernel merges the splits. Splits
+are chosen from the static shapes so that small batches still fill the GPU. The mask is the
+engine's: key j is visible to column c of row b iff ``j <= positions[b, c]``.
+
+``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
+(dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the
+partial buffers come from the graph's pool). Triton is imported on first use, so CPU-only
+installs never need it; tests run the kernels on the CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import cache
+from typing import Any
+
+import torch
+
+BLOCK_N = 64  # keys per inner step
+TARGET_PROGRAMS = 264  # splits are chosen to launch about this many programs (2 per H200 SM)
+MAX_SPLITS = 16
+# Grouped queries (group x W) one program holds: the engine's steps (W <= block size) fit;
+# prefills, whose W is a prompt, keep SDPA (TargetModel.forward).
+MAX_GROUPED_QUERIES = 128
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``: tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def num_splits(batch: int, kv_heads: int, num_keys: int) -> int:
+    """Key splits per (row, kv head): enough programs to fill the device at small batches,
+    one at large ones, never more splits than key blocks."""
+    blocks = max(1, -(-num_keys // BLOCK_N))
+    wanted = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
+    return min(wanted, blocks, MAX_SPLITS)
+
+
+@cache
+def _kernels() -> tuple[Any, Any]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        pos_ptr,
+        o_ptr,
+        ml_ptr,
+        sqb,
+        sqh,
+        sqm,
+        skb,
+        skh,
+        skn,
+        svb,
+        svh,
+        svn,
+        spb,
+        num_keys,
+        keys_per_split,
+        scale,
+        kv_heads: tl.constexpr,
+        num_queries: tl.constexpr,
+        width: tl.constexpr,
+        splits: tl.constexpr,
+        head_dim: tl.constexpr,
+        block_m: tl.constexpr,
+        block_w: tl.constexpr,
+        block_n: tl.constexpr,
+    ):
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        # 64-bit row offsets: a long cache times many slots passes 2**31 elements.
+        b = (bh // kv_heads).to(tl.int64)
+        h = bh % kv_heads
+        offs_m = tl.arange(0, block_m)
+        offs_d = tl.arange(0, head_dim)
+        offs_w = tl.arange(0, block_w)
+        valid_m = offs_m < num_queries
+        # Each grouped query m is column m % width of the row.
+        row_pos = tl.load(pos_ptr + b * spb + offs_w, mask=offs_w < width, other=-1)
+        last = tl.max(row_pos, axis=0).to(tl.int32)
+        pos_m = tl.load(pos_ptr + b * spb + (offs_m % width), mask=valid_m, other=-1)
+        pos_m = pos_m.to(tl.int32)
+        start = split * keys_per_split
+        stop = tl.minimum(tl.minimum(start + keys_per_split, num_keys), last + 1)
+        q = tl.load(
+            q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
+            mask=valid_m[:, None],
+            other=0.0,
+        )
+        m_i = tl.full([block_m], float("-inf"), tl.float32)
+        l_i = tl.zeros([block_m], tl.float32)
+        acc = tl.zeros([block_m, head_dim], tl.float32)
+        for n0 in range(start, stop, block_n):
+            offs_n = n0 + tl.arange(0, block_n)
+            in_range = offs_n < stop
+            k = tl.load(
+                k_ptr + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :],
+                mask=in_range[:, None],
+                other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            visible = in_range[None, :] & (offs_n[None, :] <= pos_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(
+                v_ptr + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :],
+                mask=in_range[:, None],
+                other=0.0,
+            )
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        part = (bh * splits + split) * block_m
+        tl.store(o_ptr + (part + offs_m[:, None]) * head_dim + offs_d[None, :], acc)
+        tl.store(ml_ptr + (part + offs_m) * 2, m_i)
+        tl.store(ml_ptr + (part + offs_m) * 2 + 1, l_i)
+
+    @triton.jit
+    def merge_kernel(
+        o_ptr,
+        ml_ptr,
+        out_ptr,
+        sob,
+        soh,
+        som,
+        kv_heads: tl.constexpr,
+        num_queries: tl.constexpr,
+        splits: tl.constexpr,
+        head_dim: tl.constexpr,
+        block_m: tl.constexpr,
+    ):
+        bh = tl.program_id(0)
+        b = (bh // kv_heads).to(tl.int64)
+        h = bh % kv_heads
+        offs_m = tl.arange(0, block_m)
+        offs_d = tl.arange(0, head_dim)
+        m_max = tl.full([block_m], float("-inf"), tl.float32)
+        for split in range(splits):
+            part = (bh * splits + split) * block_m
+            m_max = tl.maximum(m_max, tl.load(ml_ptr + (part + offs_m) * 2))
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        total = tl.zeros([block_m], tl.float32)
+        acc = tl.zeros([block_m, head_dim], tl.float32)
+        for split in range(splits):
+            part = (bh * splits + split) * block_m
+            weight = tl.exp(tl.load(ml_ptr + (part + offs_m) * 2) - m_safe)
+            total += weight * tl.load(ml_ptr + (part + offs_m) * 2 + 1)
+            o = tl.load(o_ptr + (part + offs_m[:, None]) * head_dim + offs_d[None, :])
+            acc += weight[:, None] * o
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(
+            out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=(offs_m < num_queries)[:, None],
+        )
+
+    return split_kernel, merge_kernel
+
+
+def _next_pow2(n: int, floor: int) -> int:
+    return max(floor, 1 << max(0, (n - 1).bit_length()))
+
+
+@torch.library.custom_op("draftctl::grouped_decode_attention", mutates_args=())
+def grouped_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """q: grouped queries [B, kv_heads, group × W, D]; k/v_cache [B, kv_heads, keys, D] (any
+    batch and head strides, contiguous head_dim); positions [B, W]. Returns [B, kv_heads,
+    group × W, D] like ``layers.grouped_attention`` with the engine's causal mask."""
+    split_kernel, merge_kernel = _kernels()
+    batch, kv_heads, num_queries, head_dim = q.shape
+    width = positions.shape[1]
+    num_keys = k_cache.shape[2]
+    if q.stride(3) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("grouped_decode_attention needs a contiguous head_dim")
+    splits = num_splits(batch, kv_heads, num_keys)
+    per_split = -(-num_keys // splits)
+    keys_per_split = -(-per_split // BLOCK_N) * BLOCK_N  # whole key blocks per split
+    block_m = _next_pow2(num_queries, 16)
+    positions = positions.contiguous()
+    partial = torch.empty(
+        batch * kv_heads * splits * block_m, head_dim, device=q.device, dtype=torch.float32
+    )
+    stats = torch.empty(
+        batch * kv_heads * splits * block_m, 2, device=q.device, dtype=torch.float32
+    )
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    split_kernel[(batch * kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        partial,
+        stats,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        positions.stride(0),
+        num_keys,
+        keys_per_split,
+        1.0 / math.sqrt(head_dim),
+        kv_heads=kv_heads,
+        num_queries=num_queries,
+        width=width,
+        splits=splits,
+        head_dim=head_dim,
+        block_m=block_m,
+        block_w=_next_pow2(width, 1),
+        block_n=BLOCK_N,
+    )
+    merge_kernel[(batch * kv_heads,)](
+        partial,
+        stats,
+        out,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        kv_heads=kv_heads,
+        num_queries=num_queries,
+        splits=splits,
+        head_dim=head_dim,
+        block_m=block_m,
+    )
+    return out
+
+
+@grouped_decode_attention.register_fake
+def _(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    return torch.empty(q.shape, device=q.device, dtype=q.dtype)
