@@ -62,9 +62,13 @@ def _kernels() -> tuple[Any, Any]:
         pos_ptr,
         o_ptr,
         ml_ptr,
+        out_ptr,
         sqb,
         sqh,
         sqm,
+        sob,
+        soh,
+        som,
         skb,
         skh,
         skn,
@@ -131,10 +135,18 @@ def _kernels() -> tuple[Any, Any]:
             )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
-        part = (bh * splits + split) * block_m
-        tl.store(o_ptr + (part + offs_m[:, None]) * head_dim + offs_d[None, :], acc)
-        tl.store(ml_ptr + (part + offs_m) * 2, m_i)
-        tl.store(ml_ptr + (part + offs_m) * 2 + 1, l_i)
+        if splits == 1:  # the whole row in this program: normalise and write the output
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(
+                out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=valid_m[:, None],
+            )
+        else:
+            part = (bh * splits + split) * block_m
+            tl.store(o_ptr + (part + offs_m[:, None]) * head_dim + offs_d[None, :], acc)
+            tl.store(ml_ptr + (part + offs_m) * 2, m_i)
+            tl.store(ml_ptr + (part + offs_m) * 2 + 1, l_i)
 
     @triton.jit
     def merge_kernel(
@@ -200,12 +212,10 @@ def grouped_decode_attention(
     keys_per_split = -(-per_split // BLOCK_N) * BLOCK_N  # whole key blocks per split
     block_m = _next_pow2(num_queries, 16)
     positions = positions.contiguous()
-    partial = torch.empty(
-        batch * kv_heads * splits * block_m, head_dim, device=q.device, dtype=torch.float32
-    )
-    stats = torch.empty(
-        batch * kv_heads * splits * block_m, 2, device=q.device, dtype=torch.float32
-    )
+    # Partial outputs and (max, sum) per split; one split writes the output directly.
+    rows = batch * kv_heads * splits * block_m if splits > 1 else 1
+    partial = torch.empty(rows, head_dim, device=q.device, dtype=torch.float32)
+    stats = torch.empty(rows, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     split_kernel[(batch * kv_heads, splits)](
         q,
@@ -214,9 +224,13 @@ def grouped_decode_attention(
         positions,
         partial,
         stats,
+        out,
         q.stride(0),
         q.stride(1),
         q.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -235,20 +249,24 @@ def grouped_decode_attention(
         block_m=block_m,
         block_w=_next_pow2(width, 1),
         block_n=BLOCK_N,
+        # 128 grouped queries (a 32B-shape step at W 16) hold a 128 x head_dim accumulator:
+        # twice the warps keep it in registers.
+        num_warps=8 if block_m >= 128 else 4,
     )
-    merge_kernel[(batch * kv_heads,)](
-        partial,
-        stats,
-        out,
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        kv_heads=kv_heads,
-        num_queries=num_queries,
-        splits=splits,
-        head_dim=head_dim,
-        block_m=block_m,
-    )
+    if splits > 1:
+        merge_kernel[(batch * kv_heads,)](
+            partial,
+            stats,
+            out,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            kv_heads=kv_heads,
+            num_queries=num_queries,
+            splits=splits,
+            head_dim=head_dim,
+            block_m=block_m,
+        )
     return out
 
 
