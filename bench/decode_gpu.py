@@ -32,7 +32,8 @@ attention; ``step_ms_eager_triton`` / ``step_ms_compiled_triton`` in the batch t
 runner's logits and engine tokens against the eager SDPA reference).
 
     python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
-        [--compile-scope forward|layer] [--attention sdpa,triton]
+        [--compile-scope forward|layer] [--compile-mode default|max-autotune]
+        [--attention sdpa,triton]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
 process would: otherwise the second shape's compiles count against the first's recompile
@@ -60,7 +61,14 @@ from engine_gpu import hbm_bandwidth_bytes_per_s, identical_prefix, run_engine, 
 
 from engines.embedded.cuda_graphs import GraphedCall
 from engines.embedded.engine import Engine
-from engines.embedded.events import ATTENTIONS, COMPILE_SCOPES, Attention, CompileScope
+from engines.embedded.events import (
+    ATTENTIONS,
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    Attention,
+    CompileMode,
+    CompileScope,
+)
 from engines.embedded.loader import build_models
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
@@ -189,6 +197,7 @@ def measure_shape(
     compile_too: bool = True,
     compile_scope: CompileScope = "forward",
     attentions: tuple[Attention, ...] = ("sdpa",),
+    compile_mode: CompileMode = "default",
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -199,7 +208,12 @@ def measure_shape(
     torch.manual_seed(0)
     target, draft = build_models(shape, spec, device, dtype, max_seq_len + 64)
     runners: dict[str, ModelRunner] = {}
-    result: dict[str, Any] = {"shape": name, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS}
+    result: dict[str, Any] = {
+        "shape": name,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+        "compile_mode": compile_mode,
+    }
     batches = batches or [1]
     max_batch = max(batches)
     if any(b not in GRAPH_BATCH_SIZES for b in batches):
@@ -230,6 +244,7 @@ def measure_shape(
                 compiled,
                 compile_scope=compile_scope,
                 attention=attention,
+                compile_mode=compile_mode,
             )
         except Exception as exc:  # a variant that fails leaves the others measured
             if label == "eager":
@@ -304,6 +319,12 @@ def main() -> int:
         "step once for all layers (regional; its start-up is compiled_start_s)",
     )
     parser.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default="default",
+        help="how the compiled runners compile: inductor's default, or max-autotune",
+    )
+    parser.add_argument(
         "--attention",
         default="sdpa",
         help="comma-separated attention kernels, one compiled runner each: "
@@ -337,6 +358,7 @@ def main() -> int:
                 not args.no_compile,
                 args.compile_scope,
                 attentions,  # type: ignore[arg-type]
+                args.compile_mode,
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)

@@ -42,7 +42,7 @@ from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
-from engines.embedded.events import ATTENTIONS, COMPILE_SCOPES, VERIFY_MODES
+from engines.embedded.events import ATTENTIONS, COMPILE_MODES, COMPILE_SCOPES, VERIFY_MODES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -101,6 +101,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "arm info records it, so such calls pool only with each other",
     )
     parser.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default="default",
+        help="with --compile-scope: inductor's default, or max-autotune (kernel choices "
+        "benchmarked at start-up); the arm info records max-autotune",
+    )
+    parser.add_argument(
         "--attention",
         choices=ATTENTIONS,
         default="sdpa",
@@ -135,6 +142,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--arm is required (or --merge)")
     if args.compile_scope != "off" and args.device != "cuda":
         parser.error("--compile-scope needs --device cuda (compiled forwards run as CUDA graphs)")
+    if args.compile_mode != "default" and args.compile_scope == "off":
+        parser.error("--compile-mode needs --compile-scope forward or layer")
     if args.attention == "triton" and args.device != "cuda":
         parser.error("--attention triton needs --device cuda")
     for name in args.policies.split(","):

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engines.embedded.events import Attention, CompileScope, VerifyMode
+from engines.embedded.events import Attention, CompileMode, CompileScope, VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -75,6 +75,9 @@ class EmbeddedConfig(Section):
     # What torch_compile compiles: each forward whole, or the target's decoder-layer step
     # once for all its layers (regional: start-up does not grow with depth). docs/engine.md.
     torch_compile_scope: CompileScope = "forward"
+    # How torch_compile compiles: inductor's default, or max-autotune (GEMM and other kernel
+    # choices benchmarked per shape at start-up: slower start, maybe faster steps).
+    torch_compile_mode: CompileMode = "default"
     # CUDA-graph verifies: packed to the tokens the rows use (graphs keyed on a token bucket,
     # each kept only where faster than the padded graph; more graphs at start-up), or every
     # row padded to the widest k. docs/engine.md.
@@ -109,6 +112,11 @@ class EmbeddedConfig(Section):
             raise ValueError(
                 f"torch_compile_scope: {self.torch_compile_scope} only applies with "
                 "torch_compile: true; set both, or drop torch_compile_scope"
+            )
+        if self.torch_compile_mode != "default" and not self.torch_compile:
+            raise ValueError(
+                f"torch_compile_mode: {self.torch_compile_mode} only applies with "
+                "torch_compile: true; set both, or drop torch_compile_mode"
             )
         if self.attention == "triton" and self.device == "cpu":
             raise ValueError(

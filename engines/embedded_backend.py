@@ -145,6 +145,7 @@ class EmbeddedEngineBackend:
             c.max_seq_len,
             compile_forwards=c.torch_compile,
             compile_scope=c.torch_compile_scope,
+            compile_mode=c.torch_compile_mode,
             verify_mode=c.verify_mode,
             attention=c.attention,
             planner=self.steps,

@@ -143,6 +143,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         "verify_mode": args.verify_mode,
         **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
         **({"attention": args.attention} if args.attention != "sdpa" else {}),
+        **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
@@ -192,6 +193,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         "verify_mode": args.verify_mode,
         **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
         **({"attention": args.attention} if args.attention != "sdpa" else {}),
+        **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
         "block_size": runner.block_size,
         "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
         "measured_rates": _rounded(rates),
@@ -211,6 +213,7 @@ def _compile(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "compile_forwards": True,
         "compile_scope": args.compile_scope,
+        "compile_mode": args.compile_mode,
         "attention": args.attention,
     }
 

@@ -57,6 +57,13 @@ def register(subparsers: Any) -> None:
         "layers (regional: start-up does not grow with depth)",
     )
     parser.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=["default", "max-autotune"],
+        help="with --compile: inductor's default, or max-autotune (kernel choices benchmarked "
+        "per shape at start-up)",
+    )
+    parser.add_argument(
         "--verify-mode",
         default="ragged",
         choices=["padded", "ragged"],
@@ -79,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compile_scope != "forward" and not args.compile:
         logger.error("generate: --compile-scope %s only applies with --compile", args.compile_scope)
+        return 2
+    if args.compile_mode != "default" and not args.compile:
+        logger.error("generate: --compile-mode %s only applies with --compile", args.compile_mode)
         return 2
     if args.attention == "triton" and args.device == "cpu":
         logger.error("generate: --attention triton runs on CUDA; use --attention sdpa on cpu")
@@ -144,6 +154,7 @@ async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -
         max_seq_len=args.max_seq_len,
         compile_forwards=args.compile,
         compile_scope=args.compile_scope,
+        compile_mode=args.compile_mode,
         verify_mode=args.verify_mode,
         attention=args.attention,
     )

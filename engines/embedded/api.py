@@ -27,6 +27,7 @@ from typing import Any
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
     Attention,
+    CompileMode,
     CompileScope,
     RequestFailed,
     SamplingParams,
@@ -88,6 +89,7 @@ class AsyncEngine:
         verify_mode: VerifyMode = "ragged",
         compile_scope: CompileScope = "forward",
         attention: Attention = "sdpa",
+        compile_mode: CompileMode = "default",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -96,7 +98,8 @@ class AsyncEngine:
         start-up cost profile). ``verify_mode``: ``padded`` or ``ragged`` CUDA-graph verifies
         (docs/engine.md, "Ragged verify on CUDA"); ``compile_scope``: what
         ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md); ``attention``: the
-        target's attention kernel in steps (``sdpa`` or ``triton``, docs/engine.md)."""
+        target's attention kernel in steps (``sdpa`` or ``triton``, docs/engine.md);
+        ``compile_mode``: ``default`` or ``max-autotune`` (with ``compile_forwards``)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -112,6 +115,7 @@ class AsyncEngine:
             verify_mode=verify_mode,
             compile_scope=compile_scope,
             attention=attention,
+            compile_mode=compile_mode,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from engines.embedded.checkpoint import DraftSpec
+from engines.embedded.events import CompileMode, inductor_mode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     DecoderLayer,
@@ -70,12 +71,12 @@ class DraftModel(nn.Module):
     # One layer of ``propose`` (``draft_layer_step``); ``compile_layers`` compiles it.
     layer_step: Callable[..., torch.Tensor] = staticmethod(draft_layer_step)
 
-    def compile_layers(self) -> None:
+    def compile_layers(self, mode: CompileMode = "default") -> None:
         """Regional compilation of ``propose``: its layer step compiled once for all layers
         (``TargetModel.compile_layers``). The context insert (a projection and a cache write
         per layer) stays eager."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(draft_layer_step, fullgraph=True)
+        self.layer_step = torch.compile(draft_layer_step, fullgraph=True, mode=inductor_mode(mode))
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         state = {

@@ -18,6 +18,18 @@ VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
 # for every layer (regional compilation; ``ModelRunner``).
 CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
+# How ``torch_compile`` compiles: inductor's default, or max-autotune (benchmarks kernel choices,
+# GEMM templates included, per shape at start-up; our own CUDA graphs replay the result, so
+# inductor's are off: "max-autotune-no-cudagraphs"). ``ModelRunner``.
+CompileMode = Literal["default", "max-autotune"]
+COMPILE_MODES: tuple[CompileMode, ...] = ("default", "max-autotune")
+
+
+def inductor_mode(mode: CompileMode) -> str | None:
+    """``torch.compile``'s ``mode`` for a ``CompileMode``."""
+    return None if mode == "default" else "max-autotune-no-cudagraphs"
+
+
 # The target's attention kernel (docs/engine.md, "Attention"): PyTorch SDPA with a dense mask,
 # or a split-KV Triton kernel reading only the keys each row uses (decode_attention.py).
 Attention = Literal["sdpa", "triton"]

@@ -15,7 +15,7 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import Attention, CompileScope, VerifyMode
+from engines.embedded.events import Attention, CompileMode, CompileScope, VerifyMode
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -80,12 +80,14 @@ def load_runner(
     verify_mode: VerifyMode = "ragged",
     compile_scope: CompileScope = "forward",
     attention: Attention = "sdpa",
+    compile_mode: CompileMode = "default",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
     ragged buckets slower than the padded graph dropped at start-up; no effect without CUDA
     graphs, where steps are packed anyway); ``compile_scope``: what ``compile_forwards``
-    compiles; ``attention``: the target's attention kernel (``ModelRunner``)."""
+    compiles and ``compile_mode`` how; ``attention``: the target's attention kernel
+    (``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -125,4 +127,5 @@ def load_runner(
         verify_mode=verify_mode,
         compile_scope=compile_scope,
         attention=attention,
+        compile_mode=compile_mode,
     )

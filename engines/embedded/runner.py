@@ -25,11 +25,14 @@ from engines.embedded.decode_attention import triton_interpreted
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
     ATTENTIONS,
+    COMPILE_MODES,
     COMPILE_SCOPES,
     VERIFY_MODES,
     Attention,
+    CompileMode,
     CompileScope,
     VerifyMode,
+    inductor_mode,
 )
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.packing import Packing, unpack
@@ -103,6 +106,7 @@ class ModelRunner:
         compile_scope: CompileScope = "forward",
         prune_ragged: bool | None = None,
         attention: Attention = "sdpa",
+        compile_mode: CompileMode = "default",
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -115,7 +119,13 @@ class ModelRunner:
         after capture and drop the ragged buckets slower than their padded graph
         (``keep_faster_ragged``). ``attention``: the target's attention kernel in steps,
         ``sdpa`` or ``triton`` (the split-KV kernel of decode_attention.py, reading only the
-        keys each row uses; CUDA, or the CPU under ``TRITON_INTERPRET=1`` for tests)."""
+        keys each row uses; CUDA, or the CPU under ``TRITON_INTERPRET=1`` for tests).
+        ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
+        ``max-autotune`` (kernel choices benchmarked per shape at start-up)."""
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(
+                f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
+            )
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTIONS)}")
         if attention == "triton" and device.type != "cuda" and not triton_interpreted():
@@ -151,12 +161,16 @@ class ModelRunner:
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
         if compile_forwards and compile_scope == "layer":
-            target.compile_layers()
-            draft.compile_layers()
+            target.compile_layers(compile_mode)
+            draft.compile_layers(compile_mode)
         elif compile_forwards:
-            self._verify = torch.compile(self._verify_forward, fullgraph=True)
-            self._draft = torch.compile(self._draft_forward, fullgraph=True)
-            self._ragged_verify = torch.compile(self._ragged_verify_forward, fullgraph=True)
+            mode = inductor_mode(compile_mode)
+            self._verify = torch.compile(self._verify_forward, fullgraph=True, mode=mode)
+            self._draft = torch.compile(self._draft_forward, fullgraph=True, mode=mode)
+            self._ragged_verify = torch.compile(
+                self._ragged_verify_forward, fullgraph=True, mode=mode
+            )
+        self.compile_mode = compile_mode
         self.compile_scope = compile_scope
         self.block_size = draft.spec.block_size
         self.mask_token_id = draft.spec.mask_token_id

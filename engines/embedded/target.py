@@ -10,7 +10,7 @@ from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
 from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
-from engines.embedded.events import Attention
+from engines.embedded.events import Attention, CompileMode, inductor_mode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     AttentionMask,
@@ -89,7 +89,7 @@ class TargetModel(nn.Module):
     # compiled form.
     layer_step: Callable[..., torch.Tensor] = staticmethod(target_layer_step)
 
-    def compile_layers(self) -> None:
+    def compile_layers(self, mode: CompileMode = "default") -> None:
         """Regional compilation: compile one decoder layer's step, which every layer reuses
         (the layers differ only in their weights, which the compiled code takes as inputs),
         instead of the whole forward. Start-up then costs one compile per input shape class
@@ -98,7 +98,7 @@ class TargetModel(nn.Module):
         prefills), so its variants and their dynamic forms may exceed dynamo's default of 8
         compiles per function, past which it would silently run eager: the limit is raised."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(target_layer_step, fullgraph=True)
+        self.layer_step = torch.compile(target_layer_step, fullgraph=True, mode=inductor_mode(mode))
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF ``model.*`` / ``lm_head`` tensors; ties the head to the embedding if needed."""

@@ -362,13 +362,16 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-scope", "layer"])
     with pytest.raises(SystemExit):
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--attention", "triton"])
-    layer = argparse.Namespace(compile_scope="layer", attention="sdpa")
+    with pytest.raises(SystemExit):
+        main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-mode", "max-autotune"])
+    layer = argparse.Namespace(compile_scope="layer", attention="sdpa", compile_mode="default")
     assert _compile(layer) == {
         "compile_forwards": True,
         "compile_scope": "layer",
+        "compile_mode": "default",
         "attention": "sdpa",
     }
-    off = argparse.Namespace(compile_scope="off", attention="triton")
+    off = argparse.Namespace(compile_scope="off", attention="triton", compile_mode="default")
     assert _compile(off) == {"attention": "triton"}
 
 

@@ -72,6 +72,17 @@ def test_a_compile_scope_without_torch_compile_is_a_config_problem() -> None:
     assert "torch_compile_scope" in problem and "'forward' or 'layer'" in problem
 
 
+def test_a_compile_mode_without_torch_compile_is_a_config_problem() -> None:
+    text = (
+        "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"
+        "     device: cuda, torch_compile_mode: max-autotune}\n"
+    )
+    (problem,) = _problems(text)
+    assert "torch_compile_mode: max-autotune only applies with torch_compile: true" in problem
+    on = parse_config(text.replace("autotune}", "autotune, torch_compile: true}"), Path("/cfg"))
+    assert on.backends[0].torch_compile_mode == "max-autotune"  # type: ignore[union-attr]
+
+
 def test_triton_attention_needs_cuda() -> None:
     text = (
         "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d,\n"

@@ -83,3 +83,33 @@ def test_regional_compile_serves_every_layer_with_one_graph(
 def test_an_unknown_compile_scope_is_refused(tiny_pair: tuple[Path, Path]) -> None:
     with pytest.raises(ValueError, match="compile_scope='model': use one of forward, layer"):
         load_runner(*tiny_pair, torch.device("cpu"), 2, 64, compile_scope="model")  # type: ignore[arg-type]
+
+
+def test_compile_mode_reaches_torch_compile(
+    tiny_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile_mode: max-autotune`` compiles both layer steps with inductor's max-autotune
+    without its CUDA graphs (the runner captures its own); ``default`` passes no mode; an
+    unknown mode is refused by name."""
+    seen: list[object] = []
+
+    def spy(fn: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("mode"))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", spy)
+    for mode, want in (("max-autotune", "max-autotune-no-cudagraphs"), ("default", None)):
+        seen.clear()
+        load_runner(
+            *tiny_pair,
+            torch.device("cpu"),
+            1,
+            64,
+            use_cuda_graphs=True,
+            compile_forwards=True,
+            compile_scope="layer",
+            compile_mode=mode,  # type: ignore[arg-type]
+        )
+        assert seen == [want, want]  # the target's layer step and the draft's
+    with pytest.raises(ValueError, match="compile_mode='fast': use one of default, max-autotune"):
+        load_runner(*tiny_pair, torch.device("cpu"), 1, 64, compile_mode="fast")  # type: ignore[arg-type]
