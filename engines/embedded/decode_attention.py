@@ -41,12 +41,12 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def num_splits(batch: int, kv_heads: int, num_keys: int) -> int:
+def num_splits(batch: int, kv_heads: int, num_keys: int, most: int = MAX_SPLITS) -> int:
     """Key splits per (row, kv head): enough programs to fill the device at small batches,
-    one at large ones, never more splits than key blocks."""
+    one at large ones, never more splits than key blocks (nor than ``most``)."""
     blocks = max(1, -(-num_keys // BLOCK_N))
     wanted = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
-    return min(wanted, blocks, MAX_SPLITS)
+    return min(wanted, blocks, most)
 
 
 @cache
@@ -196,18 +196,24 @@ def _next_pow2(n: int, floor: int) -> int:
 
 @torch.library.custom_op("draftctl::grouped_decode_attention", mutates_args=())
 def grouped_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    max_splits: int = MAX_SPLITS,
 ) -> torch.Tensor:
     """q: grouped queries [B, kv_heads, group × W, D]; k/v_cache [B, kv_heads, keys, D] (any
     batch and head strides, contiguous head_dim); positions [B, W]. Returns [B, kv_heads,
-    group × W, D] like ``layers.grouped_attention`` with the engine's causal mask."""
+    group × W, D] like ``layers.grouped_attention`` with the engine's causal mask.
+    ``max_splits``: at most this many key splits per row and head (1: one program per row and
+    head, which normalises and writes the output itself)."""
     split_kernel, merge_kernel = _kernels()
     batch, kv_heads, num_queries, head_dim = q.shape
     width = positions.shape[1]
     num_keys = k_cache.shape[2]
     if q.stride(3) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("grouped_decode_attention needs a contiguous head_dim")
-    splits = num_splits(batch, kv_heads, num_keys)
+    splits = num_splits(batch, kv_heads, num_keys, max_splits)
     per_split = -(-num_keys // splits)
     keys_per_split = -(-per_split // BLOCK_N) * BLOCK_N  # whole key blocks per split
     block_m = _next_pow2(num_queries, 16)
@@ -272,6 +278,53 @@ def grouped_decode_attention(
 
 @grouped_decode_attention.register_fake
 def _(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    max_splits: int = MAX_SPLITS,
 ) -> torch.Tensor:
     return torch.empty(q.shape, device=q.device, dtype=q.dtype)
+
+
+def check_grouped_attention(
+    num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device, dtype: torch.dtype
+) -> float:
+    """Start-up check of the kernels on this device and Triton: random steps of the model's
+    head layout (one and three rows, widths 1 and 16, several splits and one) against SDPA
+    with the dense mask. Returns the largest difference; raises ``RuntimeError`` naming the
+    case when a kernel fails to build or run, or differs by more than bf16 rounding allows."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    group = num_heads // num_kv_heads
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    worst = 0.0
+    for batch, width, keys, most in ((1, 1, 300, MAX_SPLITS), (3, 16, 200, 1)):
+        case = f"{batch} rows x width {width}, {keys} keys, at most {most} splits"
+        shape = (batch, num_kv_heads, group * width, head_dim)
+        q = torch.randn(shape, generator=gen).to(device, dtype)
+        k, v = (
+            torch.randn(batch, num_kv_heads, keys, head_dim, generator=gen).to(device, dtype)
+            for _ in "kv"
+        )
+        last = torch.randint(width - 1, keys, (batch, 1), generator=gen)
+        positions = (last - width + 1 + torch.arange(width)).to(device)
+        seen = torch.arange(keys, device=device)[None, None, :] <= positions[:, :, None]
+        mask = seen[:, None, None].expand(batch, 1, group, width, keys)
+        mask = mask.reshape(batch, 1, group * width, keys)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).float()
+        try:
+            got = grouped_decode_attention(q, k, v, positions, most).float()
+        except Exception as exc:
+            raise RuntimeError(
+                f"attention: triton failed on {device} ({case}): {exc!r}; use attention: sdpa"
+            ) from exc
+        diff = float((got - want).abs().max())
+        if not diff <= tolerance:  # NaN fails too
+            raise RuntimeError(
+                f"attention: triton differs from SDPA by {diff:.3g} on {device} ({case}; "
+                f"tolerance {tolerance}); use attention: sdpa"
+            )
+        worst = max(worst, diff)
+    return worst

@@ -21,7 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
-from engines.embedded.decode_attention import triton_interpreted
+from engines.embedded.decode_attention import check_grouped_attention, triton_interpreted
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
     ATTENTIONS,
@@ -141,6 +141,11 @@ class ModelRunner:
             raise ValueError(f"verify_mode={verify_mode!r}: use one of {', '.join(VERIFY_MODES)}")
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
         target.attention = self.attention = attention
+        if attention == "triton":  # fail at start-up, not in a served step
+            shape = target.shape
+            check_grouped_attention(
+                shape.num_heads, shape.num_kv_heads, shape.head_dim, device, dtype
+            )
         # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
         # into a few kernels; the graphs below then capture the compiled forwards. Costs a
         # compile per distinct shape class at start-up (see docs/engine.md).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from engines.embedded.loader import load_runner
@@ -143,15 +144,15 @@ def test_triton_attention_matches_the_dense_mask_and_reads_only_the_used_keys() 
         k_cache[row, :, int(positions[row, -1]) + 1 :] = float("nan")
         v_cache[row, :, int(positions[row, -1]) + 1 :] = float("nan")
     assert decode_attention.num_splits(batch, kv_heads, keys) == 4  # every key block its own
-    for splits in (1, 4):
-        original = decode_attention.TARGET_PROGRAMS
-        decode_attention.TARGET_PROGRAMS = splits * batch * kv_heads
-        try:
-            got = cached_attention(q, k_cache, v_cache, KeyPositions(positions))
-        finally:
-            decode_attention.TARGET_PROGRAMS = original
-        assert got.isfinite().all()
-        torch.testing.assert_close(got, want)
+    got = cached_attention(q, k_cache, v_cache, KeyPositions(positions))  # 4 splits, merged
+    assert got.isfinite().all()
+    torch.testing.assert_close(got, want)
+    group = heads // kv_heads
+    grouped_q = q.view(batch, width, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    grouped_q = grouped_q.reshape(batch, kv_heads, group * width, dim)
+    one = decode_attention.grouped_decode_attention(grouped_q, k_cache, v_cache, positions, 1)
+    one = one.view(batch, kv_heads, group, width, dim).permute(0, 3, 1, 2, 4)
+    torch.testing.assert_close(one.reshape(batch, width, -1), want)  # one split, written directly
     # The packed path: queries scattered into the grouped layout, outputs gathered back.
     lengths = [2, 4, 1]
     index = ragged_index(lengths, batch, width, num_tokens=9)
@@ -178,3 +179,27 @@ def test_triton_attention_traces_as_one_graph_as_an_opaque_op() -> None:
     torch.testing.assert_close(
         compiled(q, k, v, positions), grouped_decode_attention(q, k, v, positions)
     )
+
+
+def test_the_start_up_check_refuses_a_kernel_that_fails_or_disagrees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ModelRunner(attention="triton")`` checks the kernels against SDPA before capture: a
+    kernel that cannot run, or that computes something else, stops start-up with a message
+    naming the case and the way out (attention: sdpa)."""
+    from engines.embedded import decode_attention
+
+    cpu = torch.device("cpu")
+    assert decode_attention.check_grouped_attention(8, 2, 16, cpu, torch.float32) < 1e-4
+
+    def wrong(q: torch.Tensor, *args: object) -> torch.Tensor:
+        return torch.zeros_like(q)
+
+    def broken(*args: object) -> torch.Tensor:
+        raise ValueError("no kernel for this GPU")
+
+    for fake, message in ((wrong, "differs from SDPA by"), (broken, "failed on cpu")):
+        monkeypatch.setattr(decode_attention, "grouped_decode_attention", fake)
+        with pytest.raises(RuntimeError, match=message) as raised:
+            decode_attention.check_grouped_attention(8, 2, 16, cpu, torch.float32)
+        assert "use attention: sdpa" in str(raised.value)
