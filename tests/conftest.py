@@ -13,8 +13,16 @@ import os
 from collections.abc import Generator
 
 import pytest
+import torch
 
 from tests.ci_skips import allowed_skip
+
+# The split-KV attention kernels (engines/embedded/decode_attention.py) are Triton: without a
+# GPU they run in Triton's CPU interpreter, which must be chosen before triton is first
+# imported — and importing torch._dynamo (any test that compiles) imports it. Here, in the
+# root conftest, before any test module is collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 STRICT_ENV = "DRAFTCTL_STRICT_SKIPS"
 

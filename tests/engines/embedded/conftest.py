@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
-
-# The split-KV attention kernels (engines/embedded/decode_attention.py) are Triton: without a
-# GPU they run in Triton's CPU interpreter, which must be chosen before a kernel is built.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engines.embedded.engine import Engine
 from engines.embedded.events import RequestView, SamplingParams
