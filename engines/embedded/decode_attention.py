@@ -9,9 +9,10 @@ eight blocks walk 768 keys each (0.70 ms of a 7.5 ms 8B decode step on the H200,
 
 Here (flash-decoding): program (row, kv head, split) attends all ``group × W`` grouped queries
 of that row and head to one slice of the keys, stopping at the row's largest position (keys
-past it are never read), with an online softmax; a second kernel merges the splits. Splits
-are chosen from the static shapes so that small batches still fill the GPU. The mask is the
-engine's: key j is visible to column c of row b iff ``j <= positions[b, c]``.
+past it are never read), with an online softmax; a second kernel merges the splits (with one
+split the program normalises and writes the output itself). Splits are chosen from the static
+shapes so that small batches still fill the GPU; splits past a row's position exit at once.
+The mask is the engine's: key j is visible to column c of row b iff ``j <= positions[b, c]``.
 
 ``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
 (dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the
