@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
-from engines.embedded.decode_attention import grouped_decode_attention
+from engines.embedded.decode_attention import MAX_SPLITS, grouped_decode_attention
 
 
 class RMSNorm(nn.Module):
@@ -253,3 +253,44 @@ class KeyPositions(NamedTuple):
 
 
 AttentionMask = torch.Tensor | KeyPositions
+
+
+def check_grouped_attention(
+    num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device, dtype: torch.dtype
+) -> float:
+    """Start-up check of the Triton attention on this device (``ModelRunner(attention=
+    "triton")``): random steps of the model's head layout (one row at width 1 over several
+    splits, three rows at width 16 in one split) against SDPA with ``attention_mask``'s dense
+    mask. Returns the largest difference; raises ``RuntimeError`` naming the case when a
+    kernel fails to build or run, or differs by more than bf16 rounding allows."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    group = num_heads // num_kv_heads
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    worst = 0.0
+    for batch, width, keys, most in ((1, 1, 300, MAX_SPLITS), (3, 16, 200, 1)):
+        case = f"{batch} rows x width {width}, {keys} keys, at most {most} splits"
+        shape = (batch, num_kv_heads, group * width, head_dim)
+        q = torch.randn(shape, generator=gen).to(device, dtype)
+        k, v = (
+            torch.randn(batch, num_kv_heads, keys, head_dim, generator=gen).to(device, dtype)
+            for _ in "kv"
+        )
+        last = torch.randint(width - 1, keys, (batch, 1), generator=gen)
+        positions = (last - width + 1 + torch.arange(width)).to(device)
+        visible = torch.arange(keys, device=device)[None, None, :] <= positions[:, :, None]
+        mask = attention_mask(visible, num_heads, num_kv_heads)
+        want = grouped_attention(q, k, v, mask).float()
+        try:
+            got = grouped_decode_attention(q, k, v, positions, most).float()
+        except Exception as exc:
+            raise RuntimeError(
+                f"attention: triton failed on {device} ({case}): {exc!r}; use attention: sdpa"
+            ) from exc
+        diff = float((got - want).abs().max())
+        if not diff <= tolerance:  # NaN fails too
+            raise RuntimeError(
+                f"attention: triton differs from SDPA by {diff:.3g} on {device} ({case}; "
+                f"tolerance {tolerance}); use attention: sdpa"
+            )
+        worst = max(worst, diff)
+    return worst

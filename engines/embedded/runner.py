@@ -21,7 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
-from engines.embedded.decode_attention import check_grouped_attention, triton_interpreted
+from engines.embedded.decode_attention import triton_interpreted
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
     ATTENTIONS,
@@ -35,6 +35,7 @@ from engines.embedded.events import (
     inductor_mode,
 )
 from engines.embedded.kv_cache import KVCache
+from engines.embedded.layers import check_grouped_attention
 from engines.embedded.packing import Packing, unpack
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
 from engines.embedded.request import Request

@@ -187,10 +187,10 @@ def test_the_start_up_check_refuses_a_kernel_that_fails_or_disagrees(
     """``ModelRunner(attention="triton")`` checks the kernels against SDPA before capture: a
     kernel that cannot run, or that computes something else, stops start-up with a message
     naming the case and the way out (attention: sdpa)."""
-    from engines.embedded import decode_attention
+    from engines.embedded import layers
 
     cpu = torch.device("cpu")
-    assert decode_attention.check_grouped_attention(8, 2, 16, cpu, torch.float32) < 1e-4
+    assert layers.check_grouped_attention(8, 2, 16, cpu, torch.float32) < 1e-4
 
     def wrong(q: torch.Tensor, *args: object) -> torch.Tensor:
         return torch.zeros_like(q)
@@ -199,7 +199,7 @@ def test_the_start_up_check_refuses_a_kernel_that_fails_or_disagrees(
         raise ValueError("no kernel for this GPU")
 
     for fake, message in ((wrong, "differs from SDPA by"), (broken, "failed on cpu")):
-        monkeypatch.setattr(decode_attention, "grouped_decode_attention", fake)
+        monkeypatch.setattr(layers, "grouped_decode_attention", fake)
         with pytest.raises(RuntimeError, match=message) as raised:
-            decode_attention.check_grouped_attention(8, 2, 16, cpu, torch.float32)
+            layers.check_grouped_attention(8, 2, 16, cpu, torch.float32)
         assert "use attention: sdpa" in str(raised.value)
