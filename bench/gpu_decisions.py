@@ -77,7 +77,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", default="32,128", help="MIN,MAX (synthetic arms)")
     parser.add_argument("--output-tokens", default="256,512", help="MIN,MAX")
     parser.add_argument("--profiles", default=None, help="synthetic profile set (default: file's)")
-    parser.add_argument("--cost-table", type=Path, default=None, help="default: by arm")
+    parser.add_argument(
+        "--cost-table",
+        default=None,
+        help="a cost-table JSON, or 'engine': the arm's own engine steps profiled at start-up "
+        "(step_profile.py, as the daemon's embedded backend prices the goodput policy); "
+        "default: the arm's committed table (cost_tables/, eager SDPA target forwards)",
+    )
     parser.add_argument("--target", type=Path, help="real-pair: target directory")
     parser.add_argument("--draft", type=Path, help="real-pair: draft directory")
     parser.add_argument("--prompts", type=Path, help="real-pair: JSONL of {task, prompt}")

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from engines.embedded.events import Attention, CompileMode, CompileScope, VerifyMode
+from engines.embedded.events import AttentionChoice, CompileMode, CompileScope, VerifyMode
 from policies.types import max_spec_tokens
 
 
@@ -83,9 +83,10 @@ class EmbeddedConfig(Section):
     # row padded to the widest k. docs/engine.md.
     verify_mode: VerifyMode = "ragged"
     # The target's attention kernel: sdpa (PyTorch SDPA with a dense mask over the whole
-    # cache) or triton (a split-KV Triton kernel reading only the keys each row uses; CUDA
-    # only). docs/engine.md, "Attention".
-    attention: Attention = "sdpa"
+    # cache), triton (a split-KV Triton kernel reading only the keys each row uses; CUDA
+    # only), or auto (triton on a CUDA device where its start-up check passes, else sdpa;
+    # measured faster on the H200). docs/engine.md, "Attention".
+    attention: AttentionChoice = "auto"
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price

@@ -162,8 +162,9 @@ class EmbeddedEngineBackend:
 
         c = self.config
         device = str(engine.runner.device)
-        key = cache_key(c.target, c.draft, device, c.max_batch_size, c.max_seq_len)
-        describe = {"target": str(c.target), "draft": str(c.draft), "device": device}
+        kernels = engine.runner.kernel_settings()
+        key = cache_key(c.target, c.draft, device, c.max_batch_size, c.max_seq_len, kernels)
+        describe = {"target": str(c.target), "draft": str(c.draft), "device": device, **kernels}
         table, origin = cached_or_profiled(
             engine, key, c.cost_cache_dir, c.max_batch_size, describe
         )

@@ -9,7 +9,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from engines.embedded.profiler import measure_cost_table
 from engines.embedded.request import Request
 from engines.embedded.runner import ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
+from engines.embedded.step_profile import batch_sizes_for, profile_steps, widths_for
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.synthetic_profiles import load_profile_set
 from policies.costmodel import CostTable
@@ -40,6 +41,8 @@ COST_TABLES = {
     "synthetic-32b": ROOT / "cost_tables/qwen3-32b-h200.json",
     "synthetic-tiny": ROOT / "cost_tables/qwen3-8b-h200.json",  # a stand-in: CPU smoke only
 }
+# --cost-table engine: price the policies with the arm's own engine steps, profiled at start-up.
+ENGINE_PROFILE = "engine"
 SHAPES = {
     "synthetic-8b": TARGET_SHAPES["qwen3-8b"],
     "synthetic-32b": TARGET_SHAPES["qwen3-32b"],
@@ -131,7 +134,11 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         verify_mode=args.verify_mode,
         **_compile(args),
     )
-    table = load_cost_table(args.cost_table or COST_TABLES[args.arm])
+    engine = Engine(runner, MAX_BATCH, max_seq_len)
+    if args.cost_table == ENGINE_PROFILE:
+        table = _engine_table(engine)
+    else:
+        table = load_cost_table(Path(args.cost_table) if args.cost_table else COST_TABLES[args.arm])
     vocab = shape.vocab_size
 
     def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
@@ -149,7 +156,6 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         "cost_table": str(table.source),
         "global_rates": _rounded(context.global_rates),
     }
-    engine = Engine(runner, MAX_BATCH, max_seq_len)
     return Arm(engine, context, prompt_for, _device_name(device), info)
 
 
@@ -183,8 +189,11 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
         return list(rng.choice(by_task[task]))
 
-    table = _profiled_table(args, runner, device)
     engine = Engine(runner, MAX_BATCH, max_seq_len)
+    if args.cost_table == ENGINE_PROFILE:
+        table = _engine_table(engine)
+    else:
+        table = _profiled_table(args, runner, device)
     rates = _measured_rates(engine, prompt_for)
     context = _context(runner.block_size, table, rates, None, args)
     info = {
@@ -195,7 +204,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         **({"attention": args.attention} if args.attention != "sdpa" else {}),
         **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
         "block_size": runner.block_size,
-        "cost_table": "profiled at start-up (engines/embedded/profiler.py)",
+        "cost_table": str(table.source),
         "measured_rates": _rounded(rates),
         "accept_length_k_max": {t.value: 1 + sum(_cumprod(r)) for t, r in rates.items()},
     }
@@ -288,9 +297,25 @@ def _conditional(runs: list[int], n: int) -> list[float]:
     return rates
 
 
+def _engine_table(engine: Engine) -> CostTable:
+    """The arm's own engine steps timed at start-up, as the daemon's embedded backend prices
+    the goodput policy (``cost_profile``, engines/embedded/step_profile.py): its kernels, its
+    verify layout and the draft, where the committed tables are eager SDPA target forwards."""
+    batches = batch_sizes_for(MAX_BATCH)
+    widths = widths_for(engine.block_size)
+    started = time.perf_counter()
+
+    def point(batch: int, width: int, seconds: float) -> None:
+        print(f"  cost profile {batch}x{width}: {1e3 * seconds:.2f} ms", flush=True)
+
+    table = profile_steps(engine, batches, widths, on_point=point)
+    print(f"profiled the engine's steps in {time.perf_counter() - started:.0f} s", flush=True)
+    return replace(table, source="engine steps profiled at start-up (step_profile.py)")
+
+
 def _profiled_table(args: argparse.Namespace, runner: ModelRunner, device: torch.device) -> Any:
     if args.cost_table is not None:
-        return load_cost_table(args.cost_table)
+        return load_cost_table(Path(args.cost_table))
     batches, tokens = [1, 2, 4, 8, 16, 32, 64], [1, 8, 16]
     started = time.perf_counter()
     table = measure_cost_table(target_shape(args.target), 512, batches, tokens, 10, str(device))

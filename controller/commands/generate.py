@@ -72,10 +72,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--attention",
-        default="sdpa",
-        choices=["sdpa", "triton"],
+        default="auto",
+        choices=["auto", "sdpa", "triton"],
         help="the target's attention kernel: SDPA with a dense mask, or a split-KV Triton "
-        "kernel reading only the keys each row uses (CUDA only)",
+        "kernel reading only the keys each row uses (CUDA only); auto (default): triton on "
+        "CUDA where its start-up check passes, else SDPA",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.set_defaults(func=run)

@@ -26,7 +26,7 @@ from typing import Any
 
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
-    Attention,
+    AttentionChoice,
     CompileMode,
     CompileScope,
     RequestFailed,
@@ -88,7 +88,7 @@ class AsyncEngine:
         before_serving: Callable[[Engine], None] | None = None,
         verify_mode: VerifyMode = "ragged",
         compile_scope: CompileScope = "forward",
-        attention: Attention = "sdpa",
+        attention: AttentionChoice = "auto",
         compile_mode: CompileMode = "default",
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
@@ -98,7 +98,8 @@ class AsyncEngine:
         start-up cost profile). ``verify_mode``: ``padded`` or ``ragged`` CUDA-graph verifies
         (docs/engine.md, "Ragged verify on CUDA"); ``compile_scope``: what
         ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md); ``attention``: the
-        target's attention kernel in steps (``sdpa`` or ``triton``, docs/engine.md);
+        target's attention kernel in steps (``auto``: triton on CUDA where its start-up check
+        passes, else sdpa; or ``sdpa`` / ``triton``, docs/engine.md);
         ``compile_mode``: ``default`` or ``max-autotune`` (with ``compile_forwards``)."""
         from transformers import AutoTokenizer
 

@@ -34,6 +34,10 @@ def inductor_mode(mode: CompileMode) -> str | None:
 # or a split-KV Triton kernel reading only the keys each row uses (decode_attention.py).
 Attention = Literal["sdpa", "triton"]
 ATTENTIONS: tuple[Attention, ...] = ("sdpa", "triton")
+# What callers ask for: a kernel, or ``auto`` (the engine's default): triton on a CUDA device
+# where the start-up check passes it, else sdpa (``ModelRunner``).
+AttentionChoice = Literal["auto", "sdpa", "triton"]
+ATTENTION_CHOICES: tuple[AttentionChoice, ...] = ("auto", "sdpa", "triton")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

@@ -15,7 +15,7 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import Attention, CompileMode, CompileScope, VerifyMode
+from engines.embedded.events import AttentionChoice, CompileMode, CompileScope, VerifyMode
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -79,7 +79,7 @@ def load_runner(
     synthetic: SyntheticAcceptance | None = None,
     verify_mode: VerifyMode = "ragged",
     compile_scope: CompileScope = "forward",
-    attention: Attention = "sdpa",
+    attention: AttentionChoice = "auto",
     compile_mode: CompileMode = "default",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
@@ -87,7 +87,7 @@ def load_runner(
     ragged buckets slower than the padded graph dropped at start-up; no effect without CUDA
     graphs, where steps are packed anyway); ``compile_scope``: what ``compile_forwards``
     compiles and ``compile_mode`` how; ``attention``: the target's attention kernel
-    (``ModelRunner``)."""
+    (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)

@@ -24,11 +24,12 @@ from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.decode_attention import triton_interpreted
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
-    ATTENTIONS,
+    ATTENTION_CHOICES,
     COMPILE_MODES,
     COMPILE_SCOPES,
     VERIFY_MODES,
     Attention,
+    AttentionChoice,
     CompileMode,
     CompileScope,
     VerifyMode,
@@ -91,6 +92,30 @@ def eager_attention(device: torch.device) -> contextlib.AbstractContextManager[o
     )
 
 
+def choose_attention(
+    choice: AttentionChoice, target: TargetModel, device: torch.device, dtype: torch.dtype
+) -> Attention:
+    """The target's attention kernel for ``choice``. ``triton`` is checked on the device first
+    (``check_grouped_attention``: a kernel that fails to build or run, or gives other
+    results, stops start-up rather than a served step); ``auto`` takes triton on a CUDA
+    device when that check passes, and sdpa otherwise (a failed check is logged with its
+    reason). Measured on the H200: docs/engine.md, "Attention"."""
+    if choice == "sdpa" or (choice == "auto" and device.type != "cuda"):
+        return "sdpa"
+    shape = target.shape
+    try:
+        worst = check_grouped_attention(
+            shape.num_heads, shape.num_kv_heads, shape.head_dim, device, dtype
+        )
+    except RuntimeError as exc:
+        if choice == "triton":
+            raise
+        logger.warning("attention: auto uses sdpa: %s", exc)
+        return "sdpa"
+    logger.info("attention: %s uses triton (start-up check: largest diff %.3g)", choice, worst)
+    return "triton"
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -106,7 +131,7 @@ class ModelRunner:
         verify_mode: VerifyMode = "padded",
         compile_scope: CompileScope = "forward",
         prune_ragged: bool | None = None,
-        attention: Attention = "sdpa",
+        attention: AttentionChoice = "sdpa",
         compile_mode: CompileMode = "default",
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
@@ -120,15 +145,17 @@ class ModelRunner:
         after capture and drop the ragged buckets slower than their padded graph
         (``keep_faster_ragged``). ``attention``: the target's attention kernel in steps,
         ``sdpa`` or ``triton`` (the split-KV kernel of decode_attention.py, reading only the
-        keys each row uses; CUDA, or the CPU under ``TRITON_INTERPRET=1`` for tests).
+        keys each row uses; CUDA, or the CPU under ``TRITON_INTERPRET=1`` for tests), or
+        ``auto``: triton on a CUDA device where the start-up check passes it, else sdpa
+        (``self.attention`` is the kernel chosen).
         ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
         ``max-autotune`` (kernel choices benchmarked per shape at start-up)."""
         if compile_mode not in COMPILE_MODES:
             raise ValueError(
                 f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
             )
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTIONS)}")
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTION_CHOICES)}")
         if attention == "triton" and device.type != "cuda" and not triton_interpreted():
             raise ValueError(
                 f"attention='triton' runs on CUDA, not {device.type} (tests run it on the CPU "
@@ -141,12 +168,7 @@ class ModelRunner:
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"verify_mode={verify_mode!r}: use one of {', '.join(VERIFY_MODES)}")
         self.target, self.draft, self.device, self.dtype = target, draft, device, dtype
-        target.attention = self.attention = attention
-        if attention == "triton":  # fail at start-up, not in a served step
-            shape = target.shape
-            check_grouped_attention(
-                shape.num_heads, shape.num_kv_heads, shape.head_dim, device, dtype
-            )
+        target.attention = self.attention = choose_attention(attention, target, device, dtype)
         # torch.compile fuses the small per-layer ops (norms, RoPE, cache writes, residuals)
         # into a few kernels; the graphs below then capture the compiled forwards. Costs a
         # compile per distinct shape class at start-up (see docs/engine.md).
@@ -344,6 +366,19 @@ class ModelRunner:
             self._ragged_graphs[batch, width, num_tokens] = call(
                 self._ragged_verify, (ids, pos, index), pool
             )
+
+    def kernel_settings(self) -> dict[str, object]:
+        """What, besides the models and the device, decides this runner's step times (the
+        start-up cost profile's cache key, engines/embedded/step_profile.py)."""
+        return {
+            "attention": self.attention,
+            "verify_mode": self.verify_mode,
+            "cuda_graphs": self.use_cuda_graphs,
+            "compiled": (
+                f"{self.compile_scope}/{self.compile_mode}" if self.compile_forwards else False
+            ),
+            "dtype": str(self.dtype),
+        }
 
     @property
     def per_row_widths(self) -> bool:

@@ -20,7 +20,7 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +140,19 @@ def _step(engine: Engine) -> None:
 
 
 def cache_key(
-    target_dir: Path, draft_dir: Path, device: str, max_batch_size: int, max_seq_len: int
+    target_dir: Path,
+    draft_dir: Path,
+    device: str,
+    max_batch_size: int,
+    max_seq_len: int,
+    kernels: Mapping[str, object],
 ) -> str:
     """What the measured costs depend on: the model files (configs by content, weights by size
-    and modification time), the device, torch, the engine's limits and the method."""
+    and modification time), the device, torch, the engine's limits, the method and the
+    runner's kernels (``ModelRunner.kernel_settings``: attention, verify mode, compile)."""
     digest = hashlib.sha256()
     parts: list[Any] = [PROFILE_VERSION, device, torch.__version__, max_batch_size, max_seq_len]
+    parts.append(sorted((str(name), str(value)) for name, value in kernels.items()))
     if device.startswith("cuda") and torch.cuda.is_available():
         parts.append(torch.cuda.get_device_name(torch.device(device)))
     digest.update(json.dumps(parts).encode())

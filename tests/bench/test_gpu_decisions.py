@@ -391,3 +391,31 @@ def test_an_untimed_warm_run_comes_first_and_is_not_reported(arm_json: Path) -> 
     report = json.loads(arm_json.read_text())
     assert report["warm_run_s"] > 0
     assert all(run["repeat"] >= 0 for run in report["runs"])
+
+
+def test_the_policies_can_be_priced_with_the_engines_own_profiled_steps(tmp_path: Path) -> None:
+    """``--cost-table engine``: the arm's engine is profiled at start-up (as the daemon's
+    embedded backend does) and that table, draft included, prices every policy; the arm info
+    says so. A committed table stays the default."""
+    from bench.decisions import arms
+
+    seen: list[arms.CostTable] = []
+    real = arms._engine_table
+
+    def spy(engine: Any) -> arms.CostTable:
+        seen.append(real(engine))
+        return seen[-1]
+
+    out = tmp_path / "engine-priced.json"
+    argv = ["--arm", "synthetic-tiny", "--device", "cpu", "--cost-table", "engine"]
+    argv += ["--policies", "static-k7,goodput", "--scale", "0.04", "--repeats", "1"]
+    argv += ["--prompt-tokens", "8,12", "--output-tokens", "12,24", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arms, "_engine_table", spy)
+        assert main(argv) == 0
+    (table,) = seen
+    assert table.includes_draft and table.batch_sizes[0] == 1 and table.tokens_per_request[0] == 1
+    assert all(t > 0 for row in table.step_time_s for t in row)
+    data = json.loads(out.read_text())
+    assert data["arm_info"]["cost_table"].startswith("engine steps profiled at start-up")
+    assert set(data["summary"]["policies"]) == {"static-k7", "goodput"}

@@ -93,7 +93,9 @@ def test_triton_attention_needs_cuda() -> None:
     on = parse_config(text.replace("cpu", "cuda"), Path("/cfg"))
     assert on.backends[0].attention == "triton"  # type: ignore[union-attr]
     (problem,) = _problems(text.replace("triton}", "dense}"))
-    assert "attention" in problem and "'sdpa' or 'triton'" in problem
+    assert "attention" in problem and "'auto', 'sdpa' or 'triton'" in problem
+    auto = parse_config(text.replace(", attention: triton", ""), Path("/cfg"))
+    assert auto.backends[0].attention == "auto"  # type: ignore[union-attr]  # triton on CUDA
 
 
 def test_verify_mode_defaults_to_ragged_and_names_a_bad_value() -> None:

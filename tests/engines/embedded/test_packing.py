@@ -4,6 +4,7 @@ row uses, write the same caches, and make a step's rows with small k cheaper."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -203,3 +204,40 @@ def test_the_start_up_check_refuses_a_kernel_that_fails_or_disagrees(
         with pytest.raises(RuntimeError, match=message) as raised:
             layers.check_grouped_attention(8, 2, 16, cpu, torch.float32)
         assert "use attention: sdpa" in str(raised.value)
+
+
+def test_auto_attention_takes_triton_on_cuda_only_where_the_start_up_check_passes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``attention: auto`` (the engine's default): sdpa off CUDA without running the check;
+    on CUDA, triton when the check passes and sdpa, with the reason logged, when it fails;
+    an explicit ``triton`` whose check fails still stops start-up."""
+    from types import SimpleNamespace
+
+    from engines.embedded import runner
+
+    shape = SimpleNamespace(num_heads=8, num_kv_heads=2, head_dim=16)
+    target: Any = SimpleNamespace(shape=shape)  # choose_attention reads only its head layout
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # the device is only inspected here
+    checked: list[torch.device] = []
+
+    def passes(*args: object) -> float:
+        checked.append(args[3])  # type: ignore[arg-type]
+        return 0.0
+
+    def fails(*args: object) -> float:
+        raise RuntimeError("attention: triton failed on cuda (case); use attention: sdpa")
+
+    monkeypatch.setattr(runner, "check_grouped_attention", passes)
+    assert runner.choose_attention("auto", target, cpu, torch.float32) == "sdpa"
+    assert runner.choose_attention("sdpa", target, cuda, torch.float32) == "sdpa"
+    assert checked == []
+    assert runner.choose_attention("auto", target, cuda, torch.bfloat16) == "triton"
+    assert runner.choose_attention("triton", target, cuda, torch.bfloat16) == "triton"
+    assert checked == [cuda, cuda]
+    monkeypatch.setattr(runner, "check_grouped_attention", fails)
+    with caplog.at_level("WARNING", logger=runner.__name__):
+        assert runner.choose_attention("auto", target, cuda, torch.bfloat16) == "sdpa"
+    assert "auto uses sdpa" in caplog.text and "failed on cuda" in caplog.text
+    with pytest.raises(RuntimeError, match="use attention: sdpa"):
+        runner.choose_attention("triton", target, cuda, torch.bfloat16)

@@ -87,11 +87,16 @@ def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
 
 def test_the_cache_is_keyed_by_model_and_device(pair: tuple[Path, Path], tmp_path: Path) -> None:
     target, draft = pair
-    key = cache_key(target, draft, "cpu", MAX_BATCH, 256)
-    assert key == cache_key(target, draft, "cpu", MAX_BATCH, 256)
-    assert key != cache_key(target, draft, "cuda:0", MAX_BATCH, 256)
-    assert key != cache_key(target, draft, "cpu", MAX_BATCH * 2, 256)
     engine = engine_for(pair)
+    kernels = engine.runner.kernel_settings()
+    assert kernels["attention"] == "sdpa" and kernels["compiled"] is False
+    key = cache_key(target, draft, "cpu", MAX_BATCH, 256, kernels)
+    assert key == cache_key(target, draft, "cpu", MAX_BATCH, 256, dict(kernels))
+    assert key != cache_key(target, draft, "cuda:0", MAX_BATCH, 256, kernels)
+    assert key != cache_key(target, draft, "cpu", MAX_BATCH * 2, 256, kernels)
+    for name, other in (("attention", "triton"), ("verify_mode", "padded"), ("compiled", "layer")):
+        # another kernel, verify layout or compile times steps differently: measure again
+        assert key != cache_key(target, draft, "cpu", MAX_BATCH, 256, {**kernels, name: other})
     first, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
     assert origin.startswith("profiled") and (tmp_path / f"steps-{key}.json").is_file()
     again, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
@@ -100,7 +105,9 @@ def test_the_cache_is_keyed_by_model_and_device(pair: tuple[Path, Path], tmp_pat
     weights = target / "model.safetensors"
     status = weights.stat()
     os.utime(weights, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))
-    assert cache_key(target, draft, "cpu", MAX_BATCH, 256) != key  # new weights: measure again
+    assert (
+        cache_key(target, draft, "cpu", MAX_BATCH, 256, kernels) != key
+    )  # new weights: measure again
     (tmp_path / f"steps-{key}.json").write_text("{not json")
     _, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {})
     assert origin.startswith("profiled")  # an unreadable cache is measured again
