@@ -37,14 +37,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.embedded.kv_cache import KVCache
-from engines.embedded.layers import KeyPositions, attention_mask, cached_attention
+from engines.embedded.layers import (
+    KeyPositions,
+    attention_mask,
+    cached_attention,
+    check_grouped_attention,
+)
 from engines.embedded.loader import build_models
 from engines.embedded.packing import Packing
 from engines.embedded.ragged import ragged_index
 from engines.embedded.shapes import TINY_SHAPE, dflash_draft_for, shape_by_name
 
 CATEGORIES = (
-    ("attention", re.compile(r"fmha|flash|attention|attn|cudnn.*sdpa", re.I)),
+    # split_kernel / merge_kernel: the split-KV Triton attention (decode_attention.py)
+    (
+        "attention",
+        re.compile(r"fmha|flash|attention|attn|cudnn.*sdpa|split_kernel|merge_kernel", re.I),
+    ),
     ("gemm", re.compile(r"gemm|cutlass|nvjet|sm90_|sm80_|cublas|matmul|gemv|splitk", re.I)),
     ("norm", re.compile(r"norm", re.I)),
     ("index", re.compile(r"index|scatter|gather|put_|take", re.I)),
@@ -181,6 +190,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed replays per case")
     parser.add_argument("--top", type=int, default=12, help="largest kernels listed per case")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=["sdpa", "triton"],
+        help="the target's attention in the whole-step cases (triton: the split-KV kernel, "
+        "ragged steps reading packed queries in place; CUDA, or TRITON_INTERPRET=1)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON to write")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -192,6 +208,9 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     torch.manual_seed(0)
     target, draft = build_models(shape, spec, device, dtype, args.cache_len + 2 * block)
+    if args.attention == "triton":
+        check_grouped_attention(shape.num_heads, shape.num_kv_heads, shape.head_dim, device, dtype)
+    target.attention = args.attention
     slots = max(batches)
 
     def cache_for(num_layers: int) -> KVCache:
@@ -212,6 +231,7 @@ def main() -> None:
         "cache_len": args.cache_len,
         "context": args.context,
         "used_keys": used_keys,
+        "attention": args.attention,
         "cases": {},
     }
     started = time.perf_counter()

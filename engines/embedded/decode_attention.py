@@ -61,6 +61,7 @@ def _kernels() -> tuple[Any, Any]:
         k_ptr,
         v_ptr,
         pos_ptr,
+        tok_ptr,
         o_ptr,
         ml_ptr,
         out_ptr,
@@ -77,6 +78,7 @@ def _kernels() -> tuple[Any, Any]:
         svh,
         svn,
         spb,
+        stb,
         num_keys,
         keys_per_split,
         scale,
@@ -88,6 +90,7 @@ def _kernels() -> tuple[Any, Any]:
         block_m: tl.constexpr,
         block_w: tl.constexpr,
         block_n: tl.constexpr,
+        packed: tl.constexpr,
     ):
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -99,17 +102,26 @@ def _kernels() -> tuple[Any, Any]:
         offs_w = tl.arange(0, block_w)
         valid_m = offs_m < num_queries
         # Each grouped query m is column m % width of the row.
-        row_pos = tl.load(pos_ptr + b * spb + offs_w, mask=offs_w < width, other=-1)
+        used_w = offs_w < width
+        if packed:  # only the columns holding a token bound the keys read
+            used_w = used_w & (tl.load(tok_ptr + b * stb + offs_w, mask=used_w, other=-1) >= 0)
+        row_pos = tl.load(pos_ptr + b * spb + offs_w, mask=used_w, other=-1)
         last = tl.max(row_pos, axis=0).to(tl.int32)
         pos_m = tl.load(pos_ptr + b * spb + (offs_m % width), mask=valid_m, other=-1)
         pos_m = pos_m.to(tl.int32)
         start = split * keys_per_split
         stop = tl.minimum(tl.minimum(start + keys_per_split, num_keys), last + 1)
-        q = tl.load(
-            q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-            mask=valid_m[:, None],
-            other=0.0,
-        )
+        if packed:  # q [N, heads, D]: grouped query m is head h * group + m // width of the
+            # packed token tokens[b, m % width] (-1: the row has no token in that column)
+            token = tl.load(tok_ptr + b * stb + (offs_m % width), mask=valid_m, other=-1)
+            valid_m = valid_m & (token >= 0)
+            head = h * (num_queries // width) + offs_m // width
+            rows = token.to(tl.int64) * sqb + head * sqh
+            out_rows = token.to(tl.int64) * sob + head * soh
+        else:
+            rows = b * sqb + h * sqh + offs_m * sqm
+            out_rows = b * sob + h * soh + offs_m * som
+        q = tl.load(q_ptr + rows[:, None] + offs_d[None, :], mask=valid_m[:, None], other=0.0)
         m_i = tl.full([block_m], float("-inf"), tl.float32)
         l_i = tl.zeros([block_m], tl.float32)
         acc = tl.zeros([block_m, head_dim], tl.float32)
@@ -139,7 +151,7 @@ def _kernels() -> tuple[Any, Any]:
         if splits == 1:  # the whole row in this program: normalise and write the output
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(
-                out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+                out_ptr + out_rows[:, None] + offs_d[None, :],
                 out.to(out_ptr.dtype.element_ty),
                 mask=valid_m[:, None],
             )
@@ -154,14 +166,18 @@ def _kernels() -> tuple[Any, Any]:
         o_ptr,
         ml_ptr,
         out_ptr,
+        tok_ptr,
         sob,
         soh,
         som,
+        stb,
         kv_heads: tl.constexpr,
         num_queries: tl.constexpr,
+        width: tl.constexpr,
         splits: tl.constexpr,
         head_dim: tl.constexpr,
         block_m: tl.constexpr,
+        packed: tl.constexpr,
     ):
         bh = tl.program_id(0)
         b = (bh // kv_heads).to(tl.int64)
@@ -182,10 +198,18 @@ def _kernels() -> tuple[Any, Any]:
             o = tl.load(o_ptr + (part + offs_m[:, None]) * head_dim + offs_d[None, :])
             acc += weight[:, None] * o
         out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        valid_m = offs_m < num_queries
+        if packed:  # the split kernel's layout: see there
+            token = tl.load(tok_ptr + b * stb + (offs_m % width), mask=valid_m, other=-1)
+            valid_m = valid_m & (token >= 0)
+            head = h * (num_queries // width) + offs_m // width
+            out_rows = token.to(tl.int64) * sob + head * soh
+        else:
+            out_rows = b * sob + h * soh + offs_m * som
         tl.store(
-            out_ptr + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+            out_ptr + out_rows[:, None] + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
-            mask=(offs_m < num_queries)[:, None],
+            mask=valid_m[:, None],
         )
 
     return split_kernel, merge_kernel
@@ -193,6 +217,91 @@ def _kernels() -> tuple[Any, Any]:
 
 def _next_pow2(n: int, floor: int) -> int:
     return max(floor, 1 << max(0, (n - 1).bit_length()))
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor | None,
+    out: torch.Tensor,
+    num_queries: int,
+    max_splits: int,
+) -> None:
+    """Both layouts' launches. Grouped (``tokens`` None): q and out [B, kv_heads, group × W,
+    D]. Packed: q and out [N, heads, D], ``tokens`` [B, W] the packed index of row b's column
+    c (-1: none)."""
+    split_kernel, merge_kernel = _kernels()
+    batch, kv_heads, num_keys, head_dim = k_cache.shape
+    width = positions.shape[1]
+    if q.stride(-1) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("grouped_decode_attention needs a contiguous head_dim")
+    splits = num_splits(batch, kv_heads, num_keys, max_splits)
+    per_split = -(-num_keys // splits)
+    keys_per_split = -(-per_split // BLOCK_N) * BLOCK_N  # whole key blocks per split
+    block_m = _next_pow2(num_queries, 16)
+    positions = positions.contiguous()
+    packed = tokens is not None
+    tokens = positions if tokens is None else tokens.contiguous()  # unread when not packed
+    # Grouped: (row, kv head, query) strides; packed: (token, head, unused).
+    q_strides = (q.stride(0), q.stride(1), 0 if packed else q.stride(2))
+    out_strides = (out.stride(0), out.stride(1), 0 if packed else out.stride(2))
+    # Partial outputs and (max, sum) per split; one split writes the output directly.
+    rows = batch * kv_heads * splits * block_m if splits > 1 else 1
+    partial = torch.empty(rows, head_dim, device=q.device, dtype=torch.float32)
+    stats = torch.empty(rows, 2, device=q.device, dtype=torch.float32)
+    split_kernel[(batch * kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        tokens,
+        partial,
+        stats,
+        out,
+        *q_strides,
+        *out_strides,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        positions.stride(0),
+        tokens.stride(0),
+        num_keys,
+        keys_per_split,
+        1.0 / math.sqrt(head_dim),
+        kv_heads=kv_heads,
+        num_queries=num_queries,
+        width=width,
+        splits=splits,
+        head_dim=head_dim,
+        block_m=block_m,
+        block_w=_next_pow2(width, 1),
+        block_n=BLOCK_N,
+        packed=packed,
+        # 128 grouped queries (a 32B-shape step at W 16) hold a 128 x head_dim accumulator:
+        # twice the warps keep it in registers.
+        num_warps=8 if block_m >= 128 else 4,
+    )
+    if splits > 1:
+        merge_kernel[(batch * kv_heads,)](
+            partial,
+            stats,
+            out,
+            tokens,
+            *out_strides,
+            tokens.stride(0),
+            kv_heads=kv_heads,
+            num_queries=num_queries,
+            width=width,
+            splits=splits,
+            head_dim=head_dim,
+            block_m=block_m,
+            packed=packed,
+        )
 
 
 @torch.library.custom_op("draftctl::grouped_decode_attention", mutates_args=())
@@ -208,73 +317,41 @@ def grouped_decode_attention(
     group × W, D] like ``layers.grouped_attention`` with the engine's causal mask.
     ``max_splits``: at most this many key splits per row and head (1: one program per row and
     head, which normalises and writes the output itself)."""
-    split_kernel, merge_kernel = _kernels()
-    batch, kv_heads, num_queries, head_dim = q.shape
-    width = positions.shape[1]
-    num_keys = k_cache.shape[2]
-    if q.stride(3) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
-        raise ValueError("grouped_decode_attention needs a contiguous head_dim")
-    splits = num_splits(batch, kv_heads, num_keys, max_splits)
-    per_split = -(-num_keys // splits)
-    keys_per_split = -(-per_split // BLOCK_N) * BLOCK_N  # whole key blocks per split
-    block_m = _next_pow2(num_queries, 16)
-    positions = positions.contiguous()
-    # Partial outputs and (max, sum) per split; one split writes the output directly.
-    rows = batch * kv_heads * splits * block_m if splits > 1 else 1
-    partial = torch.empty(rows, head_dim, device=q.device, dtype=torch.float32)
-    stats = torch.empty(rows, 2, device=q.device, dtype=torch.float32)
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    split_kernel[(batch * kv_heads, splits)](
-        q,
-        k_cache,
-        v_cache,
-        positions,
-        partial,
-        stats,
-        out,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        positions.stride(0),
-        num_keys,
-        keys_per_split,
-        1.0 / math.sqrt(head_dim),
-        kv_heads=kv_heads,
-        num_queries=num_queries,
-        width=width,
-        splits=splits,
-        head_dim=head_dim,
-        block_m=block_m,
-        block_w=_next_pow2(width, 1),
-        block_n=BLOCK_N,
-        # 128 grouped queries (a 32B-shape step at W 16) hold a 128 x head_dim accumulator:
-        # twice the warps keep it in registers.
-        num_warps=8 if block_m >= 128 else 4,
-    )
-    if splits > 1:
-        merge_kernel[(batch * kv_heads,)](
-            partial,
-            stats,
-            out,
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
-            kv_heads=kv_heads,
-            num_queries=num_queries,
-            splits=splits,
-            head_dim=head_dim,
-            block_m=block_m,
-        )
+    _launch(q, k_cache, v_cache, positions, None, out, q.shape[2], max_splits)
     return out
+
+
+@torch.library.custom_op("draftctl::packed_decode_attention", mutates_args=())
+def packed_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    max_splits: int = MAX_SPLITS,
+) -> torch.Tensor:
+    """The same attention for a ragged step's packed tokens, with no layout copies: q [N,
+    heads, D] (any token and head strides, contiguous head_dim), positions [B, W] and
+    ``tokens`` [B, W] (the packed index of row b's column c, -1 where the row has none;
+    ``Packing.token_map``). Returns [N, heads, D]; tokens of no row (a bucket's padding) get
+    zeros."""
+    out = torch.zeros(q.shape, device=q.device, dtype=q.dtype)
+    group = q.shape[1] // k_cache.shape[1]
+    _launch(q, k_cache, v_cache, positions, tokens, out, group * positions.shape[1], max_splits)
+    return out
+
+
+@packed_decode_attention.register_fake
+def _fake_packed(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    max_splits: int = MAX_SPLITS,
+) -> torch.Tensor:
+    return torch.empty(q.shape, device=q.device, dtype=q.dtype)
 
 
 @grouped_decode_attention.register_fake

@@ -12,7 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
-from engines.embedded.decode_attention import MAX_SPLITS, grouped_decode_attention
+from engines.embedded.decode_attention import (
+    MAX_SPLITS,
+    grouped_decode_attention,
+    packed_decode_attention,
+)
 
 
 class RMSNorm(nn.Module):
@@ -247,9 +251,23 @@ def grouped_attention(
 class KeyPositions(NamedTuple):
     """The causal mask as the Triton attention takes it (``TargetModel.attention ==
     "triton"``): key j is visible to column c of row b iff j <= positions[b, c] — the same
-    mask ``attention_mask`` builds densely, without the [B, group * W, keys] tensor."""
+    mask ``attention_mask`` builds densely, without the [B, group * W, keys] tensor. On a
+    packed forward ``tokens`` (``Packing.token_map``) says where each (row, column)'s query is
+    among the packed tokens, and ``packed_attention`` reads them there."""
 
     positions: torch.Tensor  # [B, W]
+    tokens: torch.Tensor | None = None  # [B, W] packed index, -1: none
+
+
+def packed_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: KeyPositions
+) -> torch.Tensor:
+    """Packed queries [1, N, heads, D] (strided views fine) of a ragged step -> [1, N, heads *
+    D], the Triton attention reading and writing the packed tokens where they are (no
+    grouped-layout scatter and gather). ``mask.tokens`` is required."""
+    assert mask.tokens is not None
+    out = packed_decode_attention(q[0], k_cache, v_cache, mask.positions, mask.tokens)
+    return out.view(1, out.shape[0], -1)
 
 
 AttentionMask = torch.Tensor | KeyPositions
@@ -260,17 +278,19 @@ def check_grouped_attention(
 ) -> float:
     """Start-up check of the Triton attention on this device (``ModelRunner(attention=
     "triton")``): random steps of the model's head layout (one row at width 1 over several
-    splits, three rows at width 16 in one split) against SDPA with ``attention_mask``'s dense
-    mask. Returns the largest difference; raises ``RuntimeError`` naming the case when a
-    kernel fails to build or run, or differs by more than bf16 rounding allows."""
+    splits, three rows at width 16 in one split, and a ragged step's packed tokens) against
+    SDPA with ``attention_mask``'s dense mask. Returns the largest difference; raises
+    ``RuntimeError`` naming the case when a kernel fails to build or run, or differs by more
+    than bf16 rounding allows."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     group = num_heads // num_kv_heads
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     worst = 0.0
-    for batch, width, keys, most in ((1, 1, 300, MAX_SPLITS), (3, 16, 200, 1)):
-        case = f"{batch} rows x width {width}, {keys} keys, at most {most} splits"
-        shape = (batch, num_kv_heads, group * width, head_dim)
-        q = torch.randn(shape, generator=gen).to(device, dtype)
+    for batch, width, keys, most in ((1, 1, 300, MAX_SPLITS), (3, 16, 200, 1), (3, 16, 200, 0)):
+        packed = most == 0  # rows of 16, 5 and 1 tokens packed, read in place
+        case = f"{batch} rows x width {width}, {keys} keys, " + (
+            "packed tokens" if packed else f"at most {most} splits"
+        )
         k, v = (
             torch.randn(batch, num_kv_heads, keys, head_dim, generator=gen).to(device, dtype)
             for _ in "kv"
@@ -279,9 +299,24 @@ def check_grouped_attention(
         positions = (last - width + 1 + torch.arange(width)).to(device)
         visible = torch.arange(keys, device=device)[None, None, :] <= positions[:, :, None]
         mask = attention_mask(visible, num_heads, num_kv_heads)
-        want = grouped_attention(q, k, v, mask).float()
+        if packed:
+            used = torch.arange(width)[None, :] < torch.tensor([[width], [5], [1]])
+            tokens = torch.full((batch, width), -1, dtype=torch.int32)
+            tokens[used] = torch.arange(int(used.sum()), dtype=torch.int32)
+            q = torch.randn(int(used.sum()), num_heads, head_dim, generator=gen).to(device, dtype)
+            padded = q.new_zeros(batch, width, num_heads, head_dim)
+            padded[used.to(device)] = q
+            want = cached_attention(padded, k, v, mask)[used.to(device)].float()
+        else:
+            shape = (batch, num_kv_heads, group * width, head_dim)
+            q = torch.randn(shape, generator=gen).to(device, dtype)
+            want = grouped_attention(q, k, v, mask).float()
         try:
-            got = grouped_decode_attention(q, k, v, positions, most).float()
+            if packed:
+                got = packed_decode_attention(q, k, v, positions, tokens.to(device))
+                got = got.float().view(got.shape[0], -1)
+            else:
+                got = grouped_decode_attention(q, k, v, positions, most).float()
         except Exception as exc:
             raise RuntimeError(
                 f"attention: triton failed on {device} ({case}): {exc!r}; use attention: sdpa"

@@ -6,11 +6,13 @@ projections, the MLP and the LM head pay for ``B x W`` tokens; packed they pay f
 ``N = sum(k_r + 1)``, so a row's own k (0 included) changes the step's cost. Norms, RoPE and
 the KV-cache writes run on the packed tokens too (``cache_slots`` says where each one writes);
 only the attention itself takes the padded ``[B, W]`` layout (each row attends to its own cache
-slot): the queries are scattered straight into the grouped layout the attention kernel reads
-(``grouped_queries``: ``[B, kv_heads, group * W, head_dim]``, one index kernel that also does
-the head permutation) and the outputs gathered from it back into packed tokens
-(``packed_output``, one index kernel): two index kernels per layer, no layout copies.
-Padded positions hold stale or zero queries there and their outputs are dropped.
+slot): with SDPA the queries are scattered straight into the grouped layout the attention
+kernel reads (``grouped_queries``: ``[B, kv_heads, group * W, head_dim]``, one index kernel
+that also does the head permutation) and the outputs gathered from it back into packed tokens
+(``packed_output``, one index kernel): two index kernels per layer, no layout copies. Padded
+positions hold stale or zero queries there and their outputs are dropped. The Triton attention
+reads and writes the packed tokens in place (``token_map``, built once per forward:
+``decode_attention.packed_decode_attention``), so its layers need neither index kernel.
 
 Two index vectors describe a packing: ``gather`` [N] picks the packed tokens out of the flattened
 ``B * W`` batch, ``scatter`` [N] puts them back. Eager packings compute both from a mask
@@ -88,6 +90,17 @@ class Packing:
         index = (scatter, rows, kv_heads, queries)
         self._grouped = ((num_heads, num_kv_heads), index)
         return index
+
+    def token_map(self) -> torch.Tensor:
+        """[B, W] int32: the packed index of row b's column c, -1 where the row has no token
+        (what the Triton attention reads packed queries by, ``packed_decode_attention``: no
+        layout copies). Built once per forward, in one index kernel; a bucket's padding tokens
+        (scattered to the scratch row) appear nowhere."""
+        batch, width = self.shape
+        device = self.scatter.device
+        flat = torch.full((batch * width + 1,), -1, dtype=torch.int32, device=device)
+        flat[self.scatter] = torch.arange(self.num_tokens, dtype=torch.int32, device=device)
+        return flat[:-1].view(batch, width)
 
     def grouped_queries(self, q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
         """Packed queries [1, N, heads, head_dim] (a strided view is fine) -> the grouped layout

@@ -24,6 +24,7 @@ from engines.embedded.layers import (
     decoder_layers,
     grouped_attention,
     load_strict,
+    packed_attention,
     write_cache,
     write_cache_at,
 )
@@ -62,6 +63,8 @@ def target_layer_step(
     k_cache, v_cache = k_cache[:, :, :num_keys], v_cache[:, :, :num_keys]
     if packing is None:
         attn = cached_attention(q, k_cache, v_cache, mask)
+    elif isinstance(mask, KeyPositions) and mask.tokens is not None:
+        attn = packed_attention(q, k_cache, v_cache, mask)  # Triton: the packed tokens in place
     else:  # queries scattered straight into the grouped layout, outputs gathered from it
         grouped = packing.grouped_queries(q, layer.num_kv_heads)
         out = grouped_attention(grouped, k_cache, v_cache, mask)
@@ -135,7 +138,8 @@ class TargetModel(nn.Module):
         mask: AttentionMask
         group = self.shape.num_heads // self.shape.num_kv_heads
         if self.attention == "triton" and group * positions.shape[1] <= MAX_GROUPED_QUERIES:
-            mask = KeyPositions(positions)  # steps; prefills (long W) keep SDPA
+            # steps; prefills (long W) keep SDPA. Packed: queries read where they are.
+            mask = KeyPositions(positions, None if packing is None else packing.token_map())
         else:
             key_positions = torch.arange(num_keys, device=input_ids.device)
             visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, W, num_keys]
@@ -146,7 +150,8 @@ class TargetModel(nn.Module):
         rope = self.rotary.tables(token_positions, h.dtype)
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)
         written = cache_rows(positions, slots) if packed is None else None
-        if packing is not None:  # built once here, shared by every layer's attention
+        if packing is not None and not isinstance(mask, KeyPositions):
+            # built once here, shared by every layer's attention
             packing.grouped_index(self.shape.num_heads, self.shape.num_kv_heads)
         saved: dict[int, torch.Tensor] = {}
         step = self.layer_step

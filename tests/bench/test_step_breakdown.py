@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,23 @@ def test_the_step_breakdown_runs_every_case(tmp_path: Path) -> None:
     for choice in ("default", "no_cudnn"):  # new attention shapes: first and second call
         first_use = report["first_use"][choice]
         assert len(first_use["first_call_ms"]) == len(first_use["second_call_ms"]) == 6
+
+
+def test_the_whole_step_cases_run_with_the_triton_attention(tmp_path: Path) -> None:
+    """``--attention triton`` (Triton's CPU interpreter here): the start-up check passes and
+    every whole-step case, the ragged one reading its packed queries in place, is timed."""
+    out = tmp_path / "breakdown.json"
+    argv = ["--shape", "tiny", "--device", "cpu", "--batches", "4", "--widths", "1,16"]
+    argv += ["--repeats", "1", "--cache-len", "128", "--context", "40", "--attention", "triton"]
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "step_breakdown_gpu.py"), *argv, "--out", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    report = json.loads(out.read_text())
+    assert report["attention"] == "triton"
+    names = [name for name in report["cases"] if not name.startswith("attention")]
+    assert len(names) == 4 and any(name.startswith("ragged 4x16") for name in names), names
+    assert all(report["cases"][name]["graph_ms"] > 0 for name in names)

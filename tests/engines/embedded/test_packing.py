@@ -164,6 +164,22 @@ def test_triton_attention_matches_the_dense_mask_and_reads_only_the_used_keys() 
     )
     used = sum(lengths)
     torch.testing.assert_close(got[:, :used], packing.pack(want)[:, :used])
+    # In place (a ragged step's Triton path): queries read and outputs written at their packed
+    # tokens (a strided view is fine), with many splits and with one; a row's columns without a
+    # token bound no keys (NaN past row 0's second position is never read); a bucket's padding
+    # tokens get zeros.
+    tokens = packing.token_map()
+    assert (tokens >= 0).tolist() == [[c < n for c in range(width)] for n in lengths]
+    assert sorted(tokens[tokens >= 0].tolist()) == list(range(used))
+    k_cache[0, :, int(positions[0, lengths[0] - 1]) + 1 :] = float("nan")
+    v_cache[0, :, int(positions[0, lengths[0] - 1]) + 1 :] = float("nan")
+    wide = torch.cat([packing.pack(q)[0], torch.randn(9, 3, dim, generator=gen)], 1)
+    for most in (decode_attention.MAX_SPLITS, 1):
+        out = decode_attention.packed_decode_attention(
+            wide[:, :heads], k_cache, v_cache, positions, tokens, most
+        )
+        assert out.isfinite().all() and (out[used:] == 0).all()
+        torch.testing.assert_close(out.view(1, 9, -1)[:, :used], packing.pack(want)[:, :used])
 
 
 def test_triton_attention_traces_as_one_graph_as_an_opaque_op() -> None:

@@ -203,14 +203,19 @@ def test_a_ragged_verify_writes_only_its_tokens_positions_and_the_scratch_positi
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("scope", ["forward", "layer"])
-def test_ragged_verify_traces_as_one_graph(agreeing_pair: tuple[Path, Path], scope: str) -> None:
+@pytest.mark.parametrize(
+    ("scope", "attention"), [("forward", "sdpa"), ("layer", "sdpa"), ("layer", "triton")]
+)
+def test_ragged_verify_traces_as_one_graph(
+    agreeing_pair: tuple[Path, Path], scope: str, attention: Attention
+) -> None:
     """``torch_compile`` wraps the ragged forward in ``fullgraph=True`` (``forward``), or
     compiles the target's layer step alone (``layer``: packed cache writes, queries unpacked
-    for attention): no host sync or graph break may hide in it, the layer step is one graph
-    every layer reuses, and both give eager's logits on the rows' valid positions (the eager
-    backend traces without compiling kernels)."""
-    runner = graph_runner(agreeing_pair, "ragged")
+    for attention, or with the Triton attention read in place as one opaque op): no host sync
+    or graph break may hide in it, the layer step is one graph every layer reuses, and both
+    give eager's logits on the rows' valid positions (the eager backend traces without
+    compiling kernels)."""
+    runner = graph_runner(agreeing_pair, "ragged", attention=attention)
     ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
     positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
     index = ragged_index([3, 1, 8, 2], 4, 8, 16)
