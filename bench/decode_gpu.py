@@ -32,7 +32,7 @@ attention; ``step_ms_eager_triton`` / ``step_ms_compiled_triton`` in the batch t
 runner's logits and engine tokens against the eager SDPA reference).
 
     python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
-        [--compile-scope forward|layer] [--compile-mode default|max-autotune]
+        [--compile-scope forward|layer] [--compile-mode default|max-autotune|coordinate-descent]
         [--attention sdpa,triton]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
@@ -197,7 +197,7 @@ def measure_shape(
     compile_too: bool = True,
     compile_scope: CompileScope = "forward",
     attentions: tuple[Attention, ...] = ("sdpa",),
-    compile_mode: CompileMode = "default",
+    compile_modes: tuple[CompileMode, ...] = ("default",),
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -212,7 +212,7 @@ def measure_shape(
         "shape": name,
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
-        "compile_mode": compile_mode,
+        "compile_mode": ",".join(compile_modes),
     }
     batches = batches or [1]
     max_batch = max(batches)
@@ -221,13 +221,14 @@ def measure_shape(
     # The reference (eager kernels, SDPA) first; every other runner on its own copy of the
     # models (same seed, same weights): regional compilation swaps the target's layer step and
     # the attention kernel is a model attribute.
-    modes: list[tuple[str, bool, Attention]] = [("eager", False, "sdpa")]
+    modes: list[tuple[str, bool, Attention, CompileMode]] = [("eager", False, "sdpa", "default")]
     for attention in attentions:
         if attention != "sdpa":
-            modes.append((runner_label(False, attention), False, attention))
-        if compile_too:
-            modes.append((runner_label(True, attention), True, attention))
-    for label, compiled, attention in modes:
+            modes.append((runner_label(False, attention), False, attention, "default"))
+        for compile_mode in compile_modes if compile_too else ():
+            label = runner_label(True, attention, compile_mode)
+            modes.append((label, True, attention, compile_mode))
+    for label, compiled, attention, compile_mode in modes:
         models = (target, draft)
         if label != "eager":
             torch.manual_seed(0)
@@ -297,10 +298,12 @@ def measure_shape(
     return result
 
 
-def runner_label(compiled: bool, attention: Attention) -> str:
-    """eager, compiled (SDPA), eager_triton, compiled_triton."""
+def runner_label(compiled: bool, attention: Attention, mode: CompileMode = "default") -> str:
+    """eager, compiled (SDPA), eager_triton, compiled_triton; a compile mode other than the
+    default is appended (compiled_triton_max_autotune, compiled_coordinate_descent)."""
     kernels = "compiled" if compiled else "eager"
-    return kernels if attention == "sdpa" else f"{kernels}_{attention}"
+    label = kernels if attention == "sdpa" else f"{kernels}_{attention}"
+    return label if mode == "default" else f"{label}_{mode.replace('-', '_')}"
 
 
 def main() -> int:
@@ -320,9 +323,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--compile-mode",
-        choices=COMPILE_MODES,
         default="default",
-        help="how the compiled runners compile: inductor's default, or max-autotune",
+        help="comma-separated: how the compiled runners compile, one runner per mode and "
+        "attention: " + ", ".join(COMPILE_MODES) + " (engines/embedded/events.py)",
     )
     parser.add_argument(
         "--attention",
@@ -335,6 +338,9 @@ def main() -> int:
     attentions = tuple(args.attention.split(","))
     if unknown := [a for a in attentions if a not in ATTENTIONS]:
         parser.error(f"--attention: unknown {unknown}; use {', '.join(ATTENTIONS)}")
+    compile_modes = tuple(args.compile_mode.split(","))
+    if unknown := [m for m in compile_modes if m not in COMPILE_MODES]:
+        parser.error(f"--compile-mode: unknown {unknown}; use {', '.join(COMPILE_MODES)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (CUDA graphs)")
@@ -358,7 +364,7 @@ def main() -> int:
                 not args.no_compile,
                 args.compile_scope,
                 attentions,  # type: ignore[arg-type]
-                args.compile_mode,
+                compile_modes,  # type: ignore[arg-type]
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)

@@ -110,8 +110,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--compile-mode",
         choices=COMPILE_MODES,
         default="default",
-        help="with --compile-scope: inductor's default, or max-autotune (kernel choices "
-        "benchmarked at start-up); the arm info records max-autotune",
+        help="with --compile-scope: inductor's default, max-autotune (kernel choices "
+        "benchmarked at start-up) or coordinate-descent (inductor's own kernels tuned); the "
+        "arm info records a mode other than default",
     )
     parser.add_argument(
         "--attention",

@@ -75,8 +75,9 @@ class EmbeddedConfig(Section):
     # What torch_compile compiles: each forward whole, or the target's decoder-layer step
     # once for all its layers (regional: start-up does not grow with depth). docs/engine.md.
     torch_compile_scope: CompileScope = "forward"
-    # How torch_compile compiles: inductor's default, or max-autotune (GEMM and other kernel
-    # choices benchmarked per shape at start-up: slower start, maybe faster steps).
+    # How torch_compile compiles: inductor's default; max-autotune (GEMM and other kernel
+    # choices benchmarked per shape at start-up: H200 8B batch 1 -9%, batch 8 slower, 6+ min
+    # cold start); or coordinate-descent (inductor's own kernels tuned, no GEMM search).
     torch_compile_mode: CompileMode = "default"
     # CUDA-graph verifies: packed to the tokens the rows use (graphs keyed on a token bucket,
     # each kept only where faster than the padded graph; more graphs at start-up), or every

@@ -59,9 +59,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--compile-mode",
         default="default",
-        choices=["default", "max-autotune"],
-        help="with --compile: inductor's default, or max-autotune (kernel choices benchmarked "
-        "per shape at start-up)",
+        choices=["default", "max-autotune", "coordinate-descent"],
+        help="with --compile: inductor's default; max-autotune (kernel choices, GEMMs "
+        "included, benchmarked per shape at start-up); or coordinate-descent (only inductor's "
+        "own kernels' launch configurations tuned)",
     )
     parser.add_argument(
         "--verify-mode",

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from engines.embedded.checkpoint import DraftSpec
-from engines.embedded.events import CompileMode, inductor_mode
+from engines.embedded.events import CompileMode, inductor_arguments
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     DecoderLayer,
@@ -76,7 +76,9 @@ class DraftModel(nn.Module):
         (``TargetModel.compile_layers``). The context insert (a projection and a cache write
         per layer) stays eager."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(draft_layer_step, fullgraph=True, mode=inductor_mode(mode))
+        self.layer_step = torch.compile(
+            draft_layer_step, fullgraph=True, **inductor_arguments(mode)
+        )
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         state = {

@@ -18,16 +18,22 @@ VERIFY_MODES: tuple[VerifyMode, ...] = ("padded", "ragged")
 # for every layer (regional compilation; ``ModelRunner``).
 CompileScope = Literal["forward", "layer"]
 COMPILE_SCOPES: tuple[CompileScope, ...] = ("forward", "layer")
-# How ``torch_compile`` compiles: inductor's default, or max-autotune (benchmarks kernel choices,
-# GEMM templates included, per shape at start-up; our own CUDA graphs replay the result, so
-# inductor's are off: "max-autotune-no-cudagraphs"). ``ModelRunner``.
-CompileMode = Literal["default", "max-autotune"]
-COMPILE_MODES: tuple[CompileMode, ...] = ("default", "max-autotune")
+# How ``torch_compile`` compiles: inductor's default; max-autotune (benchmarks kernel choices,
+# GEMM templates included, per shape at start-up, plus coordinate-descent tuning; our own CUDA
+# graphs replay the result, so inductor's are off: "max-autotune-no-cudagraphs"); or
+# coordinate-descent (only the tuning of inductor's generated kernels' launch configurations,
+# no GEMM search: what max-autotune does besides the GEMMs). ``ModelRunner``.
+CompileMode = Literal["default", "max-autotune", "coordinate-descent"]
+COMPILE_MODES: tuple[CompileMode, ...] = ("default", "max-autotune", "coordinate-descent")
 
 
-def inductor_mode(mode: CompileMode) -> str | None:
-    """``torch.compile``'s ``mode`` for a ``CompileMode``."""
-    return None if mode == "default" else "max-autotune-no-cudagraphs"
+def inductor_arguments(mode: CompileMode) -> dict[str, Any]:
+    """``torch.compile``'s keyword arguments (``mode`` or ``options``) for a ``CompileMode``."""
+    if mode == "max-autotune":
+        return {"mode": "max-autotune-no-cudagraphs"}
+    if mode == "coordinate-descent":
+        return {"options": {"coordinate_descent_tuning": True}}
+    return {}
 
 
 # The target's attention kernel (docs/engine.md, "Attention"): PyTorch SDPA with a dense mask,

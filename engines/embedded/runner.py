@@ -33,7 +33,7 @@ from engines.embedded.events import (
     CompileMode,
     CompileScope,
     VerifyMode,
-    inductor_mode,
+    inductor_arguments,
 )
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import check_grouped_attention
@@ -192,12 +192,10 @@ class ModelRunner:
             target.compile_layers(compile_mode)
             draft.compile_layers(compile_mode)
         elif compile_forwards:
-            mode = inductor_mode(compile_mode)
-            self._verify = torch.compile(self._verify_forward, fullgraph=True, mode=mode)
-            self._draft = torch.compile(self._draft_forward, fullgraph=True, mode=mode)
-            self._ragged_verify = torch.compile(
-                self._ragged_verify_forward, fullgraph=True, mode=mode
-            )
+            how = inductor_arguments(compile_mode)
+            self._verify = torch.compile(self._verify_forward, fullgraph=True, **how)
+            self._draft = torch.compile(self._draft_forward, fullgraph=True, **how)
+            self._ragged_verify = torch.compile(self._ragged_verify_forward, fullgraph=True, **how)
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
         self.block_size = draft.spec.block_size

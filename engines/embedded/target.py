@@ -10,7 +10,7 @@ from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
 from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
-from engines.embedded.events import Attention, CompileMode, inductor_mode
+from engines.embedded.events import Attention, CompileMode, inductor_arguments
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     AttentionMask,
@@ -101,7 +101,9 @@ class TargetModel(nn.Module):
         prefills), so its variants and their dynamic forms may exceed dynamo's default of 8
         compiles per function, past which it would silently run eager: the limit is raised."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(target_layer_step, fullgraph=True, mode=inductor_mode(mode))
+        self.layer_step = torch.compile(
+            target_layer_step, fullgraph=True, **inductor_arguments(mode)
+        )
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF ``model.*`` / ``lm_head`` tensors; ties the head to the embedding if needed."""

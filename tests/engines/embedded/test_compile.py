@@ -89,16 +89,22 @@ def test_compile_mode_reaches_torch_compile(
     tiny_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``compile_mode: max-autotune`` compiles both layer steps with inductor's max-autotune
-    without its CUDA graphs (the runner captures its own); ``default`` passes no mode; an
-    unknown mode is refused by name."""
+    without its CUDA graphs (the runner captures its own); ``coordinate-descent`` only turns
+    on inductor's coordinate-descent tuning; ``default`` passes neither; an unknown mode is
+    refused by name."""
     seen: list[object] = []
 
     def spy(fn: object, **kwargs: object) -> object:
-        seen.append(kwargs.get("mode"))
+        seen.append({k: v for k, v in kwargs.items() if k in ("mode", "options")})
         return fn
 
     monkeypatch.setattr(torch, "compile", spy)
-    for mode, want in (("max-autotune", "max-autotune-no-cudagraphs"), ("default", None)):
+    cases = (
+        ("max-autotune", {"mode": "max-autotune-no-cudagraphs"}),
+        ("coordinate-descent", {"options": {"coordinate_descent_tuning": True}}),
+        ("default", {}),
+    )
+    for mode, want in cases:
         seen.clear()
         load_runner(
             *tiny_pair,
@@ -111,5 +117,8 @@ def test_compile_mode_reaches_torch_compile(
             compile_mode=mode,  # type: ignore[arg-type]
         )
         assert seen == [want, want]  # the target's layer step and the draft's
-    with pytest.raises(ValueError, match="compile_mode='fast': use one of default, max-autotune"):
+    with pytest.raises(
+        ValueError,
+        match="compile_mode='fast': use one of default, max-autotune, coordinate-descent",
+    ):
         load_runner(*tiny_pair, torch.device("cpu"), 1, 64, compile_mode="fast")  # type: ignore[arg-type]
