@@ -17,6 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engines.embedded.events import (
+    ATTENTION_CHOICES,
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    VERIFY_MODES,
+)
 from policies.types import max_spec_tokens
 
 logger = logging.getLogger(__name__)
@@ -52,14 +58,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--compile-scope",
         default="forward",
-        choices=["forward", "layer"],
+        choices=COMPILE_SCOPES,
         help="with --compile: each forward whole, or the target's layer step once for all "
         "layers (regional: start-up does not grow with depth)",
     )
     parser.add_argument(
         "--compile-mode",
         default="default",
-        choices=["default", "max-autotune", "coordinate-descent"],
+        choices=COMPILE_MODES,
         help="with --compile: inductor's default; max-autotune (kernel choices, GEMMs "
         "included, benchmarked per shape at start-up); or coordinate-descent (only inductor's "
         "own kernels' launch configurations tuned)",
@@ -67,14 +73,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--verify-mode",
         default="ragged",
-        choices=["padded", "ragged"],
+        choices=VERIFY_MODES,
         help="CUDA-graph verifies packed to the tokens rows use (default), or padded to the "
         "widest k",
     )
     parser.add_argument(
         "--attention",
         default="auto",
-        choices=["auto", "sdpa", "triton"],
+        choices=ATTENTION_CHOICES,
         help="the target's attention kernel: SDPA with a dense mask, or a split-KV Triton "
         "kernel reading only the keys each row uses (CUDA only); auto (default): triton on "
         "CUDA where its start-up check passes, else SDPA",

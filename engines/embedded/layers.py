@@ -17,6 +17,7 @@ from engines.embedded.decode_attention import (
     grouped_decode_attention,
     packed_decode_attention,
 )
+from engines.embedded.packing import Packing
 
 
 class RMSNorm(nn.Module):
@@ -300,20 +301,18 @@ def check_grouped_attention(
         visible = torch.arange(keys, device=device)[None, None, :] <= positions[:, :, None]
         mask = attention_mask(visible, num_heads, num_kv_heads)
         if packed:
-            used = torch.arange(width)[None, :] < torch.tensor([[width], [5], [1]])
-            tokens = torch.full((batch, width), -1, dtype=torch.int32)
-            tokens[used] = torch.arange(int(used.sum()), dtype=torch.int32)
-            q = torch.randn(int(used.sum()), num_heads, head_dim, generator=gen).to(device, dtype)
-            padded = q.new_zeros(batch, width, num_heads, head_dim)
-            padded[used.to(device)] = q
-            want = cached_attention(padded, k, v, mask)[used.to(device)].float()
+            packing = Packing.from_lengths(torch.tensor([width, 5, 1], device=device), width)
+            q = torch.randn(packing.num_tokens, num_heads, head_dim, generator=gen)
+            q = q.to(device, dtype)
+            padded = packing.unpack(q[None])  # zeros where a row has no token
+            want = packing.pack(cached_attention(padded, k, v, mask))[0].float()
         else:
-            shape = (batch, num_kv_heads, group * width, head_dim)
-            q = torch.randn(shape, generator=gen).to(device, dtype)
+            q = torch.randn(batch, num_kv_heads, group * width, head_dim, generator=gen)
+            q = q.to(device, dtype)
             want = grouped_attention(q, k, v, mask).float()
         try:
             if packed:
-                got = packed_decode_attention(q, k, v, positions, tokens.to(device))
+                got = packed_decode_attention(q, k, v, positions, packing.token_map())
                 got = got.float().view(got.shape[0], -1)
             else:
                 got = grouped_decode_attention(q, k, v, positions, most).float()
