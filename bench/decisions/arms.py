@@ -302,7 +302,7 @@ def _engine_table(engine: Engine) -> CostTable:
     the goodput policy (``cost_profile``, engines/embedded/step_profile.py): its kernels, its
     verify layout and the draft, where the committed tables are eager SDPA target forwards."""
     batches = batch_sizes_for(MAX_BATCH)
-    widths = widths_for(engine.block_size)
+    widths = widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths)
     started = time.perf_counter()
 
     def point(batch: int, width: int, seconds: float) -> None:

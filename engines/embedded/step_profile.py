@@ -6,7 +6,10 @@ width-8 verify costs several plain steps, on an H200 barely more than one. So wh
 names no ``cost_table``, the embedded backend measures its own: whole engine steps (draft
 forward, sampling and host work included, hence ``includes_draft``) for batch sizes 1, 2, 4, …
 up to ``max_batch_size`` and the widths the policy can choose (1 = drafting off, then the
-padded verify widths up to the block), a few timed steps each after an untimed first one. The
+padded verify widths up to the block; on an engine that verifies each row at its own width,
+width 2 and every fourth width as well, so that the draft forward's fixed cost sits between
+widths 1 and 2 instead of being spread over the first drafted tokens), a few timed steps each
+after an untimed first one. The
 table is cached by model and device (a hash of both configs, the weight files' sizes and
 modification times, the device, torch's version and the engine's limits), so a restart reads
 it in milliseconds; the online cost fit then refines it from live steps.
@@ -34,7 +37,7 @@ from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 1  # part of the cache key: a change of method re-measures
+PROFILE_VERSION = 2  # part of the cache key: a change of method re-measures
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
@@ -50,10 +53,24 @@ def batch_sizes_for(max_batch_size: int) -> list[int]:
     return sizes
 
 
-def widths_for(block_size: int, multiple: int = WIDTH_MULTIPLE) -> list[int]:
-    """1 (drafting off) and every padded verify width up to k = block - 1."""
+def widths_for(
+    block_size: int, multiple: int = WIDTH_MULTIPLE, per_row_widths: bool = False
+) -> list[int]:
+    """1 (drafting off) and every padded verify width up to k = block - 1.
+
+    ``per_row_widths`` (ragged verifies): rows run at any width, so the table also holds width 2
+    (k = 1) and every fourth width. A whole-step table interpolates linearly between its
+    widths; with only 1 and 8 the draft forward (paid once a row drafts at all) is spread over
+    the first seven drafted tokens of each row. On the H200 (8B shape, batch 1: 6.36 / 8.58 /
+    8.70 ms at widths 1 / 8 / 16) that priced one of those tokens 20x what one more token past
+    width 8 costs, and vLLM's budget rule priced with it verified far fewer drafts
+    (bench/results/gpu_decisions_ragged.json, arm synthetic-8b-ragged-triton-engine).
+    """
     k_max = max_spec_tokens(block_size)
-    return sorted({1, *(padded_width(k, multiple) for k in range(1, k_max + 1))})
+    widths = {1, *(padded_width(k, multiple) for k in range(1, k_max + 1))}
+    if per_row_widths:
+        widths |= {w for w in (2, *range(4, k_max + 2, 4)) if w <= k_max + 1}
+    return sorted(widths)
 
 
 def profile_steps(
@@ -187,7 +204,7 @@ def cached_or_profiled(
     table = profile_steps(
         engine,
         batch_sizes_for(max_batch_size),
-        widths_for(engine.block_size),
+        widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths),
         on_point=lambda b, w, s: log.info(
             "cost profile: batch %d, width %d: %.2f ms per step", b, w, 1e3 * s
         ),

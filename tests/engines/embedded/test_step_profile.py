@@ -22,6 +22,7 @@ from engines.embedded.step_profile import (
     widths_for,
 )
 from engines.step_controller import FixedPolicySource, StepController
+from policies.baselines.ragged_cost import TableRaggedCost
 from policies.costmodel import CostModel, CostTable
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec, PolicySpec
@@ -61,6 +62,41 @@ def test_the_grid_covers_every_batch_and_the_widths_the_policy_can_choose() -> N
     assert batch_sizes_for(1) == [1]
     assert widths_for(16) == [1, 8, 16]
     assert widths_for(8) == [1, 8]
+    # rows at their own widths: k = 1 and every fourth width as well
+    assert widths_for(16, per_row_widths=True) == [1, 2, 4, 8, 12, 16]
+    assert widths_for(8, per_row_widths=True) == [1, 2, 4, 8]
+
+
+def whole_step_s(batch: float, width: float) -> float:
+    """A ragged engine's step in ms: the plain forward, the draft forward once any row drafts,
+    then a price per verified token (about the H200 8B-shape profile at batch 1: 6.36 ms at
+    width 1, 8.58 at 8, 8.70 at 16)."""
+    drafting = 2.1 if width > 1 else 0.0
+    return 6.36 + 0.1 * batch + drafting + 0.015 * batch * (width - 1)
+
+
+def test_a_ragged_profile_prices_drafted_tokens_without_the_draft_forward() -> None:
+    """vLLM's budget rule and the per-slot allocator read the marginal cost of one more
+    drafted token from the table; on widths 1, 8, 16 the draft forward was spread over the
+    first seven tokens of each row, and at batch 1 such a token looked 20x as expensive as it
+    is (H200 session 15: vllm-av then verified about half the drafts)."""
+
+    def profiled(widths: list[int]) -> TableRaggedCost:
+        batches = (1, 8)
+        times = tuple(tuple(whole_step_s(b, w) for w in widths) for b in batches)
+        table = CostTable(batches, tuple(widths), times, includes_draft=True)
+        return TableRaggedCost(CostModel(table, block_size=16))
+
+    coarse, fine = profiled(widths_for(16)), profiled(widths_for(16, per_row_widths=True))
+    for rows in (1, 4, 8):
+        for drafts in (rows, 3 * rows, 7 * rows, 12 * rows):  # each row drafting 1 to 12
+            truth = whole_step_s(rows, 1 + drafts / rows)
+            assert fine.step_time_s(rows, drafts) == pytest.approx(truth, rel=1e-9)
+            marginal = fine.step_time_s(rows, drafts + rows) - fine.step_time_s(rows, drafts)
+            assert marginal == pytest.approx(0.015 * rows, rel=1e-6)
+        assert fine.step_time_s(rows, 0) == pytest.approx(whole_step_s(rows, 1))
+    old = coarse.step_time_s(1, 4) - coarse.step_time_s(1, 3)
+    assert old > 15 * 0.015  # the old grid's price of one more drafted token at batch 1
 
 
 def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
@@ -99,6 +135,8 @@ def test_the_cache_is_keyed_by_model_and_device(pair: tuple[Path, Path], tmp_pat
         assert key != cache_key(target, draft, "cpu", MAX_BATCH, 256, {**kernels, name: other})
     first, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
     assert origin.startswith("profiled") and (tmp_path / f"steps-{key}.json").is_file()
+    assert engine.runner.per_row_widths  # steps are packed on the CPU: rows at their own widths
+    assert first.tokens_per_request == (1, 2, 4, 8, 12, 16)
     again, origin = cached_or_profiled(engine, key, tmp_path, MAX_BATCH, {"target": "t"})
     assert origin.startswith("cached") and again.step_time_s == first.step_time_s
     assert again.includes_draft
