@@ -37,8 +37,12 @@ class PhaseTally:
     decode_s: float = 0.0
     # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms, and for a
     # two-phase step the ms blocked on the draft's confidence and the ms from it to the
-    # verify's launch (the allocation on the step's path; both 0 one-phase)] (k over time).
-    timeline: list[tuple[int, int, int, float, float, float]] = field(default_factory=list)
+    # verify's launch (the allocation on the step's path; both 0 one-phase), the tokens the
+    # step verified (sum over rows of k + 1) and the tokens it emitted] (k over time; the last
+    # two since session 15: what each step bought for its time).
+    timeline: list[tuple[int, int, int, float, float, float, int, int]] = field(
+        default_factory=list
+    )
     # Two-phase steps' host ms from the draft's confidence to the verify's launch.
     allocation_ms: list[float] = field(default_factory=list)
     # Steps whose rows ran different k (a ragged engine's per-row choices), and the tokens
@@ -122,13 +126,15 @@ def _run_phase(
         step_s = time.perf_counter() - step_started
         tally.step_s.append(step_s)
         ks = []
+        emitted = 0
         for request, event in events:
             if not isinstance(event, TokenEvent):
                 raise RuntimeError(f"request {request.request_id} failed: {event}")
-            tally.tokens += len(event.token_ids)
+            emitted += len(event.token_ids)
             if event.report is not None:
                 ks.append(event.report.spec_tokens)
                 tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
+        tally.tokens += emitted
         tally.row_ks += ks
         tally.mixed_k_steps += int(len(set(ks)) > 1)
         tally.verify_tokens += sum(ks) + len(ks)
@@ -143,12 +149,14 @@ def _run_phase(
                 round(1e3 * step_s, 3),
                 round(1e3 * waited_s, 3),
                 round(1e3 * allocation_s, 3),
+                sum(ks) + len(ks),
+                emitted,
             )
         )
         if ks and not admitted:
             shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
             tally.by_shape[shape].append(step_s)
-            tally.decode_tokens += sum(len(e.token_ids) for _, e in events)  # type: ignore[union-attr]
+            tally.decode_tokens += emitted
             tally.decode_s += step_s
     tally.elapsed_s = time.perf_counter() - started
     host_after = built.host()

@@ -118,8 +118,9 @@ def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> Non
 
 def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_path: Path) -> None:
     """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted, ms,
-    two-phase wait ms, two-phase allocation ms], whose rows add up to the row-steps the phase
-    counted; the plot script draws both panels."""
+    two-phase wait ms, two-phase allocation ms, tokens verified, tokens emitted], whose rows add
+    up to the row-steps the phase counted and whose tokens to the phase's; the plot script
+    draws both panels."""
     pytest.importorskip("matplotlib")
     from bench.decisions.plot import main as plot
 
@@ -128,7 +129,14 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
         for phase in run["phases"].values():
             timeline = phase["timeline"]
             assert len(timeline) == phase["steps"]
-            assert all(len(step) == 6 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert all(len(step) == 8 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert sum(step[7] for step in timeline) == phase["tokens"]
+            assert sum(step[6] for step in timeline) == round(
+                phase["verify_tokens_per_step"] * phase["steps"]
+            )
+            # a decode step (no admission, whose prefill emits too) emits one to k + 1 per row
+            decode = [step for step in timeline if step[0] and not step[2]]
+            assert decode and all(step[0] <= step[7] <= step[6] for step in decode)
             if run["policy"] == "no-spec":
                 assert all(step[1] == 0 for step in timeline)
     png = tmp_path / "gpu.png"
@@ -310,7 +318,7 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     for name in ("goodput", "goodput-slots", "vllm-av"):
         phases = runs[name]["phases"].values()
         steps = [step for phase in phases for step in phase["timeline"]]
-        assert all(len(step) == 6 for step in steps)
+        assert all(len(step) == 8 for step in steps)
         assert any(step[5] > 0 for step in steps), name
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
     for name in ("static-k7", "oracle", "goodput@padded", "vllm-av@padded"):
