@@ -169,6 +169,7 @@ def _graphs(runner: Any) -> dict[str, Any]:
         "ragged": len(runner._ragged_graphs),
         "ragged_dropped": [list(key) for key in runner.ragged_dropped],
         "capture_s": runner.capture_s,
+        "capture_parts_s": runner.capture_parts_s,
     }
 
 

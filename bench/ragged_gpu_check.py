@@ -170,6 +170,7 @@ class Bench:
             "attention": args.attention,
             "build_models_s": round(built_s, 2),
             "capture_s": {k: round(v, 2) for k, v in runner.capture_s.items()},
+            "capture_parts_s": {k: round(v, 2) for k, v in runner.capture_parts_s.items()},
             "num_graphs": {"padded": len(runner._graphs), "ragged": len(runner._ragged_graphs)},
             "widths": runner.widths,
             "batch_sizes": batches,

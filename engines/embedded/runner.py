@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -246,17 +246,27 @@ class ModelRunner:
         # ragged buckets that were slower than their padded graph (dropped).
         self.graph_ms: dict[str, dict[str, float]] = {"padded": {}, "ragged": {}}
         self.ragged_dropped: list[tuple[int, int, int]] = []
-        # Start-up seconds spent capturing the padded graphs and the ragged verify graphs.
+        # Start-up seconds spent capturing the padded graphs (verify and draft, then prefill)
+        # and the ragged verify graphs (capture, then pruning); ``capture_parts_s`` splits
+        # them, and ``first_*`` is the first graph of a kind: a compiled runner compiles there.
         self.capture_s = {"padded": 0.0, "ragged": 0.0}
+        self.capture_parts_s: dict[str, float] = {}
         if use_cuda_graphs:
             started = time.perf_counter()
             self._capture()
+            marked = time.perf_counter()
+            self.capture_parts_s["verify_and_draft"] = marked - started
             self._capture_prefill()
+            self.capture_parts_s["prefill"] = time.perf_counter() - marked
             self.capture_s["padded"] = time.perf_counter() - started
             if verify_mode == "ragged":
+                marked = time.perf_counter()
                 self._capture_ragged()
+                self.capture_parts_s["ragged_graphs"] = time.perf_counter() - marked
                 if device.type == "cuda" if prune_ragged is None else prune_ragged:
+                    marked = time.perf_counter()
                     self.keep_faster_ragged()
+                    self.capture_parts_s["ragged_pruning"] = time.perf_counter() - marked
                 self.capture_s["ragged"] = time.perf_counter() - started - self.capture_s["padded"]
 
     # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
@@ -317,10 +327,22 @@ class ModelRunner:
             for width in reversed(self.widths):
                 ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
                 pos = torch.arange(width, device=self.device).repeat(batch, 1)
-                self._graphs["verify", batch, width] = call(self._verify, (ids, pos), pool)
+                with self._first("first_verify"):
+                    self._graphs["verify", batch, width] = call(self._verify, (ids, pos), pool)
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
-            self._graphs["draft", batch, self.block_size] = call(self._draft, (ids, pos), pool)
+            with self._first("first_draft"):
+                self._graphs["draft", batch, self.block_size] = call(self._draft, (ids, pos), pool)
+
+    @contextlib.contextmanager
+    def _first(self, name: str) -> Iterator[None]:
+        """Times the block into ``capture_parts_s[name]`` the first time only."""
+        if name in self.capture_parts_s:
+            yield
+            return
+        started = time.perf_counter()
+        yield
+        self.capture_parts_s[name] = time.perf_counter() - started
 
     def _prefill_graph_forward(
         self, ids: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, last: torch.Tensor
@@ -340,9 +362,10 @@ class ModelRunner:
             ids = torch.zeros(1, length, dtype=torch.long, device=self.device)
             positions = torch.arange(length, device=self.device)[None]
             last = torch.full((1,), length - 1, dtype=torch.long, device=self.device)
-            self._prefill_graphs[length] = call(
-                self._prefill_graph_forward, (ids, positions, slot, last), pool
-            )
+            with self._first("first_prefill"):
+                self._prefill_graphs[length] = call(
+                    self._prefill_graph_forward, (ids, positions, slot, last), pool
+                )
 
     def _capture_ragged(self) -> None:
         """One graph per (B, W, N) of ``ragged_shapes`` (largest first), one shared pool."""
@@ -361,9 +384,10 @@ class ModelRunner:
             pos = torch.arange(width, device=self.device).repeat(batch, 1)
             lengths = full_rows(num_tokens, width)  # any rows that sum to N
             index = ragged_index(lengths, batch, width, num_tokens).to(self.device)
-            self._ragged_graphs[batch, width, num_tokens] = call(
-                self._ragged_verify, (ids, pos, index), pool
-            )
+            with self._first("first_ragged"):
+                self._ragged_graphs[batch, width, num_tokens] = call(
+                    self._ragged_verify, (ids, pos, index), pool
+                )
 
     def kernel_settings(self) -> dict[str, object]:
         """What, besides the models and the device, decides this runner's step times (the

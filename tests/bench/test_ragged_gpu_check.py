@@ -29,6 +29,13 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     setup = result["setup"]
     assert setup["num_graphs"]["ragged"] > 0 and set(setup["capture_s"]) == {"padded", "ragged"}
+    parts = setup["capture_parts_s"]  # start-up split: what to shorten (issue 16: <= 60 s)
+    assert {"verify_and_draft", "prefill", "ragged_graphs", "first_verify", "first_draft"} <= set(
+        parts
+    )
+    assert {"first_prefill", "first_ragged"} <= set(parts)
+    assert parts["first_verify"] <= parts["verify_and_draft"]
+    assert parts["first_ragged"] <= parts["ragged_graphs"] <= setup["capture_s"]["ragged"]
     summary = result["exactness_summary"]
     assert summary["steps_same_tokens"] == summary["steps_compared"] == 12
     assert summary["min_argmax_agreement"] == 1.0
