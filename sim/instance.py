@@ -91,9 +91,12 @@ class Instance:
         # A policy that read the draft's confidence drafted before it chose k: rows it then
         # gave k = 0 still paid for their draft.
         drafted = getattr(self._chooser, "last_drafted_share", None)
+        seconds = 0.0
         if drafted is not None:
             drafting = max(drafting, drafted)
-        seconds = self._cost.base_step_time_s(size, mean_width, drafting)
+            # ... and the device idled while the host allocated (the two-phase wait)
+            seconds = self._costs.two_phase_wait_s + size * self._costs.two_phase_wait_per_row_s
+        seconds += self._cost.base_step_time_s(size, mean_width, drafting)
         self.now_s += seconds
         emitted = [r.advance(k) for r, k in zip(batch, ks, strict=True)]
         lengths = [r.accept_history[-1] for r in batch]

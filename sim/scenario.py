@@ -90,6 +90,11 @@ class Costs(Section):
     # Host time per decode step on top of the table's forward (scheduling, sampling, the
     # policy itself): the table holds CUDA-graph replay times only.
     step_overhead_s: float = Field(default=0.0, ge=0)
+    # A step whose policy reads the draft's confidence (two-phase: draft, confidence to the
+    # host, allocation, then the verify's launch) also waits this long plus this much per row
+    # with the device idle: on the H200 0.43 / 0.63 / 1.1 ms at 1 / 8 / 64 rows (session 15).
+    two_phase_wait_s: float = Field(default=0.0, ge=0)
+    two_phase_wait_per_row_s: float = Field(default=0.0, ge=0)
     # Prefill: fixed seconds per prefill forward plus seconds per prompt token (assumed).
     prefill_base_s: float = Field(default=0.006, ge=0)
     prefill_s_per_token: float = Field(default=2.5e-5, ge=0)

@@ -45,3 +45,26 @@ def test_allocator_and_vllm_av_run_on_a_small_ragged_scenario(tmp_path: Path) ->
     for name in ("allocator", "vllm-av"):
         assert policies[name]["goodput_tok_s"] > policies["no-spec"]["goodput_tok_s"]
         assert policies[name]["goodput_tok_s"] <= policies["oracle"]["goodput_tok_s"] * 1.02
+
+
+def test_the_two_phase_wait_is_charged_to_the_policies_that_read_confidence(
+    tmp_path: Path,
+) -> None:
+    """cost.two_phase_wait_s (+ per row): the device idles between the draft and the verify of
+    a step whose policy reads the draft's confidence; policies that choose k before the draft
+    run exactly as without it."""
+    text = (SCENARIOS / "ci-small.yaml").read_text()
+    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
+    text += "  include_allocator: true\n  include_vllm_av: true\n"
+    text += "acceptance:\n  confidence_auc: 0.82\n"
+    reports = {}
+    for wait in (0.0, 0.004):
+        cost = f"cost:\n  two_phase_wait_s: {wait}\n  two_phase_wait_per_row_s: {wait / 8}\n"
+        path = tmp_path / f"wait-{wait}.yaml"
+        path.write_text(text.replace("cost:\n", cost, 1))
+        reports[wait] = run_scenario(load_scenario(path))["policies"]
+    before, after = reports[0.0], reports[0.004]
+    for name in ("no-spec", "static-k7", "goodput", "oracle"):
+        assert after[name]["goodput_tok_s"] == before[name]["goodput_tok_s"], name
+    for name in ("allocator", "vllm-av"):
+        assert after[name]["goodput_tok_s"] < 0.97 * before[name]["goodput_tok_s"], name
