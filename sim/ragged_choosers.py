@@ -25,8 +25,9 @@ from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import StepRow, Task, max_spec_tokens
-from sim.choosers import record_online
+from sim.choosers import GoodputChooser, record_online
 from sim.request import SimRequest
 
 
@@ -155,6 +156,56 @@ class VllmAvRaggedChooser(_RaggedBase):
         return self._policy.decide_rows(self._rows(batch), len(batch)).spec_tokens
 
 
+class GoodputAutoChooser:
+    """The goodput policy's ``step_mode: auto`` as the embedded engine runs it on ragged
+    verifies: below ``slots_min_batch`` rows one-phase steps (one k for the step, chosen
+    before the draft: ``policies.batch_width.BatchWidth``); from there, per batch-size bucket,
+    one-phase or two-phase (the per-slot allocator on the draft's confidence), whichever
+    emitted more tokens per second of measured step time (``policies.step_mode``, the
+    engine's own chooser)."""
+
+    name = "goodput-auto"
+    engine_costs: Any = None
+
+    def __init__(self, spec: GoodputSpec, one: GoodputChooser, two: AllocatorChooser):
+        self._one, self._two = one, two
+        self._min_rows = spec.slots_min_batch
+        self._modes = StepModeChooser(
+            ModeSettings(
+                probe_steps=spec.mode_probe_steps,
+                learn_steps=spec.mode_learn_steps,
+                reprobe_steps=spec.mode_reprobe_steps,
+                margin=spec.mode_margin,
+            )
+        )
+        self._two_phase = False
+        self.last_drafted_share: float | None = None
+        self.two_phase_steps = 0
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        rows = len(batch)
+        self._two_phase = rows >= self._min_rows and self._modes.decide(rows)
+        if not self._two_phase:
+            self.last_drafted_share = None
+            return self._one.choose(batch, now_s)
+        self.two_phase_steps += 1
+        spec_tokens = self._two.choose(batch, now_s)
+        self.last_drafted_share = self._two.last_drafted_share
+        return spec_tokens
+
+    def record(
+        self,
+        batch: Sequence[SimRequest],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+        step: tuple[float, float, float],
+    ) -> None:
+        if len(batch) >= self._min_rows:
+            self._modes.record(len(batch), self._two_phase, sum(accept_lengths), step[0])
+        self._one.record(batch, spec_tokens, accept_lengths, step)
+        self._two.record(batch, spec_tokens, accept_lengths, step)
+
+
 class RaggedStepCost:
     """T(B, k) as B rows of k drafts each on the ragged cost (vLLM's padded-width table)."""
 
@@ -187,6 +238,14 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
                     gated,
                 )
             )
+    if chosen.include_goodput_auto:
+        one = GoodputChooser(
+            chosen.goodput, table, scenario.block_size, scenario.seed, min_k, padded=True
+        )
+        two = AllocatorChooser(
+            chosen.goodput, table, cost, scenario.block_size, min_k, auc, scenario.seed
+        )
+        out.append(GoodputAutoChooser(chosen.goodput, one, two))
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(

@@ -117,6 +117,10 @@ class Policies(Section):
     # Also the allocator that decides from the task prior which rows draft at all before the
     # draft forward (``SlotAllocator.drafting_rows``), as "allocator-gated".
     include_allocator_gated: bool = False
+    # Also the goodput policy's ``step_mode: auto`` (one-phase below ``slots_min_batch`` rows,
+    # then whichever of one-phase and the allocator's two-phase steps is measured faster), as
+    # "goodput-auto": what the embedded engine runs on ragged verifies by default.
+    include_goodput_auto: bool = False
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)
 

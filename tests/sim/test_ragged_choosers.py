@@ -68,3 +68,31 @@ def test_the_two_phase_wait_is_charged_to_the_policies_that_read_confidence(
         assert after[name]["goodput_tok_s"] == before[name]["goodput_tok_s"], name
     for name in ("allocator", "vllm-av"):
         assert after[name]["goodput_tok_s"] < 0.97 * before[name]["goodput_tok_s"], name
+
+
+@pytest.mark.parametrize("min_rows", [32, 64])
+def test_goodput_auto_runs_two_phase_steps_only_from_slots_min_batch(
+    tmp_path: Path, min_rows: int
+) -> None:
+    """goodput-auto (the embedded engine's default step mode on ragged verifies): one k per
+    step below ``slots_min_batch`` rows; from there the step-mode chooser tries both modes
+    (ci-small's chat phase has 32 clients) and charges the two-phase steps the wait."""
+    from engines.cost_tables import load_cost_table
+    from sim.runner import build_choosers, engine_cost
+    from sim.server import SimServer
+    from sim.workload import Workload
+
+    text = (SCENARIOS / "ci-small.yaml").read_text()
+    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
+    text += "  include_goodput_auto: true\n"
+    text += f"  goodput:\n    slots_min_batch: {min_rows}\n"
+    text += "acceptance:\n  confidence_auc: 0.82\n"
+    path = tmp_path / "auto.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    table = load_cost_table(scenario.resolve(scenario.cost.table))
+    (auto,) = [c for c in build_choosers(scenario, table) if c.name == "goodput-auto"]
+    report = SimServer(scenario, Workload(scenario), auto, engine_cost(scenario, table)).run()
+    assert report.as_dict()["goodput_tok_s"] > 0
+    steps = auto.two_phase_steps  # type: ignore[attr-defined]
+    assert (steps > 0) if min_rows == 32 else (steps == 0)
