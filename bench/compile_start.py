@@ -11,6 +11,10 @@ real shapes (36 layers for Qwen3-8B, 64 for 32B), whose absolute times the GPU r
 
     .venv/bin/python bench/compile_start.py [--depths 2,8,16,36] \\
         > bench/results/compile_start_cpu.json
+
+``--warm-cache``: instead, each case twice in fresh processes sharing one new on-disk cache
+folder (``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` as the embedded backend's
+``compile_cache_dir`` sets them, inductor's caches on): a first start, then a restart.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -60,28 +65,33 @@ def one(depth: int, scope: str) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--depths", default="2,8,16,36", help="target layer counts")
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="each case twice sharing a new on-disk compile cache: a first start, a restart",
+    )
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # DEPTH:SCOPE, internal
     args = parser.parse_args()
     if args.case:
         depth, scope = args.case.split(":")
         print(json.dumps(one(int(depth), scope)))
         return 0
-    env = dict(os.environ, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+    off = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
     cases: dict[str, dict[str, object]] = {}
     depths = [int(d) for d in args.depths.split(",")]
     for depth in depths:
         for scope in ("forward", "layer"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--case", f"{depth}:{scope}"],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=True,
-            )
-            cases.setdefault(str(depth), {})[scope] = json.loads(
-                out.stdout.strip().splitlines()[-1]
-            )
-            print(f"depth {depth:3d} {scope:7s}: {cases[str(depth)][scope]}", file=sys.stderr)
+            if not args.warm_cache:
+                result: object = _child(depth, scope, dict(os.environ, **off))
+            else:
+                with tempfile.TemporaryDirectory() as folder:
+                    env = {k: v for k, v in os.environ.items() if k not in off}
+                    env["TORCHINDUCTOR_CACHE_DIR"] = folder
+                    env["TRITON_CACHE_DIR"] = str(Path(folder) / "triton")
+                    result = {"first_start": _child(depth, scope, env)}
+                    result["restart"] = _child(depth, scope, env)
+            cases.setdefault(str(depth), {})[scope] = result
+            print(f"depth {depth:3d} {scope:7s}: {result}", file=sys.stderr)
     print(
         json.dumps(
             {
@@ -89,13 +99,30 @@ def main() -> int:
                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared)",
                 "python": platform.python_version(),
                 "device": "cpu",
-                "cache": "fresh process per case, inductor FX graph and autograd caches off",
+                "cache": (
+                    "per case a first start and a restart in fresh processes sharing a new "
+                    "on-disk cache folder, inductor's caches on"
+                    if args.warm_cache
+                    else "fresh process per case, inductor FX graph and autograd caches off"
+                ),
                 "depths": cases,
             },
             indent=1,
         )
     )
     return 0
+
+
+def _child(depth: int, scope: str, env: dict[str, str]) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--case", f"{depth}:{scope}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 if __name__ == "__main__":

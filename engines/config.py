@@ -79,6 +79,14 @@ class EmbeddedConfig(Section):
     # choices benchmarked per shape at start-up: H200 8B batch 1 -9%, batch 8 slower, 6+ min
     # cold start); or coordinate-descent (inductor's own kernels tuned, no GEMM search).
     torch_compile_mode: CompileMode = "default"
+    # With torch_compile: the folder for inductor's and Triton's on-disk caches
+    # (engines/embedded/compile_cache.py), so a restart reads what the last start compiled
+    # (H200 8B max-autotune: 361 s cold, 50 s warm); keep it on a volume that survives the
+    # container. null: torch's defaults (/tmp, the home directory); TORCHINDUCTOR_CACHE_DIR /
+    # TRITON_CACHE_DIR set in the environment win.
+    compile_cache_dir: Path | None = Field(
+        default=Path(".draftctl/compile-cache"), validate_default=True
+    )
     # CUDA-graph verifies: packed to the tokens the rows use (graphs keyed on a token bucket,
     # each kept only where faster than the padded graph; more graphs at start-up), or every
     # row padded to the widest k. docs/engine.md.
@@ -98,7 +106,7 @@ class EmbeddedConfig(Section):
         default=Path(".draftctl/cost-tables"), validate_default=True
     )
 
-    @field_validator("target", "draft", "cost_cache_dir")
+    @field_validator("target", "draft", "cost_cache_dir", "compile_cache_dir")
     @classmethod
     def _relative_to_config(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         return None if path is None else resolve_path(path, info)

@@ -131,11 +131,15 @@ class EmbeddedEngineBackend:
 
     async def start(self) -> None:
         from engines.embedded import AsyncEngine  # imports torch
+        from engines.embedded.compile_cache import use_compile_cache
 
         c = self.config
         for role, folder in (("target", c.target), ("draft", c.draft)):
             if not folder.is_dir():
                 raise FileNotFoundError(f"backend {c.name}: {role} directory {folder} not found")
+        if c.torch_compile and c.compile_cache_dir is not None:
+            caches = use_compile_cache(c.compile_cache_dir)
+            log.info("backend %s: compile caches %s", c.name, caches)
         self._engine = await asyncio.to_thread(
             AsyncEngine.load,
             c.target,

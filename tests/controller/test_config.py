@@ -47,6 +47,11 @@ def test_embedded_paths_resolve_against_config_folder() -> None:
     backend = parse_config(text, Path("/etc/draftctl")).backends[0]
     assert isinstance(backend, EmbeddedConfig)
     assert backend.target == Path("/etc/draftctl/m/t") and backend.draft == Path("/abs/d")
+    # the caches too: the cost profile's and torch.compile's
+    assert backend.cost_cache_dir == Path("/etc/draftctl/.draftctl/cost-tables")
+    assert backend.compile_cache_dir == Path("/etc/draftctl/.draftctl/compile-cache")
+    off = parse_config(text.replace("/abs/d}", "/abs/d, compile_cache_dir: null}"), Path("/e"))
+    assert off.backends[0].compile_cache_dir is None  # type: ignore[union-attr]
 
 
 def test_torch_compile_on_cpu_is_a_config_problem() -> None:
