@@ -71,6 +71,14 @@ def register(subparsers: Any) -> None:
         "own kernels' launch configurations tuned)",
     )
     parser.add_argument(
+        "--compile-cache-dir",
+        type=Path,
+        default=Path(".draftctl/compile-cache"),
+        help="with --compile: inductor's and Triton's on-disk caches, so the next run reads "
+        "what this one compiled (TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR set in the "
+        "environment win; default: %(default)s)",
+    )
+    parser.add_argument(
         "--verify-mode",
         default="ragged",
         choices=VERIFY_MODES,
@@ -153,7 +161,10 @@ def _stop_token_ids(tokenizer: Any, target: Path) -> tuple[int, ...]:
 
 async def _generate_all(args: argparse.Namespace, items: list[dict[str, Any]]) -> list[dict]:
     from engines.embedded import AsyncEngine, SamplingParams
+    from engines.embedded.compile_cache import use_compile_cache
 
+    if args.compile:
+        use_compile_cache(args.compile_cache_dir)
     engine = AsyncEngine.load(
         args.target,
         args.draft,

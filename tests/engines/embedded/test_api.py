@@ -166,3 +166,23 @@ def test_cli_generate_rejects_a_compile_scope_without_compile(agreeing_pair, cap
     code = main([*args, "--prompt", "x", "--device", "cpu", "--compile-scope", "layer"])
     assert code == 2
     assert "--compile-scope layer only applies with --compile" in caplog.text
+
+
+def test_cli_generate_points_the_compile_caches_at_its_folder(
+    agreeing_pair, tmp_path, caplog, monkeypatch
+) -> None:
+    """--compile-cache-dir: set before the engine loads (on the CPU the compile itself is then
+    refused: it needs CUDA graphs)."""
+    import os
+
+    from controller.cli import main
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    folder = tmp_path / "compile-cache"
+    args = ["generate", "--target", str(agreeing_pair[0]), "--draft", str(agreeing_pair[1])]
+    args += ["--prompt", "x", "--device", "cpu", "--compile", "--compile-scope", "layer"]
+    assert main([*args, "--compile-cache-dir", str(folder)]) == 2
+    assert "torch_compile needs CUDA graphs" in caplog.text
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder.resolve())
+    assert (folder / "triton").is_dir()
