@@ -70,9 +70,11 @@ class GoodputChooser:
         seed: int,
         min_k: int,
         padded: bool = False,
+        models: OnlineModels | None = None,
     ):
         self._policy = GoodputPolicy(spec)
-        self._models = OnlineModels(spec, block_size, table)
+        # ``models``: shared with another chooser of the same policy (goodput-auto's modes)
+        self._models = models or OnlineModels(spec, block_size, table)
         self._block_size = block_size
         self._rng = random.Random(f"goodput:{seed}")
         self._window = spec.request_window_steps

@@ -50,9 +50,15 @@ class _RaggedBase:
     """Rows with synthetic confidence for every step; the task prior from OnlineModels."""
 
     def __init__(
-        self, spec: GoodputSpec, table: CostTable, block_size: int, auc: float | None, seed: int
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        block_size: int,
+        auc: float | None,
+        seed: int,
+        models: OnlineModels | None = None,
     ):
-        self._models = OnlineModels(spec, block_size, table)
+        self._models = models or OnlineModels(spec, block_size, table)
         self._block_size = block_size
         self._k = max_spec_tokens(block_size)
         self._gap = None if auc is None else separation(auc)
@@ -109,8 +115,9 @@ class AllocatorChooser(_RaggedBase):
         auc: float | None,
         seed: int,
         gated: bool = False,
+        models: OnlineModels | None = None,
     ):
-        super().__init__(spec, table, block_size, auc, seed)
+        super().__init__(spec, table, block_size, auc, seed, models)
         self.name = "allocator" if auc is not None else "allocator-no-confidence"
         self._gated = gated and auc is not None
         if self._gated:
@@ -162,7 +169,8 @@ class GoodputAutoChooser:
     before the draft: ``policies.batch_width.BatchWidth``); from there, per batch-size bucket,
     one-phase or two-phase (the per-slot allocator on the draft's confidence), whichever
     emitted more tokens per second of measured step time (``policies.step_mode``, the
-    engine's own chooser)."""
+    engine's own chooser). Both modes read one set of online models, as the engine's do
+    (``one`` records every step into them)."""
 
     name = "goodput-auto"
     engine_costs: Any = None
@@ -202,8 +210,7 @@ class GoodputAutoChooser:
     ) -> None:
         if len(batch) >= self._min_rows:
             self._modes.record(len(batch), self._two_phase, sum(accept_lengths), step[0])
-        self._one.record(batch, spec_tokens, accept_lengths, step)
-        self._two.record(batch, spec_tokens, accept_lengths, step)
+        self._one.record(batch, spec_tokens, accept_lengths, step)  # the shared models
 
 
 class RaggedStepCost:
@@ -239,11 +246,19 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
                 )
             )
     if chosen.include_goodput_auto:
+        models = OnlineModels(chosen.goodput, scenario.block_size, table)
         one = GoodputChooser(
-            chosen.goodput, table, scenario.block_size, scenario.seed, min_k, padded=True
+            chosen.goodput, table, scenario.block_size, scenario.seed, min_k, True, models
         )
         two = AllocatorChooser(
-            chosen.goodput, table, cost, scenario.block_size, min_k, auc, scenario.seed
+            chosen.goodput,
+            table,
+            cost,
+            scenario.block_size,
+            min_k,
+            auc,
+            scenario.seed,
+            models=models,
         )
         out.append(GoodputAutoChooser(chosen.goodput, one, two))
     if chosen.include_vllm_av:

@@ -68,8 +68,8 @@ def widths_for(
     """
     k_max = max_spec_tokens(block_size)
     widths = {1, *(padded_width(k, multiple) for k in range(1, k_max + 1))}
-    if per_row_widths:
-        widths |= {w for w in (2, *range(4, k_max + 2, 4)) if w <= k_max + 1}
+    if per_row_widths and k_max >= 1:
+        widths |= {2, *range(4, k_max + 2, 4)}
     return sorted(widths)
 
 
