@@ -133,12 +133,22 @@ class DraftModel(nn.Module):
         num_keys: int | None = None,
         rows: Packing | None = None,
         outputs: Packing | None = None,
+        num_outputs: int | None = None,
     ) -> torch.Tensor:
         """block_ids: [B, block] = last token then mask tokens, at positions [B, block].
 
         Returns draft logits [B, block - 1, vocab] for positions ``s + 1 .. s + block - 1``.
         ``rows`` (over [B, block]) computes only the rows that draft; ``outputs`` (over
-        [B, block - 1]) only the logits that are used; the rest are zeros."""
+        [B, block - 1]) only the logits that are used; the rest are zeros. ``num_outputs``:
+        only the first ``num_outputs`` positions' logits, [B, num_outputs, vocab] (every block
+        token still runs through the layers: the block attends to itself both ways), for the
+        fixed shapes of CUDA graphs, where ``outputs`` cannot vary per step."""
+        if num_outputs is not None and (
+            outputs is not None or not 1 <= num_outputs < block_ids.shape[1]
+        ):
+            raise ValueError(
+                f"num_outputs={num_outputs}: use 1..{block_ids.shape[1] - 1}, without outputs"
+            )
         num_keys = num_keys or cache.max_len
         batch = block_ids.shape[0]
         key_positions = torch.arange(num_keys, device=block_ids.device)
@@ -154,9 +164,10 @@ class DraftModel(nn.Module):
         for index, layer in enumerate(decoder_layers(self.layers)):
             k_cache, v_cache = cache.rows(index, first_slot, batch)
             h = step(layer, h, rope, k_cache, v_cache, positions, written, rows, mask, num_keys)
-        after_first = pack(unpack(h, rows)[:, 1:], outputs)
-        logits = (
-            unpack(target.logits(self.norm(after_first)), outputs) * self.spec.output_multiplier
-        )
+        end_output = None if num_outputs is None else 1 + num_outputs
+        after_first = pack(unpack(h, rows)[:, 1:end_output], outputs)
+        logits = unpack(target.logits(self.norm(after_first)), outputs)
+        if self.spec.output_multiplier != 1.0:  # x 1.0 is exact: skip a [B, k, vocab] copy
+            logits = logits * self.spec.output_multiplier
         cap = self.spec.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -11,6 +11,7 @@ Rows with k = 0 verify only their last token but still get their draft context u
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -215,6 +216,13 @@ class ModelRunner:
         self.batch_sizes.append(max_batch_size)
         # Verify widths 1 (plain decode) and multiples of 8: widths like 5 or 9 cost more on GPU.
         self.widths = [1, *range(8, self.block_size + 8, 8)]
+        # Draft graphs per verify width w > 1: logits for the first w - 1 drafted positions
+        # only (the block still runs whole through the draft's layers). A step that verifies
+        # at most 7 drafts skips the LM head on the other 8 positions of a 16-token block: at
+        # 64 rows that is 512 of 960 vocab-sized output rows. Off: every draft computes the
+        # whole block's logits (step_profile prices steps so: two-phase steps draft whole).
+        self.draft_widths = sorted({min(w, self.block_size) for w in self.widths if w > 1})
+        self.narrow_drafts = True
         # Room for a full block past the last position; a multiple of 64 keeps the attention
         # mask rows aligned for the memory-efficient SDPA kernel.
         cache_len = -(-(max_seq_len + max(self.block_size, self.widths[-1])) // 64) * 64
@@ -291,6 +299,8 @@ class ModelRunner:
         num_keys: int | None = None,
         rows: Packing | None = None,
         outputs: Packing | None = None,
+        *,
+        num_outputs: int | None = None,
     ) -> torch.Tensor:
         return self.draft.propose(
             block_ids,
@@ -300,6 +310,7 @@ class ModelRunner:
             num_keys=num_keys,
             rows=rows,
             outputs=outputs,
+            num_outputs=None if num_outputs == self.block_size - 1 else num_outputs,
         )
 
     def _ragged_verify_forward(
@@ -331,8 +342,10 @@ class ModelRunner:
                     self._graphs["verify", batch, width] = call(self._verify, (ids, pos), pool)
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
-            with self._first("first_draft"):
-                self._graphs["draft", batch, self.block_size] = call(self._draft, (ids, pos), pool)
+            for width in reversed(self.draft_widths):
+                draft = functools.partial(self._draft, num_outputs=width - 1)
+                with self._first("first_draft"):
+                    self._graphs["draft", batch, width] = call(draft, (ids, pos), pool)
 
     @contextlib.contextmanager
     def _first(self, name: str) -> Iterator[None]:
@@ -475,6 +488,22 @@ class ModelRunner:
         num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
         with self._eager_attention():
             return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
+
+    def _run_draft(
+        self, block: torch.Tensor, positions: torch.Tensor, spec_tokens: list[int], eager: bool
+    ) -> torch.Tensor:
+        """The draft forward: logits [B, >= max(spec_tokens), vocab]. A graph replay computes
+        the logits of the narrowest captured draft width that covers the step's widest k
+        (``narrow_drafts``), else of the whole block; the eager forward only the k each row
+        uses (``_draft_packings``)."""
+        if self.use_cuda_graphs and not eager:
+            rows = block.shape[0]
+            width = self.block_size
+            if self.narrow_drafts:
+                width = padded_size(max(spec_tokens) + 1, self.draft_widths)
+            graph = self._graphs["draft", padded_size(rows, self.batch_sizes), width]
+            return graph(block, positions)[:rows]
+        return self._run("draft", block, positions, *self._draft_packings(spec_tokens), eager=True)
 
     def _run_verify(
         self, ids: torch.Tensor, positions: torch.Tensor, spec_tokens: list[int], eager: bool
@@ -625,13 +654,9 @@ class ModelRunner:
                 device=self.device,
             )
             block[:, 0] = last
-            draft_logits = self._run(
-                "draft",
-                block,
-                start[:, None] + offsets,
-                *self._draft_packings(spec_tokens),
-                eager=eager,
-            )[:, :widest]
+            draft_logits = self._run_draft(block, start[:, None] + offsets, spec_tokens, eager)[
+                :, :widest
+            ]
             if params is None:
                 drafts = draft_logits.argmax(dim=-1)
             else:

@@ -9,7 +9,10 @@ up to ``max_batch_size`` and the widths the policy can choose (1 = drafting off,
 padded verify widths up to the block; on an engine that verifies each row at its own width,
 width 2 and every fourth width as well, so that the draft forward's fixed cost sits between
 widths 1 and 2 instead of being spread over the first drafted tokens), a few timed steps each
-after an untimed first one. The
+after an untimed first one. Every drafting step is timed with the whole block's draft logits
+(the runner's ``narrow_drafts`` off): what a two-phase step, which drafts the whole block before
+its rows' k are known, pays at every width. A one-phase step of k <= 7 on CUDA graphs costs
+less (its draft computes 7 positions' logits), which the policy's online fit learns. The
 table is cached by model and device (a hash of both configs, the weight files' sizes and
 modification times, the device, torch's version and the engine's limits), so a restart reads
 it in milliseconds; the online cost fit then refines it from live steps.
@@ -37,7 +40,7 @@ from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 2  # part of the cache key: a change of method re-measures
+PROFILE_VERSION = 3  # part of the cache key: a change of method re-measures
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
@@ -87,6 +90,7 @@ def profile_steps(
     vocab = engine.runner.target.shape.vocab_size
     rng = random.Random(0)
     planner, engine.planner = engine.planner, None  # fixed k per point, not the policy's
+    narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
     rows: list[list[float]] = []
     try:
         for batch in batch_sizes:
@@ -99,6 +103,7 @@ def profile_steps(
             rows.append(row)
     finally:
         engine.planner = planner
+        engine.runner.narrow_drafts = narrow
     batch_sizes = list(batch_sizes)
     if len(batch_sizes) == 1:  # a table needs two rows; an engine of batch 1 never runs 2
         batch_sizes.append(batch_sizes[0] + 1)
