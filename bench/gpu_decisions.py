@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.decisions.arms import Arm, load_arm
 from bench.decisions.driver import PhaseTally, run_policy
-from bench.decisions.policies import NAMES, build
+from bench.decisions.policies import NAMES, Built, Context, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
 from engines.embedded.events import ATTENTIONS, COMPILE_MODES, COMPILE_SCOPES, VERIFY_MODES
@@ -136,6 +136,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "batched prefills' shapes (rows x longest prompt of each admission group) are first "
         "used there, not in the first timed run",
     )
+    parser.add_argument(
+        "--warm-policies",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="build each policy once and give it one untimed pass of another trace (the same "
+        "phases, other requests and acceptance draws: seed + 1, keys prefixed 'warm-') before "
+        "its first timed run; its timed runs then carry on from what it learnt, as a "
+        "long-running server does (default: every run builds its policy afresh, so adaptive "
+        "policies pay their cold start in every run). Recorded in arm_info: a merge never mixes "
+        "the two protocols",
+    )
     parser.add_argument("--seed", type=int, default=0, help="requests and acceptance draws")
     parser.add_argument(
         "--order-seed",
@@ -205,7 +216,7 @@ def _main(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "load_s": time.perf_counter() - started,
         "phases": [vars(p) | {"mix": {t.value: s for t, s in p.mix.items()}} for p in phases],
-        "arm_info": arm.info,
+        "arm_info": arm.info | ({"warm_policies": True} if args.warm_policies else {}),
         # Per call, not per arm (merges compare arm_info): the ragged graphs the engine timed
         # at start-up and dropped as slower than the padded graph (runner.keep_faster_ragged).
         "graphs": _graphs(arm.engine.runner),
@@ -220,6 +231,18 @@ def _main(args: argparse.Namespace) -> int:
     if arm.context.synthetic is None and args.exactness_prompts:
         report["exactness"] = arm.exactness(args.exactness_prompts)
         _write(args.out, report, names)
+    warm: dict[str, tuple[Built, Context]] = {}
+    if args.warm_policies:
+        warm_jobs = [
+            [dataclasses.replace(job, key=f"warm-{job.key}") for job in phase]
+            for phase in build_jobs(phases, args.seed + 1, prompt_span, span, arm.prompt_for)  # type: ignore[arg-type]
+        ]
+        report["warm_pass_s"] = {}
+        for name in names:
+            warm_started = time.perf_counter()
+            warm[name] = _build(arm, name)
+            _run(arm, name, -1, phases, warm_jobs, warm[name])  # discarded
+            report["warm_pass_s"][name] = time.perf_counter() - warm_started
     rng = random.Random(f"order:{args.seed if args.order_seed is None else args.order_seed}")
     for repeat in range(args.repeats):
         order = rng.sample(names, len(names))
@@ -229,7 +252,7 @@ def _main(args: argparse.Namespace) -> int:
                     f"budget {args.budget_s} s reached before {name} #{repeat}"
                 )
                 break
-            report["runs"].append(_run(arm, name, repeat, phases, jobs))
+            report["runs"].append(_run(arm, name, repeat, phases, jobs, warm.get(name)))
             _write(args.out, report, names)
             run = report["runs"][-1]
             print(
@@ -246,18 +269,32 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(arm: Arm, name: str, repeat: int, phases: Any, jobs: Any) -> dict[str, Any]:
-    """One run of the named policy over the trace; ``NAME@padded`` runs NAME on the ragged
-    runner's padded graphs, built as for a padded engine, and switches the runner back."""
+def _build(arm: Arm, name: str) -> tuple[Built, Context]:
+    """The named policy and the context it was built for: ``NAME@padded`` is NAME built as
+    for a padded engine (it runs on the ragged runner's padded graphs)."""
     base, _, engine = name.partition("@")
-    runner = arm.engine.runner
     context = arm.context
     if engine:
         context = dataclasses.replace(context, verify_mode=engine)
+    return build(base, context), context
+
+
+def _run(
+    arm: Arm,
+    name: str,
+    repeat: int,
+    phases: Any,
+    jobs: Any,
+    warm: tuple[Built, Context] | None = None,
+) -> dict[str, Any]:
+    """One run of the named policy over the trace, built afresh unless ``warm`` (a policy
+    built once, carrying what its earlier runs taught it); the runner's verify mode is the
+    context's for the run (``NAME@padded``: padded graphs) and switched back after."""
+    built, context = warm if warm is not None else _build(arm, name)
+    runner = arm.engine.runner
     before = runner.verify_mode
     runner.verify_mode = context.verify_mode
     try:
-        built = build(base, context)
         tallies: list[PhaseTally] = run_policy(
             arm.engine, built, phases, jobs, context.goodput.verify_width_multiple
         )

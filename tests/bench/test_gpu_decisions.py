@@ -427,3 +427,43 @@ def test_the_policies_can_be_priced_with_the_engines_own_profiled_steps(tmp_path
     data = json.loads(out.read_text())
     assert data["arm_info"]["cost_table"].startswith("engine steps profiled at start-up")
     assert set(data["summary"]["policies"]) == {"static-k7", "goodput"}
+
+
+def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
+    arm_json: Path, tmp_path: Path
+) -> None:
+    """``--warm-policies``: each policy is built once, runs one untimed pass of a trace with
+    other requests (keys ``warm-...``, so other synthetic draws), and its timed runs reuse
+    that instance; the arm info records the protocol, so a merge refuses to pool it with
+    fresh-policy calls."""
+    import bench.gpu_decisions as harness
+
+    builds: list[str] = []
+    first_keys: list[str] = []
+    real_build, real_run = harness._build, harness.run_policy
+
+    def spy_build(arm: Any, name: str) -> Any:
+        builds.append(name)
+        return real_build(arm, name)
+
+    def spy_run(engine: Any, built: Any, phases: Any, jobs: Any, multiple: int) -> Any:
+        first_keys.append(jobs[0][0].key)
+        return real_run(engine, built, phases, jobs, multiple)
+
+    out = tmp_path / "warm.json"
+    argv = ["--arm", "synthetic-tiny", "--device", "cpu", "--warm-policies", "--no-warm-run"]
+    argv += ["--policies", "static-k7,goodput,vllm-av", "--scale", "0.04", "--repeats", "2"]
+    argv += ["--prompt-tokens", "8,12", "--output-tokens", "12,24", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "_build", spy_build)
+        patch.setattr(harness, "run_policy", spy_run)
+        assert main(argv) == 0
+    assert sorted(builds) == ["goodput", "static-k7", "vllm-av"]  # once each, not per run
+    assert first_keys[:3] == ["warm-p0-r0"] * 3 and first_keys[3:] == ["p0-r0"] * 6
+    data = json.loads(out.read_text())
+    assert data["arm_info"]["warm_policies"] is True
+    assert set(data["warm_pass_s"]) == {"static-k7", "goodput", "vllm-av"}
+    assert all(run["repeat"] >= 0 for run in data["runs"]) and len(data["runs"]) == 6
+    merged = tmp_path / "merged.json"
+    with pytest.raises(ValueError, match="cannot pool"):
+        main(["--merge", str(arm_json), str(out), "--out", str(merged)])
