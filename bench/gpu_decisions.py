@@ -269,13 +269,19 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build(arm: Arm, name: str) -> tuple[Built, Context]:
-    """The named policy and the context it was built for: ``NAME@padded`` is NAME built as
-    for a padded engine (it runs on the ragged runner's padded graphs)."""
+def _context(arm: Arm, name: str) -> tuple[str, Context]:
+    """The policy's base name and the context it is built for: ``NAME@padded`` is NAME built
+    as for a padded engine (it runs on the ragged runner's padded graphs)."""
     base, _, engine = name.partition("@")
     context = arm.context
     if engine:
-        context = dataclasses.replace(context, verify_mode=engine)
+        context = dataclasses.replace(context, verify_mode=engine)  # type: ignore[arg-type]
+    return base, context
+
+
+def _build(arm: Arm, name: str) -> tuple[Built, Context]:
+    """The named policy, built once for ``--warm-policies``, and its context."""
+    base, context = _context(arm, name)
     return build(base, context), context
 
 
@@ -290,11 +296,12 @@ def _run(
     """One run of the named policy over the trace, built afresh unless ``warm`` (a policy
     built once, carrying what its earlier runs taught it); the runner's verify mode is the
     context's for the run (``NAME@padded``: padded graphs) and switched back after."""
-    built, context = warm if warm is not None else _build(arm, name)
+    base, context = _context(arm, name) if warm is None else (name, warm[1])
     runner = arm.engine.runner
     before = runner.verify_mode
     runner.verify_mode = context.verify_mode
     try:
+        built = build(base, context) if warm is None else warm[0]
         tallies: list[PhaseTally] = run_policy(
             arm.engine, built, phases, jobs, context.goodput.verify_width_multiple
         )

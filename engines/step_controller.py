@@ -344,6 +344,9 @@ class StepController:
         if newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = newest.spec.bounds_for(self.block_size)[1]
+            cap = newest.spec.goodput.slots_draft_cap
+            if cap is not None:
+                hi = min(hi, cap)
             for i in shared:
                 ks[i] = min(hi, views[i].max_spec_tokens)
             self._slots = (newest, shared)
@@ -510,6 +513,9 @@ class StepController:
             models = active.models
             assert models is not None and models.cost is not None, "checked by _allocates"
             lo, hi = active.spec.bounds_for(self.block_size)
+            cap = active.spec.goodput.slots_draft_cap
+            if cap is not None:  # what two-phase rows draft: all the allocator may give them
+                hi = min(hi, cap)
             settings = AllocatorSettings(max_spec_tokens=hi, min_spec_tokens=min(lo, hi))
             held = self._allocator = (
                 active.version,

@@ -167,6 +167,13 @@ class GoodputSpec(StrictModel):
     # little to save by ragged widths: on the H200 8B shape that wait (0.5-1.1 ms) was more
     # than the ragged saving at 1 and 8 rows (docs/allocator.md). 1 = always two-phase.
     slots_min_batch: int = Field(default=32, ge=1)
+    # Two-phase steps draft at most this many positions per row (None: all the policy's bounds
+    # allow). On a CUDA-graph runner a step whose widest k is at most 7 computes 7 positions'
+    # draft logits instead of 15 (narrow draft graphs, docs/engine.md): at 64 rows that draft
+    # takes 0.84x the whole block's on the H200 8B shape, so a cap of 7 trades the slots past 7,
+    # which confidence would rarely fund at large batches, for a cheaper draft. An experiment
+    # (bench/gpu_decisions.py ``goodput-cap7``), not yet a measured default.
+    slots_draft_cap: int | None = Field(default=None, ge=1)
     # Embedded engine, shared mode: while a batch keeps exactly the same rows, its k is
     # re-decided only as often as keeps the controller's host time (recording the steps and
     # deciding) under ``host_budget`` of the measured step time, and at least every

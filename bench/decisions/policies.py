@@ -16,7 +16,9 @@ then each row's k comes from its draft confidence): ``goodput`` runs the goodput
 ``step_mode: auto`` (per batch size, whichever of one-phase shared k and two-phase per-slot
 allocation, policies/slot_allocator.py, emits more per second on this engine: measured,
 policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase from
-``slots_min_batch`` rows; not run by default), ``vllm-av`` its own per-row allocation
+``slots_min_batch`` rows; not run by default), ``goodput-cap<N>`` ``goodput`` whose two-phase
+rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
+draft graph; not run by default), ``vllm-av`` its own per-row allocation
 (``decide_rows``); the ``oracle`` verifies each row's drawn run. The fixed policies and
 ``dsd-schedule`` are the same on both engines.
 """
@@ -100,6 +102,8 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "auto")
     if name == "goodput-slots":
         return _goodput(ctx, "slots")
+    if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
+        return _goodput(ctx, "auto", int(name.removeprefix("goodput-cap")))
     planner: RowPlanner
     if name == "dsd-schedule":
         planner = BaselinePlanner(
@@ -128,19 +132,21 @@ def build(name: str, ctx: Context) -> Built:
             else OraclePlanner(ctx.synthetic, ctx.cost(), block_max, PolicySpec().min_spec_tokens)
         )
     else:
-        known = ", ".join((*NAMES, "goodput-slots", "oracle"))
+        known = ", ".join((*NAMES, "goodput-slots", "goodput-cap<N>", "oracle"))
         raise ValueError(f"policy {name!r}: known are {known}")
     return Built(planner, lambda job: lambda view: 0, lambda: (planner.host_s, planner.calls))
 
 
-def _goodput(ctx: Context, ragged_mode: str) -> Built:
+def _goodput(ctx: Context, ragged_mode: str, draft_cap: int | None = None) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
     mode ``ragged_mode``: ``auto`` (``goodput``: per batch size, one-phase shared k or
     two-phase per-slot allocation, whichever this engine runs faster, measured) or ``slots``
-    (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows)."""
+    (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows). ``draft_cap``
+    (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``)."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
-        goodput = GoodputSpec.model_validate(goodput.model_dump() | {"step_mode": ragged_mode})
+        update: dict[str, object] = {"step_mode": ragged_mode, "slots_draft_cap": draft_cap}
+        goodput = GoodputSpec.model_validate(goodput.model_dump() | update)
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
     spec = PolicySpec(kind="goodput", goodput=goodput)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)

@@ -197,7 +197,7 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ragged",
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
-        "goodput-slots,oracle,goodput@padded,vllm-av@padded",
+        "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded",
         "--device",
         "cpu",
         "--scale",
@@ -237,6 +237,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "vllm-av",
         "goodput",
         "goodput-slots",
+        "goodput-cap3",
         "oracle",
         "goodput@padded",
         "vllm-av@padded",
@@ -307,6 +308,16 @@ def test_the_overhead_ratio_skips_shapes_with_a_handful_of_steps() -> None:
     ratios = summarise(runs, ["goodput", "static-k7", "static-k15"])["ratios"]
     assert MIN_SHAPE_STEPS > 1
     assert ratios["decode_step_vs_static"] == pytest.approx({"8x16": 0.0122 / 0.0120})
+
+
+def test_a_capped_goodput_verifies_at_most_its_cap_in_two_phase_steps(ragged_json: Path) -> None:
+    """``goodput-cap3``: its two-phase rows draft (and so verify) at most 3 positions; its
+    one-phase steps keep the policy's own bounds."""
+    report = json.loads(ragged_json.read_text())
+    (run,) = [run for run in report["runs"] if run["policy"] == "goodput-cap3"]
+    steps = [step for phase in run["phases"].values() for step in phase["timeline"]]
+    two_phase = [step for step in steps if step[5] > 0]
+    assert two_phase and all(step[1] <= 3 for step in two_phase)
 
 
 def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:

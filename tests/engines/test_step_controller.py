@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from engines.embedded.events import RequestView, StepReport
 from engines.step_controller import StepController
 from policies.costmodel import CostTable
@@ -235,6 +237,25 @@ def test_slots_mode_drafts_every_row_whole_then_allocates_per_row_from_confidenc
     ]
     controller.record([a, b], reports)
     assert controller.plan(views, [a, b]) == [15, 15] and controller.allocates()
+
+
+def test_a_draft_cap_limits_what_two_phase_rows_draft_and_so_what_they_may_verify() -> None:
+    """``slots_draft_cap``: two-phase rows draft at most that many positions (a narrow draft
+    graph on a CUDA-graph runner), so the allocation never exceeds it."""
+    active = _slots()
+    goodput = active.spec.goodput.model_copy(update={"slots_draft_cap": 7})
+    spec = active.spec.model_copy(update={"goodput": goodput})
+    capped = Active(1, spec, build_policy(spec), OnlineModels(goodput, 16, cost_table=TABLE))
+    controller = StepController(Source(capped), 16, random.Random(0))
+    a, b = controller.start(Task.MATH, 0.9, 7), controller.start(Task.MATH, 0.9, 7)
+    near_end = RequestView("b", 3, [4, 4, 4], 2, 3, {}, [15] * 3, 5)  # 5 drafts left
+    views = [_view("a", 3, 2, [4, 4, 4]), near_end]
+    assert controller.plan(views, [a, b]) == [7, 5]  # capped; a row's own ceiling still holds
+    assert controller.allocates()
+    ks = controller.allocate(views, [a, b], [[0.999] * 7, [0.999] * 5])
+    assert ks[0] <= 7 and ks[1] <= 5
+    with pytest.raises(ValueError):
+        GoodputSpec(slots_draft_cap=0)
 
 
 def test_slots_mode_plans_a_batch_below_its_minimum_as_one_shared_k_in_one_phase() -> None:
