@@ -412,6 +412,13 @@ def test_an_untimed_warm_run_comes_first_and_is_not_reported(arm_json: Path) -> 
     assert all(run["repeat"] >= 0 for run in report["runs"])
 
 
+def _tiny_argv(out: Path, policies: str, repeats: int, *extra: str) -> list[str]:
+    """A quick CPU call of the tiny synthetic arm."""
+    argv = ["--arm", "synthetic-tiny", "--device", "cpu", *extra, "--policies", policies]
+    argv += ["--scale", "0.04", "--repeats", str(repeats), "--prompt-tokens", "8,12"]
+    return [*argv, "--output-tokens", "12,24", "--out", str(out)]
+
+
 def test_the_policies_can_be_priced_with_the_engines_own_profiled_steps(tmp_path: Path) -> None:
     """``--cost-table engine``: the arm's engine is profiled at start-up (as the daemon's
     embedded backend does) and that table, draft included, prices every policy; the arm info
@@ -426,9 +433,7 @@ def test_the_policies_can_be_priced_with_the_engines_own_profiled_steps(tmp_path
         return seen[-1]
 
     out = tmp_path / "engine-priced.json"
-    argv = ["--arm", "synthetic-tiny", "--device", "cpu", "--cost-table", "engine"]
-    argv += ["--policies", "static-k7,goodput", "--scale", "0.04", "--repeats", "1"]
-    argv += ["--prompt-tokens", "8,12", "--output-tokens", "12,24", "--out", str(out)]
+    argv = _tiny_argv(out, "static-k7,goodput", 1, "--cost-table", "engine")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(arms, "_engine_table", spy)
         assert main(argv) == 0
@@ -462,9 +467,7 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
         return real_run(engine, built, phases, jobs, multiple)
 
     out = tmp_path / "warm.json"
-    argv = ["--arm", "synthetic-tiny", "--device", "cpu", "--warm-policies", "--no-warm-run"]
-    argv += ["--policies", "static-k7,goodput,vllm-av", "--scale", "0.04", "--repeats", "2"]
-    argv += ["--prompt-tokens", "8,12", "--output-tokens", "12,24", "--out", str(out)]
+    argv = _tiny_argv(out, "static-k7,goodput,vllm-av", 2, "--warm-policies", "--no-warm-run")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness, "_build", spy_build)
         patch.setattr(harness, "run_policy", spy_run)

@@ -33,15 +33,16 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_tiny_pair(tmp_path_factory.mktemp("plain"), block_size=BLOCK_SIZE, seed=0)
 
 
+def write_agreeing_pair(folder: Path, block_size: int = BLOCK_SIZE) -> tuple[Path, Path]:
+    """A tiny pair whose target and draft agree often (accept lengths up to the block)."""
+    return write_tiny_pair(
+        folder, block_size=block_size, seed=0, bias_token_id=BIAS_TOKEN, bias_strength=0.8
+    )
+
+
 @pytest.fixture(scope="session")
 def agreeing_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_tiny_pair(
-        tmp_path_factory.mktemp("agree"),
-        block_size=BLOCK_SIZE,
-        seed=0,
-        bias_token_id=BIAS_TOKEN,
-        bias_strength=0.8,
-    )
+    return write_agreeing_pair(tmp_path_factory.mktemp("agree"))
 
 
 def make_engine(pair: tuple[Path, Path], max_batch_size: int = 8, max_seq_len: int = 256) -> Engine:

@@ -19,9 +19,8 @@ from engines.embedded.events import RequestView
 from engines.embedded.loader import load_runner
 from engines.embedded.runner import ModelRunner
 from engines.embedded.step_profile import profile_steps
-from tests.engines.embedded.conftest import BIAS_TOKEN, greedy_request, random_prompt
+from tests.engines.embedded.conftest import greedy_request, random_prompt, write_agreeing_pair
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
-from tests.tinymodels import write_tiny_pair
 
 BLOCK = 16
 MAX_BATCH, NEW_TOKENS, NUM_PROMPTS = 4, 24, 6
@@ -29,13 +28,7 @@ MAX_BATCH, NEW_TOKENS, NUM_PROMPTS = 4, 24, 6
 
 @pytest.fixture(scope="module")
 def pair16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return write_tiny_pair(
-        tmp_path_factory.mktemp("agree16"),
-        block_size=BLOCK,
-        seed=0,
-        bias_token_id=BIAS_TOKEN,
-        bias_strength=0.8,
-    )
+    return write_agreeing_pair(tmp_path_factory.mktemp("agree16"), BLOCK)
 
 
 def graph_runner(pair: tuple[Path, Path]) -> ModelRunner:
