@@ -126,12 +126,15 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     Two consumers, each starting a new stream as soon as its last one ends: one stream of
     440 tokens (the server's max-model-len is 512) can finish before the test body has
     planned its request on a fast machine, two back-to-back loops cannot both be between
-    streams at that moment. At teardown the consumers stop reading (the gateway aborts).
+    streams at that moment — as long as their streams do not end together: streams of equal
+    length started together are batched together and end together, so each consumer asks
+    for another length (a CI run once caught both between streams). At teardown the
+    consumers stop reading (the gateway aborts).
     """
     started, stop = threading.Event(), threading.Event()
 
-    def consume() -> None:
-        args = chat_args("code", max_tokens=440, temperature=1.0)
+    def consume(max_tokens: int) -> None:
+        args = chat_args("code", max_tokens=max_tokens, temperature=1.0)
         while not stop.is_set():
             with client(gateway).chat.completions.create(stream=True, **args) as stream:
                 for _ in stream:
@@ -139,7 +142,7 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
                     if stop.is_set():
                         break
 
-    threads = [threading.Thread(target=consume, daemon=True) for _ in range(2)]
+    threads = [threading.Thread(target=consume, args=(n,), daemon=True) for n in (440, 313)]
     for thread in threads:
         thread.start()
     assert started.wait(60), "the background stream did not start in 60 s"
