@@ -128,7 +128,7 @@ def busy_stream(gateway: Gateway) -> Iterator[None]:
     planned its request on a fast machine, two back-to-back loops cannot both be between
     streams at that moment — as long as their streams do not end together: streams of equal
     length started together are batched together and end together, so each consumer asks
-    for another length (a CI run once caught both between streams). At teardown the
+    for another length (the likely cause of one CI failure). At teardown the
     consumers stop reading (the gateway aborts).
     """
     started, stop = threading.Event(), threading.Event()
