@@ -97,6 +97,7 @@ class Instance:
             # ... and the device idled while the host allocated (the two-phase wait)
             seconds = self._costs.two_phase_wait_s + size * self._costs.two_phase_wait_per_row_s
         seconds += self._cost.base_step_time_s(size, mean_width, drafting)
+        seconds -= self._narrow_draft_saving_s(size, ks, mean_width, drafting)
         self.now_s += seconds
         emitted = [r.advance(k) for r, k in zip(batch, ks, strict=True)]
         lengths = [r.accept_history[-1] for r in batch]
@@ -104,6 +105,23 @@ class Instance:
         self._stats.add_tokens(self.now_s, sum(emitted))
         self._stats.add_step(self.now_s, ks)
         self._retire([r for r in batch if r.remaining <= 0])
+
+    def _narrow_draft_saving_s(
+        self, size: int, ks: Sequence[int], mean_width: float, drafting: float
+    ) -> float:
+        """What a narrow draft saves (``cost.narrow_draft_factor``): the step's rows drafted at
+        most ``narrow_draft_positions`` positions (a two-phase chooser says what it drafted;
+        a one-phase step drafts its widest k)."""
+        costs = self._costs
+        if costs.narrow_draft_factor is None or drafting <= 0:
+            return 0.0
+        drafted = getattr(self._chooser, "last_drafted_positions", None)
+        positions = max(ks) if drafted is None else drafted
+        if positions > costs.narrow_draft_positions:
+            return 0.0
+        draft_s = self._cost.base_step_time_s(size, mean_width, drafting)
+        draft_s -= self._cost.base_step_time_s(size, mean_width, 0.0)
+        return (1.0 - costs.narrow_factor(size)) * draft_s
 
     def _retire(self, finished: list[SimRequest]) -> None:
         if not finished:

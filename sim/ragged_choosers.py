@@ -122,7 +122,13 @@ class AllocatorChooser(_RaggedBase):
         self._gated = gated and auc is not None
         if self._gated:
             self.name += "-gated"
-        settings = AllocatorSettings(max_spec_tokens=self._k, min_spec_tokens=min_k)
+        # What each row drafts (goodput's ``slots_draft_cap``), and so the most it may verify.
+        cap = spec.slots_draft_cap
+        self.last_drafted_positions = self._k if cap is None else min(self._k, cap)
+        settings = AllocatorSettings(
+            max_spec_tokens=self.last_drafted_positions,
+            min_spec_tokens=min(min_k, self.last_drafted_positions),
+        )
         self._allocator = SlotAllocator(settings, TableRaggedCost(cost))
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
@@ -153,6 +159,7 @@ class VllmAvRaggedChooser(_RaggedBase):
     ):
         super().__init__(spec, table, block_size, auc, seed)
         self.name = "vllm-av" if auc is not None else "vllm-av-no-confidence"
+        self.last_drafted_positions = self._k  # every row drafts the whole block
         ragged = TableRaggedCost(cost)
         self._policy = VllmAdaptiveVerification(
             VllmAvSettings(max_spec_tokens=self._k), RaggedStepCost(ragged), ragged
@@ -188,17 +195,19 @@ class GoodputAutoChooser:
         )
         self._two_phase = False
         self.last_drafted_share: float | None = None
+        self.last_drafted_positions: int | None = None  # None: one-phase, its widest k
         self.two_phase_steps = 0
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         rows = len(batch)
         self._two_phase = rows >= self._min_rows and self._modes.decide(rows)
         if not self._two_phase:
-            self.last_drafted_share = None
+            self.last_drafted_share = self.last_drafted_positions = None
             return self._one.choose(batch, now_s)
         self.two_phase_steps += 1
         spec_tokens = self._two.choose(batch, now_s)
         self.last_drafted_share = self._two.last_drafted_share
+        self.last_drafted_positions = self._two.last_drafted_positions
         return spec_tokens
 
     def record(

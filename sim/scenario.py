@@ -8,6 +8,8 @@ Defaults live here; unknown keys are errors (``<dotted.key>: <message> (line N)`
 
 from __future__ import annotations
 
+import itertools
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -95,6 +97,41 @@ class Costs(Section):
     # with the device idle: on the H200 0.43 / 0.63 / 1.1 ms at 1 / 8 / 64 rows (session 15).
     two_phase_wait_s: float = Field(default=0.0, ge=0)
     two_phase_wait_per_row_s: float = Field(default=0.0, ge=0)
+    # Narrow draft graphs (docs/engine.md): a step whose rows draft at most
+    # ``narrow_draft_positions`` positions computes only those positions' draft logits, so
+    # its draft forward costs this factor of the whole block's, per batch size (linear in
+    # log2 of the batch between the sizes given, held beyond them). On the H200 8B shape:
+    # {1: 0.998, 8: 0.987, 64: 0.841} (bench/results/draft_widths_h200_2026-12-03.json).
+    # None: every draft computes the whole block. One-phase steps draft their widest k;
+    # two-phase steps draft what their chooser drafts (the block, or goodput's
+    # ``slots_draft_cap``).
+    narrow_draft_factor: dict[int, float] | None = None
+    narrow_draft_positions: int = Field(default=7, ge=1)
+
+    @model_validator(mode="after")
+    def _narrow_factors(self) -> Costs:
+        factors = self.narrow_draft_factor
+        if factors is not None and (
+            not factors or any(b < 1 or not 0 < f <= 1 for b, f in factors.items())
+        ):
+            raise ValueError(
+                "cost.narrow_draft_factor: batch sizes >= 1, each factor in (0, 1], at least one"
+            )
+        return self
+
+    def narrow_factor(self, batch_size: int) -> float:
+        """The draft forward's cost factor at ``batch_size`` for a narrow draft (1.0: none)."""
+        if not self.narrow_draft_factor:
+            return 1.0
+        points = sorted(self.narrow_draft_factor.items())
+        if batch_size <= points[0][0]:
+            return points[0][1]
+        for (b0, f0), (b1, f1) in itertools.pairwise(points):
+            if batch_size <= b1:
+                w = (math.log2(batch_size) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
+                return f0 + w * (f1 - f0)
+        return points[-1][1]
+
     # Prefill: fixed seconds per prefill forward plus seconds per prompt token (assumed).
     prefill_base_s: float = Field(default=0.006, ge=0)
     prefill_s_per_token: float = Field(default=2.5e-5, ge=0)

@@ -10,6 +10,13 @@ for name in mixed-shift mixed-shift-reference mixed-shift-b16 mixed-shift-32b mi
 done
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-min1.yaml --no-progress \
   --out "$out/mixed-shift-ragged-8b-min1.json" > "$out/mixed-shift-ragged-8b-min1.txt"
+# The two-phase wait (session 15), narrow draft graphs and two-phase drafts capped at 7
+# (session 16): docs/allocator.md.
+for name in mixed-shift-ragged-8b-two-phase-wait mixed-shift-ragged-8b-narrow-draft \
+    mixed-shift-ragged-8b-narrow-draft-cap7; do
+  .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
+    --out "$out/$name.json" > "$out/$name.txt"
+done
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c

@@ -5,6 +5,7 @@ beside the other policies on the same arrivals."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,3 +97,68 @@ def test_goodput_auto_runs_two_phase_steps_only_from_slots_min_batch(
     assert report.as_dict()["goodput_tok_s"] > 0
     steps = auto.two_phase_steps  # type: ignore[attr-defined]
     assert (steps > 0) if min_rows == 32 else (steps == 0)
+
+
+def test_a_narrow_draft_factor_interpolates_in_log_batch_and_is_checked() -> None:
+    from sim.scenario import Costs
+
+    costs = Costs(narrow_draft_factor={1: 1.0, 64: 0.88})
+    assert costs.narrow_factor(1) == 1.0 and costs.narrow_factor(128) == 0.88
+    assert costs.narrow_factor(8) == pytest.approx(1.0 - 0.12 * 3 / 6)
+    assert Costs().narrow_factor(64) == 1.0
+    for bad in ({}, {0: 0.9}, {8: 1.5}):
+        with pytest.raises(ValueError, match="narrow_draft_factor"):
+            Costs(narrow_draft_factor=bad)
+
+
+def test_narrow_drafts_cheapen_only_steps_that_draft_few_positions(tmp_path: Path) -> None:
+    """cost.narrow_draft_factor: a step whose rows draft at most 7 positions pays that factor
+    of the draft forward (static k <= 7, a capped allocator); steps that draft the whole block
+    (static-k11, vllm-av, the uncapped allocator) cost what they did."""
+    text = (SCENARIOS / "ci-small.yaml").read_text()
+    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
+    text += "  include_allocator: true\n  include_vllm_av: true\n"
+    text += "acceptance:\n  confidence_auc: 0.82\n"
+    reports = {}
+    for name, extra in (
+        ("whole", ""),
+        ("narrow", "  narrow_draft_factor: {1: 0.5, 64: 0.5}\n"),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace("cost:\n", "cost:\n" + extra, 1))
+        reports[name] = run_scenario(load_scenario(path))["policies"]
+    whole, narrow = reports["whole"], reports["narrow"]
+    assert narrow["static-k7"]["goodput_tok_s"] > 1.01 * whole["static-k7"]["goodput_tok_s"]
+    for name in ("no-spec", "static-k15", "vllm-av", "allocator"):
+        assert narrow[name]["goodput_tok_s"] == whole[name]["goodput_tok_s"], name
+
+
+def test_a_capped_allocator_drafts_and_verifies_at_most_its_cap(tmp_path: Path) -> None:
+    """goodput.slots_draft_cap in a scenario: the allocator's rows draft at most the cap (what
+    the narrow draft cost reads) and are given at most that."""
+    from engines.cost_tables import load_cost_table
+    from sim.runner import build_choosers, engine_cost
+    from sim.server import SimServer
+    from sim.workload import Workload
+
+    text = (SCENARIOS / "ci-small.yaml").read_text()
+    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
+    text += "  include_allocator: true\n  goodput:\n    slots_draft_cap: 7\n"
+    text += "acceptance:\n  confidence_auc: 0.82\n"
+    path = tmp_path / "capped.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    table = load_cost_table(scenario.resolve(scenario.cost.table))
+    (allocator,) = [c for c in build_choosers(scenario, table) if c.name == "allocator"]
+    assert allocator.last_drafted_positions == 7  # type: ignore[attr-defined]
+    widest: list[int] = []
+    choose = allocator.choose
+
+    def recorded(batch: Any, now_s: float) -> list[int]:
+        ks: list[int] = choose(batch, now_s)
+        widest.append(max(ks))
+        return ks
+
+    allocator.choose = recorded  # type: ignore[method-assign]
+    SimServer(scenario, Workload(scenario), allocator, engine_cost(scenario, table)).run()
+    assert widest and max(widest) <= 7 and max(widest) >= 4
