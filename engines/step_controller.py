@@ -343,10 +343,7 @@ class StepController:
         self._slots, self._allocation = None, None
         if newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
-            hi = newest.spec.bounds_for(self.block_size)[1]
-            cap = newest.spec.goodput.slots_draft_cap
-            if cap is not None:
-                hi = min(hi, cap)
+            hi = self._two_phase_bounds(newest)[1]
             for i in shared:
                 ks[i] = min(hi, views[i].max_spec_tokens)
             self._slots = (newest, shared)
@@ -506,16 +503,20 @@ class StepController:
         if chooser.incumbent(rows) != before:
             log.info("%s", chooser.describe(rows))
 
+    def _two_phase_bounds(self, active: ActivePolicy) -> tuple[int, int]:
+        """The policy's k bounds for two-phase rows: what a row drafts is at most
+        ``slots_draft_cap``, and so is all the allocator may give it."""
+        lo, hi = active.spec.bounds_for(self.block_size)
+        cap = active.spec.goodput.slots_draft_cap
+        return lo, hi if cap is None else min(hi, cap)
+
     def _slot_allocator(self, active: ActivePolicy) -> SlotAllocator:
         """Rebuilt when a newer policy version arrives; prices steps with its cost model."""
         held = self._allocator
         if held is None or held[0] != active.version:
             models = active.models
             assert models is not None and models.cost is not None, "checked by _allocates"
-            lo, hi = active.spec.bounds_for(self.block_size)
-            cap = active.spec.goodput.slots_draft_cap
-            if cap is not None:  # what two-phase rows draft: all the allocator may give them
-                hi = min(hi, cap)
+            lo, hi = self._two_phase_bounds(active)
             settings = AllocatorSettings(max_spec_tokens=hi, min_spec_tokens=min(lo, hi))
             held = self._allocator = (
                 active.version,

@@ -34,11 +34,16 @@ def test_separation_refuses_an_auc_outside_half_to_one() -> None:
         separation(1.0)
 
 
-def test_allocator_and_vllm_av_run_on_a_small_ragged_scenario(tmp_path: Path) -> None:
+def _ci_small(policies: str) -> str:
+    """scenarios/ci-small.yaml (its cost table found from anywhere) with these lines added to
+    its ``policies`` section and a draft confidence of AUC 0.82."""
     text = (SCENARIOS / "ci-small.yaml").read_text()
     text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
-    text += "  include_allocator: true\n  include_vllm_av: true\n"
-    text += "acceptance:\n  confidence_auc: 0.82\n"
+    return text + policies + "acceptance:\n  confidence_auc: 0.82\n"
+
+
+def test_allocator_and_vllm_av_run_on_a_small_ragged_scenario(tmp_path: Path) -> None:
+    text = _ci_small("  include_allocator: true\n  include_vllm_av: true\n")
     path = tmp_path / "ragged.yaml"
     path.write_text(text)
     report = run_scenario(load_scenario(path))
@@ -54,10 +59,7 @@ def test_the_two_phase_wait_is_charged_to_the_policies_that_read_confidence(
     """cost.two_phase_wait_s (+ per row): the device idles between the draft and the verify of
     a step whose policy reads the draft's confidence; policies that choose k before the draft
     run exactly as without it."""
-    text = (SCENARIOS / "ci-small.yaml").read_text()
-    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
-    text += "  include_allocator: true\n  include_vllm_av: true\n"
-    text += "acceptance:\n  confidence_auc: 0.82\n"
+    text = _ci_small("  include_allocator: true\n  include_vllm_av: true\n")
     reports = {}
     for wait in (0.0, 0.004):
         cost = f"cost:\n  two_phase_wait_s: {wait}\n  two_phase_wait_per_row_s: {wait / 8}\n"
@@ -83,11 +85,7 @@ def test_goodput_auto_runs_two_phase_steps_only_from_slots_min_batch(
     from sim.server import SimServer
     from sim.workload import Workload
 
-    text = (SCENARIOS / "ci-small.yaml").read_text()
-    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
-    text += "  include_goodput_auto: true\n"
-    text += f"  goodput:\n    slots_min_batch: {min_rows}\n"
-    text += "acceptance:\n  confidence_auc: 0.82\n"
+    text = _ci_small(f"  include_goodput_auto: true\n  goodput:\n    slots_min_batch: {min_rows}\n")
     path = tmp_path / "auto.yaml"
     path.write_text(text)
     scenario = load_scenario(path)
@@ -115,10 +113,7 @@ def test_narrow_drafts_cheapen_only_steps_that_draft_few_positions(tmp_path: Pat
     """cost.narrow_draft_factor: a step whose rows draft at most 7 positions pays that factor
     of the draft forward (static k <= 7, a capped allocator); steps that draft the whole block
     (static-k11, vllm-av, the uncapped allocator) cost what they did."""
-    text = (SCENARIOS / "ci-small.yaml").read_text()
-    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
-    text += "  include_allocator: true\n  include_vllm_av: true\n"
-    text += "acceptance:\n  confidence_auc: 0.82\n"
+    text = _ci_small("  include_allocator: true\n  include_vllm_av: true\n")
     reports = {}
     for name, extra in (
         ("whole", ""),
@@ -141,10 +136,7 @@ def test_a_capped_allocator_drafts_and_verifies_at_most_its_cap(tmp_path: Path) 
     from sim.server import SimServer
     from sim.workload import Workload
 
-    text = (SCENARIOS / "ci-small.yaml").read_text()
-    text = text.replace("table: cost/", f"table: {SCENARIOS}/cost/")
-    text += "  include_allocator: true\n  goodput:\n    slots_draft_cap: 7\n"
-    text += "acceptance:\n  confidence_auc: 0.82\n"
+    text = _ci_small("  include_allocator: true\n  goodput:\n    slots_draft_cap: 7\n")
     path = tmp_path / "capped.yaml"
     path.write_text(text)
     scenario = load_scenario(path)
