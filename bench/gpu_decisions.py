@@ -69,7 +69,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=",".join((*NAMES, "oracle")),
         help="comma-separated (bench/decisions/policies.py); on a ragged arm NAME@padded runs "
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
-        "policy built for padded verifies): a same-call padded vs ragged comparison",
+        "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
+        "(N a number) is another instance of NAME, reported on its own: goodput#2 beside "
+        "goodput gives the call's A/A (the report's paired ratios and paired_aa)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phases", default=DEFAULT_PHASES, help="NAME:C:N:task=share,...;...")
@@ -165,7 +167,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.attention == "triton" and args.device != "cuda":
         parser.error("--attention triton needs --device cuda")
     for name in args.policies.split(","):
-        _, at, engine = name.strip().partition("@")
+        name, hashed, instance = name.strip().partition("#")
+        if hashed and not instance.isdigit():
+            parser.error(
+                f"policy {name}#{instance}: the instance after '#' must be a number (goodput#2)"
+            )
+        _, at, engine = name.partition("@")
         if at and (engine != "padded" or args.verify_mode != "ragged"):
             parser.error(
                 f"policy {name.strip()!r}: the only suffix is @padded, on a ragged arm "
@@ -271,8 +278,9 @@ def _main(args: argparse.Namespace) -> int:
 
 def _context(arm: Arm, name: str) -> tuple[str, Context]:
     """The policy's base name and the context it is built for: ``NAME@padded`` is NAME built
-    as for a padded engine (it runs on the ragged runner's padded graphs)."""
-    base, _, engine = name.partition("@")
+    as for a padded engine (it runs on the ragged runner's padded graphs); ``NAME#N`` is NAME
+    (another instance: an A/A twin)."""
+    base, _, engine = name.partition("#")[0].partition("@")
     context = arm.context
     if engine:
         context = dataclasses.replace(context, verify_mode=engine)  # type: ignore[arg-type]

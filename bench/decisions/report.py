@@ -112,7 +112,52 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
             "repeats": len(mine),
             "phases": phases,
         }
-    return {"policies": policies, "ratios": _ratios(policies)}
+    ratios = _ratios(policies)
+    if ratios:
+        ratios["paired"] = _paired(runs, policies, ratios.get("best_static_overall"))
+    return {"policies": policies, "ratios": ratios}
+
+
+def _paired(
+    runs: Sequence[dict[str, Any]], policies: dict[str, Any], best_static: str | None
+) -> dict[str, Any]:
+    """goodput over each baseline within each block (one call's one repeat: every policy once,
+    in random order), so a drift of the machine between blocks cancels out of each ratio. With
+    an A/A twin (``goodput#2``: another instance of goodput in the same blocks) ``aa`` holds
+    the twin's ratios over goodput and ``noise_aa`` the largest distance of one of them from 1;
+    a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
+    from 1 than that (a difference the A/A pair never showed)."""
+    blocks: dict[tuple[int, int], dict[str, float]] = {}
+    for run in runs:
+        blocks.setdefault((run.get("call", 0), run["repeat"]), {})[run["policy"]] = run["tok_s"]
+
+    def cell(a: str, b: str) -> dict[str, Any] | None:
+        ratios = [block[a] / block[b] for block in blocks.values() if a in block and b in block]
+        if not ratios:
+            return None
+        return {
+            "mean": statistics.fmean(ratios),
+            "sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+            "blocks": len(ratios),
+            "ratios": ratios,
+        }
+
+    out: dict[str, Any] = {}
+    twins = sorted(n for n in policies if n.startswith("goodput#"))
+    aa = cell(twins[0], "goodput") if twins else None
+    if aa is not None:
+        out["aa"] = aa
+        out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
+    for name in dict.fromkeys((best_static, "vllm-av", "dsd-schedule", "no-spec", "oracle")):
+        if name is None or name not in policies:
+            continue
+        paired = cell("goodput", name)
+        if paired is None:
+            continue
+        if aa is not None:
+            paired["outside_aa"] = abs(paired["mean"] - 1.0) > out["noise_aa"]
+        out[f"vs_{name}"] = paired
+    return out
 
 
 def _ratios(policies: dict[str, Any]) -> dict[str, Any]:

@@ -481,3 +481,63 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
     merged = tmp_path / "merged.json"
     with pytest.raises(ValueError, match="cannot pool"):
         main(["--merge", str(arm_json), str(out), "--out", str(merged)])
+
+
+def test_an_aa_twin_is_another_instance_reported_on_its_own(tmp_path: Path) -> None:
+    """``goodput#2`` builds goodput again (its own state) and runs it as one more policy of each
+    block; the report pairs it with goodput (``paired.aa``) and holds every baseline's paired
+    ratios against that A/A noise. A non-numeric instance is refused."""
+    import bench.gpu_decisions as harness
+
+    built: list[int] = []
+    real_build = harness.build
+
+    def spy(name: str, context: Any) -> Any:
+        out = real_build(name, context)
+        built.append(id(out))
+        assert name == "goodput" or name.startswith("static-k")
+        return out
+
+    out = tmp_path / "aa.json"
+    argv = _tiny_argv(out, "static-k7,goodput,goodput#2", 2, "--no-warm-run")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "build", spy)
+        assert main(argv) == 0
+    assert len(set(built)) == 6  # every run its own instance (no --warm-policies)
+    data = json.loads(out.read_text())
+    assert set(data["summary"]["policies"]) == {"static-k7", "goodput", "goodput#2"}
+    paired = data["summary"]["ratios"]["paired"]
+    assert paired["aa"]["blocks"] == 2 and paired["vs_static-k7"]["blocks"] == 2
+    assert paired["noise_aa"] == max(abs(r - 1) for r in paired["aa"]["ratios"])
+    assert isinstance(paired["vs_static-k7"]["outside_aa"], bool)
+    with pytest.raises(SystemExit):
+        main(_tiny_argv(tmp_path / "bad.json", "goodput#b", 1))
+
+
+def test_paired_ratios_cancel_a_drift_between_blocks() -> None:
+    """Each block's ratio is taken inside the block, so a machine that slows from one block to
+    the next moves no paired ratio; the A/A twin's ratios set the noise a difference must
+    clear."""
+    from bench.decisions.report import summarise
+
+    runs = []
+    for call in range(2):
+        for repeat in range(3):
+            speed = 1.0 - 0.05 * (3 * call + repeat)  # the machine drifts down 25%
+            for policy, tok_s in (("goodput", 106.0), ("goodput#2", 105.0), ("vllm-av", 100.0)):
+                runs.append(
+                    {"policy": policy, "repeat": repeat, "call": call, "tok_s": tok_s * speed,
+                     "phases": {}}
+                )
+    for run in runs:
+        run["phases"] = {"all": {
+            "tok_s": run["tok_s"], "mean_spec_tokens": 7.0, "step_ms_mean": 1.0,
+            "host_us_per_step": None, "accept_length_by_task": {},
+        }}
+    ratios = summarise(runs, ["goodput", "goodput#2", "vllm-av"])["ratios"]
+    paired = ratios["paired"]
+    assert paired["vs_vllm-av"]["mean"] == pytest.approx(1.06)
+    assert paired["vs_vllm-av"]["sd"] == pytest.approx(0.0, abs=1e-12)
+    assert paired["noise_aa"] == pytest.approx(1 - 105 / 106)
+    assert paired["vs_vllm-av"]["outside_aa"] is True
+    assert ratios["noise_vs_vllm-av"] > 0.2  # the unpaired rule sees the drift as noise
