@@ -145,7 +145,8 @@ class GoodputSpec(StrictModel):
     # task prior and the request's history; the eager path verifies each row at its own
     # width). Pools ignore it. See docs/allocator.md.
     # "auto": per batch-size bucket, whichever of the two emits more tokens per second of
-    # measured step time on this engine (policies/step_mode.py: both are tried in blocks of
+    # measured step time on this engine, judged on paired blocks around each change of mode
+    # since 2026-12-03 (policies/step_mode.py: both are tried in blocks of
     # ``mode_probe_steps`` until each has ``mode_learn_steps`` steps, then the faster runs and
     # the other is re-measured for one block every ``mode_reprobe_steps`` steps; the
     # incumbent keeps its place unless the other is ``mode_margin`` faster). Blocks of 8 steps

@@ -6,11 +6,24 @@ host, the allocator runs, the verify is launched) and a ragged verify has overhe
 own; what it saves depends on the GPU, the model, the batch and the traffic. On the H200 8B
 shape its 64-row steps took 1.10-1.16x a one-phase k = 7 step while verifying ~17% fewer
 tokens (docs/allocator.md), so a fixed mode loses somewhere. ``StepModeChooser`` measures
-instead: per batch-size bucket (rows rounded up to a power of two) it keeps the tokens each
-mode emitted per second of step time (decayed sums), tries both modes in alternating blocks
-of ``probe_steps`` steps until each has ``learn_steps`` measured steps, then runs the faster
-(the incumbent keeps its place unless the other is ``margin`` faster) and re-measures the
-other for one block every ``reprobe_steps`` decided steps, so it follows the traffic.
+instead: per batch-size bucket (rows rounded up to a power of two) it tries both modes in
+alternating blocks of ``probe_steps`` steps until each has ``learn_steps`` measured steps,
+then runs the faster (the incumbent keeps its place unless the other is ``margin`` faster)
+and re-measures the other for one block every ``reprobe_steps`` decided steps, so it follows
+the traffic.
+
+"Faster" is judged on paired blocks only: each time the recorded mode changes, the last
+``probe_steps`` steps before the change and the first ``probe_steps`` after it (tokens
+emitted per second of step time in each) give one paired log ratio, and the estimate is their
+mean weighted by ``pair_decay`` per pair made since. A probe is so compared
+with the incumbent's steps just before it and just after it, under the same traffic. Until
+session 17 the two modes' rates were pooled over whatever steps each had run, and a bucket
+compared the incumbent's current rate with the other mode's rate from minutes before: in a
+closed loop the running mix drifts (requests that accept long runs finish first), so the
+incumbent's rate fell below the other's stale one and the bucket flipped to the slower mode
+(cold H200 runs spent 21-98 of ~180 64-row steps in two-phase, 3-9% slower), or came out of
+a warm-up on the slower mode and kept it (the A/A twin of README "Warm policies"). The pooled
+rates are still kept, for people (``rates``, ``describe``, the dashboard).
 
 Pure: no clock, no I/O; the caller records each step's mode, emitted tokens and seconds.
 ``peek`` answers without advancing the schedule (an engine prepares the next step before it
@@ -19,6 +32,8 @@ plans it); ``decide`` advances it.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -29,12 +44,13 @@ class ModeSettings:
     reprobe_steps: int = 512  # decided steps between two re-measurements of the other mode
     margin: float = 0.02  # the other mode must be this much faster to take over
     decay: float = 0.995  # per recorded step of a bucket: old steps fade (traffic changes)
+    pair_decay: float = 0.8  # per new paired comparison: the older pairs' weight
 
     def __post_init__(self) -> None:
         if self.probe_steps < 1 or self.learn_steps < 1 or self.reprobe_steps < 1:
             raise ValueError("probe_steps, learn_steps and reprobe_steps must be >= 1")
-        if self.margin < 0 or not 0 < self.decay <= 1:
-            raise ValueError("margin must be >= 0 and decay in (0, 1]")
+        if self.margin < 0 or not 0 < self.decay <= 1 or not 0 < self.pair_decay <= 1:
+            raise ValueError("margin must be >= 0, decay and pair_decay in (0, 1]")
 
 
 @dataclass
@@ -44,10 +60,25 @@ class _Bucket:
     steps: list[int] = field(default_factory=lambda: [0, 0])  # measured, undecayed
     decided: int = 0  # steps decided in this bucket
     incumbent: bool | None = None  # the mode run outside probes, once learnt
+    # The current run of one recorded mode: its mode and its last ``probe_steps`` steps.
+    run_mode: bool | None = None
+    recent: deque[tuple[float, float]] = field(default_factory=deque)
+    # Since the last change of mode: the steps before it (tokens, seconds, mode) and the
+    # tokens, seconds and steps after it so far; None once that pair is made.
+    before: tuple[float, float, bool] | None = None
+    after: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    # Paired log(two-phase rate / one-phase rate): decayed weighted sum, weights, pairs made.
+    log_ratio: float = 0.0
+    weight: float = 0.0
+    pairs: int = 0
 
     def rate(self, two_phase: bool) -> float | None:
         i = int(two_phase)
         return self.tokens[i] / self.seconds[i] if self.seconds[i] > 0 else None
+
+    def advantage(self) -> float | None:
+        """Paired estimate of log(two-phase tok/s / one-phase tok/s); None before a pair."""
+        return self.log_ratio / self.weight if self.weight > 0 else None
 
 
 class StepModeChooser:
@@ -83,7 +114,48 @@ class StepModeChooser:
         state.tokens[i] += tokens
         state.seconds[i] += seconds
         state.steps[i] += 1
-        self._update_incumbent(state)
+        if self._pair(state, two_phase, tokens, seconds):
+            self._update_incumbent(state)
+
+    def _pair(self, state: _Bucket, two_phase: bool, tokens: int, seconds: float) -> bool:
+        """Track runs of one mode; True when this step completes a pair of blocks around a
+        change of mode (the step after ``probe_steps`` of the new mode, or a change before)."""
+        made = False
+        if state.run_mode is not None and two_phase != state.run_mode:
+            if state.before is not None and state.after[2] > 0:  # the mode changed back early
+                made = self._add_pair(state)
+            state.before = (
+                sum(t for t, _ in state.recent),
+                sum(s for _, s in state.recent),
+                state.run_mode,
+            )
+            state.after = [0.0, 0.0, 0.0]
+            state.recent.clear()
+        state.run_mode = two_phase
+        state.recent.append((float(tokens), seconds))
+        if len(state.recent) > self.settings.probe_steps:
+            state.recent.popleft()
+        if state.before is not None:
+            state.after[0] += tokens
+            state.after[1] += seconds
+            state.after[2] += 1
+            if state.after[2] >= self.settings.probe_steps:
+                made = self._add_pair(state) or made
+        return made
+
+    def _add_pair(self, state: _Bucket) -> bool:
+        assert state.before is not None
+        tokens, seconds, before_two = state.before
+        after_tokens, after_seconds, _ = state.after
+        state.before = None
+        if min(tokens, after_tokens) <= 0 or min(seconds, after_seconds) <= 0:
+            return False  # a block that emitted nothing: no ratio
+        ratio = math.log((after_tokens / after_seconds) / (tokens / seconds))
+        keep = self.settings.pair_decay
+        state.log_ratio = keep * state.log_ratio + (-ratio if before_two else ratio)
+        state.weight = keep * state.weight + 1.0
+        state.pairs += 1
+        return True
 
     def rates(self, rows: int) -> tuple[float | None, float | None]:
         """Measured tokens per second (one-phase, two-phase) of the bucket of ``rows``."""
@@ -110,10 +182,20 @@ class StepModeChooser:
         state = self._buckets.get(self.bucket(rows)) or _Bucket()
         runs = {None: "learning", False: "one-phase", True: "two-phase"}[state.incumbent]
         show = [f"{x:.0f}" if x is not None else "?" for x in (one, two)]
+        advantage = state.advantage()
+        paired = "?" if advantage is None else f"{math.exp(advantage):.3f}x"
         return (
             f"step mode for <= {self.bucket(rows)} rows: {runs} "
-            f"(tok/s one-phase {show[0]}, two-phase {show[1]})"
+            f"(tok/s one-phase {show[0]}, two-phase {show[1]}; two-phase over one-phase in "
+            f"paired blocks {paired}, {state.pairs} pairs)"
         )
+
+    def advantage(self, rows: int) -> float | None:
+        """The bucket's paired estimate of two-phase tok/s over one-phase tok/s (a ratio);
+        None before its first pair."""
+        state = self._buckets.get(self.bucket(rows))
+        advantage = None if state is None else state.advantage()
+        return None if advantage is None else math.exp(advantage)
 
     def _choice(self, state: _Bucket) -> bool:
         s = self.settings
@@ -124,14 +206,14 @@ class StepModeChooser:
         return state.incumbent != probing
 
     def _update_incumbent(self, state: _Bucket) -> None:
-        if min(state.steps) < self.settings.learn_steps:
-            return
-        one, two = state.rate(False), state.rate(True)
-        if one is None or two is None:
+        """After a new pair: once both modes are learnt, the mode the paired estimate favours
+        (the incumbent stays unless the other is ``margin`` faster)."""
+        advantage = state.advantage()
+        if min(state.steps) < self.settings.learn_steps or advantage is None:
             return
         if state.incumbent is None:
-            state.incumbent = two > one
+            state.incumbent = advantage > 0
             return
-        mine, other = (two, one) if state.incumbent else (one, two)
-        if other > mine * (1.0 + self.settings.margin):
+        gain = -advantage if state.incumbent else advantage  # the other mode's, log
+        if gain > math.log1p(self.settings.margin):
             state.incumbent = not state.incumbent

@@ -526,14 +526,24 @@ def test_paired_ratios_cancel_a_drift_between_blocks() -> None:
             speed = 1.0 - 0.05 * (3 * call + repeat)  # the machine drifts down 25%
             for policy, tok_s in (("goodput", 106.0), ("goodput#2", 105.0), ("vllm-av", 100.0)):
                 runs.append(
-                    {"policy": policy, "repeat": repeat, "call": call, "tok_s": tok_s * speed,
-                     "phases": {}}
+                    {
+                        "policy": policy,
+                        "repeat": repeat,
+                        "call": call,
+                        "tok_s": tok_s * speed,
+                        "phases": {},
+                    }
                 )
     for run in runs:
-        run["phases"] = {"all": {
-            "tok_s": run["tok_s"], "mean_spec_tokens": 7.0, "step_ms_mean": 1.0,
-            "host_us_per_step": None, "accept_length_by_task": {},
-        }}
+        run["phases"] = {
+            "all": {
+                "tok_s": run["tok_s"],
+                "mean_spec_tokens": 7.0,
+                "step_ms_mean": 1.0,
+                "host_us_per_step": None,
+                "accept_length_by_task": {},
+            }
+        }
     ratios = summarise(runs, ["goodput", "goodput#2", "vllm-av"])["ratios"]
     paired = ratios["paired"]
     assert paired["vs_vllm-av"]["mean"] == pytest.approx(1.06)

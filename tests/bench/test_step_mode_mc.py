@@ -16,3 +16,14 @@ def test_the_chooser_settles_on_the_faster_mode_and_pays_only_while_it_learns() 
     assert 0.7 < short < 0.8
     # Two-phase faster (a negative gap): the share is of two-phase's rate.
     assert share_of_best(settings, -0.2, 0.05, 2000, seed=1) > 0.98
+
+
+def test_phases_that_drain_and_slow_leave_a_noiseless_chooser_on_the_faster_mode() -> None:
+    """Ten phases, each slowing 10% at 60% and draining from 64 to 33 rows over its last 28%:
+    with no noise the paired chooser still settles on one-phase (7% faster) and pays for its
+    learning and re-probes only."""
+    settings = ModeSettings(probe_steps=8, learn_steps=16)
+    share = share_of_best(
+        settings, 0.07, 0.0, 1800, seed=0, drift=0.10, shape="step", cycles=10, drain=0.28
+    )
+    assert 0.99 < share < 1.0

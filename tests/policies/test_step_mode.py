@@ -64,3 +64,40 @@ def test_bad_settings_are_refused() -> None:
         ModeSettings(probe_steps=0)
     with pytest.raises(ValueError, match="decay"):
         ModeSettings(decay=0.0)
+
+
+def test_traffic_that_slows_after_learning_does_not_flip_the_bucket_to_the_slower_mode() -> None:
+    """One-phase is 10% faster at every moment, but the traffic slows 30% once both modes are
+    learnt (a closed loop's running mix, a draining batch). Rates pooled over each mode's own
+    steps would set one-phase's current rate against two-phase's stale one and flip; paired
+    blocks (each re-probe against the steps just around it) keep one-phase."""
+    chooser = StepModeChooser(
+        ModeSettings(probe_steps=4, learn_steps=8, reprobe_steps=40, margin=0.02, decay=0.995)
+    )
+    run(chooser, 64, 16, {True: 9000.0, False: 10000.0})
+    assert chooser.incumbent(64) is False
+    modes = run(chooser, 64, 300, {True: 6300.0, False: 7000.0})
+    assert chooser.incumbent(64) is False
+    assert modes.count(True) <= 7 * 4  # the re-probe blocks only
+    ratio = chooser.advantage(64)
+    assert ratio is not None and ratio == pytest.approx(0.9, abs=0.01)
+    assert "paired blocks 0.900x" in chooser.describe(64)
+
+
+def test_a_bucket_left_on_the_slower_mode_is_corrected_by_its_next_paired_probe() -> None:
+    """Learnt while two-phase was 11% faster, then two-phase becomes 8% slower: the re-probes
+    of one-phase, each compared with the two-phase steps just around it, hand the bucket over
+    at the second (the first one's two pairs do not yet outweigh the three learnt ones)."""
+    chooser = StepModeChooser(SETTINGS)
+    run(chooser, 64, 16, {True: 10000.0, False: 9000.0})
+    assert chooser.incumbent(64) is True
+    run(chooser, 64, 40, {True: 9200.0, False: 10000.0})  # re-probe blocks at 40 and 84
+    assert chooser.incumbent(64) is True
+    run(chooser, 64, 44, {True: 9200.0, False: 10000.0})
+    assert chooser.incumbent(64) is False
+    assert chooser.advantage(8) is None  # a bucket never seen has no estimate
+
+
+def test_pair_decay_is_checked() -> None:
+    with pytest.raises(ValueError, match="pair_decay"):
+        ModeSettings(pair_decay=1.5)
