@@ -129,7 +129,8 @@ def _paired(
     from 1 than that (a difference the A/A pair never showed)."""
     blocks: dict[tuple[int, int], dict[str, float]] = {}
     for run in runs:
-        blocks.setdefault((run.get("call", 0), run["repeat"]), {})[run["policy"]] = run["tok_s"]
+        block = (run.get("call", 0), run.get("repeat", 0))
+        blocks.setdefault(block, {})[run["policy"]] = run["tok_s"]
 
     def cell(a: str, b: str) -> dict[str, Any] | None:
         ratios = [block[a] / block[b] for block in blocks.values() if a in block and b in block]
