@@ -126,14 +126,22 @@ def _paired(
     an A/A twin (``goodput#2``: another instance of goodput in the same blocks) ``aa`` holds
     the twin's ratios over goodput and ``noise_aa`` the largest distance of one of them from 1;
     a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
-    from 1 than that (a difference the A/A pair never showed)."""
-    blocks: dict[tuple[int, int], dict[str, float]] = {}
+    from 1 than that (a difference the A/A pair never showed). ``phases``: the same per
+    phase."""
+    blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
         block = (run.get("call", 0), run.get("repeat", 0))
-        blocks.setdefault(block, {})[run["policy"]] = run["tok_s"]
+        blocks.setdefault(block, {})[run["policy"]] = run
 
-    def cell(a: str, b: str) -> dict[str, Any] | None:
-        ratios = [block[a] / block[b] for block in blocks.values() if a in block and b in block]
+    def tok_s(run: dict[str, Any], phase: str | None) -> float:
+        return float(run["tok_s"] if phase is None else run["phases"][phase]["tok_s"])
+
+    def cell(a: str, b: str, phase: str | None = None) -> dict[str, Any] | None:
+        ratios = [
+            tok_s(block[a], phase) / tok_s(block[b], phase)
+            for block in blocks.values()
+            if a in block and b in block and tok_s(block[b], phase) > 0
+        ]
         if not ratios:
             return None
         return {
@@ -143,21 +151,28 @@ def _paired(
             "ratios": ratios,
         }
 
-    out: dict[str, Any] = {}
-    twins = sorted(n for n in policies if n.startswith("goodput#"))
-    aa = cell(twins[0], "goodput") if twins else None
-    if aa is not None:
-        out["aa"] = aa
-        out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
-    for name in dict.fromkeys((best_static, "vllm-av", "dsd-schedule", "no-spec", "oracle")):
-        if name is None or name not in policies:
-            continue
-        paired = cell("goodput", name)
-        if paired is None:
-            continue
+    def compare(phase: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        twins = sorted(n for n in policies if n.startswith("goodput#"))
+        aa = cell(twins[0], "goodput", phase) if twins else None
         if aa is not None:
-            paired["outside_aa"] = abs(paired["mean"] - 1.0) > out["noise_aa"]
-        out[f"vs_{name}"] = paired
+            out["aa"] = aa
+            out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
+        for name in dict.fromkeys((best_static, "vllm-av", "dsd-schedule", "no-spec", "oracle")):
+            if name is None or name not in policies:
+                continue
+            paired = cell("goodput", name, phase)
+            if paired is None:
+                continue
+            if aa is not None:
+                paired["outside_aa"] = abs(paired["mean"] - 1.0) > out["noise_aa"]
+            out[f"vs_{name}"] = paired
+        return out
+
+    out = compare(None)
+    # Per phase the same, against the overall best static (each phase's best static is in
+    # ``ratios.phases``; on these traces it is the same k).
+    out["phases"] = {phase: compare(phase) for phase in policies["goodput"]["phases"]}
     return out
 
 

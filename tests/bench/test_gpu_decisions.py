@@ -551,3 +551,6 @@ def test_paired_ratios_cancel_a_drift_between_blocks() -> None:
     assert paired["noise_aa"] == pytest.approx(1 - 105 / 106)
     assert paired["vs_vllm-av"]["outside_aa"] is True
     assert ratios["noise_vs_vllm-av"] > 0.2  # the unpaired rule sees the drift as noise
+    phase = paired["phases"]["all"]
+    assert phase["vs_vllm-av"]["mean"] == pytest.approx(1.06)
+    assert phase["noise_aa"] == pytest.approx(paired["noise_aa"])
