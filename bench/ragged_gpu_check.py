@@ -109,6 +109,17 @@ def alternating(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def _dynamo_compiles() -> dict[str, dict[str, int]]:
+    """What torch.compile did during start-up, from dynamo's counters: ``stats.unique_graphs``
+    (graphs compiled: each a start-up cost of seconds on the H200 8B shape, from a width or
+    batch change that recompiles, a size-1 specialisation or a stride guard;
+    ``TORCH_LOGS=recompiles`` says which), and inductor's FX-graph cache hits and misses (a
+    restart with ``compile_cache_dir`` should only hit)."""
+    from torch._dynamo.utils import counters
+
+    return {group: {k: int(v) for k, v in values.items()} for group, values in counters.items()}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -178,6 +189,8 @@ class Bench:
                 RaggedShapes([*GRAPH_BATCH_SIZES], runner.widths).keys
             ),
         }
+        if args.compile:
+            self.result["setup"]["dynamo"] = _dynamo_compiles()
         if device.type == "cuda":
             self.result["setup"]["gpu_memory_gb"] = {
                 "allocated": round(torch.cuda.memory_allocated(device) / 1e9, 2),

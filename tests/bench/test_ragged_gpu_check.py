@@ -55,3 +55,20 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     assert shape["largest_kept"] < shape["padded_tokens"] == 64
     assert len(pruning["graph_ms"]["ragged"]) == setup["num_graphs"]["ragged"]
     assert not result["skipped"]
+
+
+def test_the_compile_counters_name_the_graphs_compiled() -> None:
+    """``setup.dynamo`` (with ``--compile``): dynamo's counters as plain ints; a function
+    compiled afresh for a second shape shows as a second graph."""
+    import torch
+
+    from bench.ragged_gpu_check import _dynamo_compiles
+
+    torch._dynamo.reset()
+    before = _dynamo_compiles().get("stats", {}).get("unique_graphs", 0)
+    double = torch.compile(lambda x: x * 2, dynamic=False)
+    double(torch.ones(3))
+    double(torch.ones(5))
+    counts = _dynamo_compiles()
+    assert counts["stats"]["unique_graphs"] - before == 2
+    assert all(isinstance(v, int) for group in counts.values() for v in group.values())
