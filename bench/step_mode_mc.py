@@ -14,12 +14,13 @@ mean over seeds of the share of the best mode's rate, and the worst cell of each
 
 Since session 17 also with the traffic the H200 showed (static-k7's 64-row steps in the
 narrow-draft calls, `bench/results/gpu_decisions/*_2026-12-03n1.json.gz`): per-step noise
-correlated in time (AR(1), lag-1 autocorrelation ``--rho``, 0.3 there) and a rate that drifts
-down over the bucket's life (``--drifts``: both modes' rates fall linearly by that share; the
-closed loop's running mix lost ~9% there as requests that accept long runs finished first).
-
-    .venv/bin/python bench/step_mode_mc.py --settings 8,16 --drifts 0,0.09 --rho 0.3 \
-        --lifetimes 180,2000 --json bench/results/step_mode_mc_drift.json
+correlated in time (AR(1), lag-1 autocorrelation ``--rho``, 0.3 there), a rate that falls
+over each phase (``--drifts``, ``--drift-shape``: the closed loop's running mix lost ~9% at
+60% of the phase as requests that accept long runs finished first), a batch that drains from
+64 to 33 rows over the last ``--drain`` share of each phase, and a bucket that lives through
+``--cycles`` phases (a server's, or the warm protocol's). The commands behind
+`bench/results/step_mode_mc_2026-12-03_*.json` are in docs/allocator.md ("Paired blocks");
+``--reprobe`` and ``--pair-decay`` set the chooser's.
 
 An assumption, not a measurement: the GPU arms measure the chosen setting.
 """
@@ -46,9 +47,9 @@ LIFETIMES = (95, 2000)
 ROWS = 64
 TOKENS = 300.0  # per one-phase step at rate 1
 STEP_S = 0.028  # at 64 rows
-# A step of r rows takes STEP_S * (a + (1 - a) r / 64): on the H200 8B ragged arm k = 7 steps
-# took ~19 ms at 33 rows and ~23 ms at 64 (bench/results/gpu_decisions_ragged.json).
-STEP_MS_AT = (0.64,)
+# A step of r rows takes STEP_S * (FIXED + (1 - FIXED) r / 64): on the H200 8B ragged arm
+# k = 7 steps took ~19 ms at 33 rows and ~23 ms at 64 (bench/results/gpu_decisions_ragged.json).
+FIXED = 0.64
 
 
 def share_of_best(
@@ -68,7 +69,7 @@ def share_of_best(
     is the mode's times ``1 - drift * t / L`` (``shape`` linear; step: the whole fall at 60%
     of the phase) times noise of sd ``noise`` (AR(1), lag-1 autocorrelation ``rho``), and in
     the last ``drain`` share of the phase its rows fall from 64 to 33 (a closed loop's end:
-    fewer rows emit fewer tokens per step, in less time, ``STEP_MS_AT`` rows)."""
+    fewer rows emit fewer tokens per step, in less time: ``FIXED``)."""
     rng = random.Random(seed)
     chooser = StepModeChooser(settings)
     tokens = best_tokens = 0.0
@@ -83,7 +84,7 @@ def share_of_best(
         fall = (u >= 0.6) if shape == "step" else u
         traffic = (1.0 - drift * fall) * max(0.1, 1.0 + shock) * rows / ROWS
         rate = (1.0 - gap if two_phase else 1.0) * traffic
-        step_s = STEP_S * (STEP_MS_AT[0] + (1 - STEP_MS_AT[0]) * rows / ROWS)
+        step_s = STEP_S * (FIXED + (1 - FIXED) * rows / ROWS)
         chooser.record(rows, two_phase, int(TOKENS * rate), step_s)
         tokens += TOKENS * rate
         best_tokens += TOKENS * max(1.0, 1.0 - gap) * traffic
@@ -137,7 +138,9 @@ def main() -> int:
         cells[name] = {}
         tails[name] = {}
         settings = ModeSettings(probe_steps=probe, learn_steps=learn, reprobe_steps=args.reprobe)
-        if hasattr(settings, "pair_decay"):  # a chooser from before session 17 has none
+        # A chooser from before session 17 has no pair_decay: the script also runs against
+        # ba615a9's policies/step_mode.py for the pooled rows of docs/allocator.md's table.
+        if hasattr(settings, "pair_decay"):
             settings = dataclasses.replace(settings, pair_decay=args.pair_decay)
         for gap in args.gaps:
             for noise in args.noises:
@@ -164,7 +167,9 @@ def main() -> int:
                         cells[name][key] = statistics.fmean(runs)
                         tails[name][key] = sorted(runs)[len(runs) // 20]
         worst = min(cells[name].values())
-        short = statistics.fmean(v for k, v in cells[name].items() if f"steps {lifetimes[0]}" in k)
+        short = statistics.fmean(
+            v for k, v in cells[name].items() if f"steps {lifetimes[0]} " in f"{k} "
+        )
         print(
             f"{name:18s}: worst cell {worst:.4f}, mean over the {lifetimes[0]}-step cells "
             f"{short:.4f}, worst 5th percentile {min(tails[name].values()):.4f}"
