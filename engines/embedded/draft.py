@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from engines.embedded.checkpoint import DraftSpec
-from engines.embedded.events import CompileMode, inductor_arguments
+from engines.embedded.events import CompileMode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     DecoderLayer,
@@ -31,6 +31,7 @@ from engines.embedded.layers import (
     write_cache_at,
 )
 from engines.embedded.packing import Packing, pack, unpack
+from engines.embedded.regional import compile_layer_step, dense, mark_dynamic
 from engines.embedded.target import TargetModel
 
 
@@ -70,15 +71,14 @@ class DraftModel(nn.Module):
 
     # One layer of ``propose`` (``draft_layer_step``); ``compile_layers`` compiles it.
     layer_step: Callable[..., torch.Tensor] = staticmethod(draft_layer_step)
+    compiled_layers = False  # as TargetModel's
 
     def compile_layers(self, mode: CompileMode = "default") -> None:
         """Regional compilation of ``propose``: its layer step compiled once for all layers
         (``TargetModel.compile_layers``). The context insert (a projection and a cache write
         per layer) stays eager."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(
-            draft_layer_step, fullgraph=True, **inductor_arguments(mode)
-        )
+        self.layer_step = compile_layer_step(draft_layer_step, mode)
+        self.compiled_layers = True
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         state = {
@@ -160,9 +160,17 @@ class DraftModel(nn.Module):
         # The rows' tokens (packed with ``rows``) are normed and rotated before unpacking.
         rope = tuple(pack(t, rows) for t in self.rotary.tables(positions, h.dtype))
         written = cache_rows(positions)
+        if self.compiled_layers:  # dynamic batch from the first compile (regional.py)
+            written, mask = dense(written), dense(mask)
+            for tensor in (h, *rope, positions, written):  # [B, block, ...] or [1, N, ...]
+                mark_dynamic(tensor, 0, 1)
+            mark_dynamic(mask, 0)
         step = self.layer_step
         for index, layer in enumerate(decoder_layers(self.layers)):
             k_cache, v_cache = cache.rows(index, first_slot, batch)
+            if self.compiled_layers:
+                mark_dynamic(k_cache, 0)
+                mark_dynamic(v_cache, 0)
             h = step(layer, h, rope, k_cache, v_cache, positions, written, rows, mask, num_keys)
         end_output = None if num_outputs is None else 1 + num_outputs
         after_first = pack(unpack(h, rows)[:, 1:end_output], outputs)

@@ -10,7 +10,7 @@ from torch import nn
 
 from engines.embedded.checkpoint import ModelShape
 from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
-from engines.embedded.events import Attention, CompileMode, inductor_arguments
+from engines.embedded.events import Attention, CompileMode
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     AttentionMask,
@@ -29,6 +29,7 @@ from engines.embedded.layers import (
     write_cache_at,
 )
 from engines.embedded.packing import Packing, pack
+from engines.embedded.regional import compile_layer_step, dense, mark_dynamic
 
 
 def target_layer_step(
@@ -72,6 +73,36 @@ def target_layer_step(
     return layer.feed_forward(h + layer.attention_out(attn))
 
 
+def _dynamic_inputs(
+    h: torch.Tensor,
+    rope: tuple[torch.Tensor, ...],
+    positions: torch.Tensor,
+    written: torch.Tensor | None,
+    packed: tuple[torch.Tensor, torch.Tensor] | None,
+    mask: AttentionMask,
+    slots: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, AttentionMask]:
+    """Before a compiled layer step's calls: the batch, width, packed-token and prompt-length
+    dimensions of its inputs marked dynamic, the expanded ones made row-major (regional.py).
+    Returns (written, mask) to pass instead."""
+    for tensor in (h, *rope):  # [B, W, ...], or [1, N, ...] packed
+        mark_dynamic(tensor, 0, 1)
+    mark_dynamic(positions, 0, 1)
+    for index in packed or ():
+        mark_dynamic(index, 0)
+    mark_dynamic(slots, 0)
+    if written is not None:
+        written = dense(written)
+        mark_dynamic(written, 0, 1)
+    if isinstance(mask, KeyPositions):
+        if mask.tokens is not None:
+            mark_dynamic(mask.tokens, 0, 1)
+        return written, mask
+    mask = dense(mask)  # [B, 1, group * W, keys]
+    mark_dynamic(mask, 0, 2)
+    return written, mask
+
+
 class TargetModel(nn.Module):
     def __init__(
         self, shape: ModelShape, max_positions: int, aux_layer_ids: tuple[int, ...]
@@ -92,18 +123,19 @@ class TargetModel(nn.Module):
     # compiled form.
     layer_step: Callable[..., torch.Tensor] = staticmethod(target_layer_step)
 
+    # Whether ``layer_step`` is compiled: forwards then mark their varying dimensions dynamic
+    # and pass row-major inputs (engines/embedded/regional.py).
+    compiled_layers = False
+
     def compile_layers(self, mode: CompileMode = "default") -> None:
         """Regional compilation: compile one decoder layer's step, which every layer reuses
         (the layers differ only in their weights, which the compiled code takes as inputs),
         instead of the whole forward. Start-up then costs one compile per input shape class
-        rather than one whose size grows with the number of layers (docs/engine.md). Every
-        forward shares this one function (verifies padded and ragged, graph and packed
-        prefills), so its variants and their dynamic forms may exceed dynamo's default of 8
-        compiles per function, past which it would silently run eager: the limit is raised."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self.layer_step = torch.compile(
-            target_layer_step, fullgraph=True, **inductor_arguments(mode)
-        )
+        rather than one whose size grows with the number of layers (docs/engine.md); every
+        forward (verifies padded and ragged, graph and packed prefills) shares the function,
+        and its dynamic dimensions are marked up front (``regional.py``)."""
+        self.layer_step = compile_layer_step(target_layer_step, mode)
+        self.compiled_layers = True
 
     def load_checkpoint(self, weights: dict[str, torch.Tensor]) -> None:
         """Load HF ``model.*`` / ``lm_head`` tensors; ties the head to the embedding if needed."""
@@ -155,6 +187,8 @@ class TargetModel(nn.Module):
         if packing is not None and not isinstance(mask, KeyPositions):
             # built once here, shared by every layer's attention
             packing.grouped_index(self.shape.num_heads, self.shape.num_kv_heads)
+        if self.compiled_layers:
+            written, mask = _dynamic_inputs(h, rope, positions, written, packed, mask, slots)
         saved: dict[int, torch.Tensor] = {}
         step = self.layer_step
         for index, layer in enumerate(decoder_layers(self.layers)):
@@ -162,6 +196,9 @@ class TargetModel(nn.Module):
                 k_part, v_part = cache.rows(index, 0, cache.num_slots)
             else:
                 k_part, v_part = cache.rows(index, first_slot, batch)
+                if self.compiled_layers:
+                    mark_dynamic(k_part, 0)
+                    mark_dynamic(v_part, 0)
             h = step(
                 layer,
                 h,

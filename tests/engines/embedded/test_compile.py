@@ -6,13 +6,28 @@ runner refuses it, so these tests compile the runner's forwards directly, as the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.fx.experimental._config as shape_config
 from torch._dynamo.utils import counters
 
+from engines.embedded import regional
 from engines.embedded.loader import load_runner
+
+
+@pytest.fixture(autouse=True)
+def _restore_shape_settings() -> Iterator[None]:
+    """``compile_layers`` sets symbolic-shape settings process-wide (regional.py); each test
+    here restores them (the config module's own patch: pytest's monkeypatch cannot restore a
+    torch config module's attributes)."""
+    names = ("backed_size_oblivious", "use_duck_shape")
+    with shape_config.patch(
+        **{name: getattr(shape_config, name) for name in names if hasattr(shape_config, name)}
+    ):
+        yield
 
 
 def test_compile_without_cuda_graphs_is_refused(tiny_pair: tuple[Path, Path]) -> None:
@@ -122,3 +137,70 @@ def test_compile_mode_reaches_torch_compile(
         match="compile_mode='fast': use one of default, max-autotune, coordinate-descent",
     ):
         load_runner(*tiny_pair, torch.device("cpu"), 1, 64, compile_mode="fast")  # type: ignore[arg-type]
+
+
+@torch.inference_mode()
+def test_regional_compile_marks_the_varying_sizes_dynamic_up_front(
+    agreeing_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the verify shapes a capture meets (largest first: batch × width), the target's
+    layer step compiles once for every batch and width above 1 and once for each of batch 1,
+    width 1 and both (dynamo's defaults compiled it 7 times here: a width change, a batch
+    change and the stride of an expanded input each recompiled); the draft's once for batches
+    above 1 and once for batch 1. Every shape computes what eager does. (dynamo's own
+    ``aot_eager`` backend: the guards and graphs are dynamo's; inductor's kernels are checked
+    on the GPU, bench/ragged_gpu_check.py.)"""
+    monkeypatch.setattr(regional, "inductor_arguments", lambda mode: {"backend": "aot_eager"})
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 8, 64)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(batch, width) for batch in (8, 4, 2, 1) for width in (8, 4, 1)]
+    inputs = {
+        (b, w): (
+            torch.randint(0, 100, (b, w), generator=generator),
+            torch.arange(w) + torch.randint(0, 40, (b, 1), generator=generator),
+        )
+        for b, w in shapes
+    }
+
+    def verify_all() -> dict[tuple[int, int], torch.Tensor]:
+        out = {}
+        for shape in shapes:
+            runner.target_cache.k.zero_()
+            runner.target_cache.v.zero_()
+            out[shape] = runner._verify_forward(*inputs[shape]).clone()
+        return out
+
+    def draft_all() -> dict[int, torch.Tensor]:
+        out = {}
+        for batch in (8, 4, 2, 1):
+            block = torch.full((batch, runner.block_size), runner.mask_token_id)
+            block[:, 0] = inputs[batch, 1][0][:, 0]
+            positions = inputs[batch, 1][1] + torch.arange(runner.block_size)
+            out[batch] = runner._draft_forward(block, positions).clone()
+        return out
+
+    eager, eager_draft = verify_all(), draft_all()
+    torch._dynamo.reset()
+    counters.clear()
+    runner.target.compile_layers()
+    compiled = verify_all()
+    assert counters["stats"]["unique_graphs"] == 4
+    for shape in shapes:
+        torch.testing.assert_close(compiled[shape], eager[shape], rtol=1e-4, atol=1e-4)
+    runner.draft.compile_layers()
+    compiled_draft = draft_all()
+    assert counters["stats"]["unique_graphs"] == 6  # the draft's: 2 more
+    for batch, logits in compiled_draft.items():
+        torch.testing.assert_close(logits, eager_draft[batch], rtol=1e-4, atol=1e-4)
+
+
+def test_dense_copies_only_what_is_not_row_major() -> None:
+    rows = torch.arange(4)[:, None]
+    assert regional.dense(rows) is rows  # [4, 1] strides (1, 1): row-major already
+    expanded = rows.expand(4, 3)  # stride 0
+    out = regional.dense(expanded)
+    assert out.stride() == (3, 1) and torch.equal(out, expanded)
+    single = torch.zeros(1, 8)[:, None].expand(1, 3, 8).reshape(1, 24)
+    assert regional.dense(single).stride() == (24, 1)
+    odd = torch.zeros(5, 1, 4).as_strided((1, 1, 4), (7, 9, 1))  # size-1 strides arbitrary
+    assert regional.dense(odd).stride() == (4, 4, 1)
