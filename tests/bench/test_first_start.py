@@ -1,0 +1,67 @@
+"""bench/first_start.py on the CPU: fresh processes on fresh compile cache folders, in a random
+order over the trees, a restart on the first start's folder, and the summary the GPU call
+reads (tiny shape, no compile: what the CPU can run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.first_start import ROOT, main, parse_args, summarise
+
+
+def test_first_starts_and_restarts_of_two_trees_are_summarised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "first_start.json"
+    argv = ["--device", "cpu", "--tiny", "--no-compile", "--attention", "sdpa", "--batches", "4"]
+    trees = ["--tree", f"a={ROOT}", "--tree", f"b={ROOT}"]  # the same code twice: an A/A
+    assert main([*argv, *trees, "--repeats", "1", "--restart", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert sorted(result["order"]) == ["a#0", "b#0"]
+    kinds = [(r["tree"], r["kind"]) for r in result["runs"]]
+    assert sorted(kinds) == [("a", "first"), ("a", "restart"), ("b", "first"), ("b", "restart")]
+    for run in result["runs"]:
+        assert run["start_s"] == pytest.approx(sum(run["capture_s"].values()), abs=0.02)
+        assert run["wall_s"] > run["start_s"] >= 0  # CPU, no compile: captures take ~0 s
+        assert run["num_graphs"]["ragged"] > 0 and run["device"] == "cpu"
+    summary = result["summary"]
+    assert set(summary) == {"a", "b"} and set(summary["a"]) == {"first", "restart"}
+    assert summary["a"]["first"]["start_s"]["n"] == 1
+    assert "first:" in capsys.readouterr().err  # progress, one line per start
+
+
+def test_summary_gives_the_spread_per_tree_and_kind() -> None:
+    runs = [
+        {"tree": "new", "kind": "first", "start_s": s, "wall_s": s + 5, "graphs_compiled": 8}
+        for s in (62.2, 75.5)
+    ]
+    got = summarise(runs)["new"]["first"]
+    assert got["start_s"] == {"mean": 68.85, "sd": 9.4, "min": 62.2, "max": 75.5, "n": 2}
+    assert got["graphs_compiled"] == [8]
+
+
+def test_bad_trees_are_refused_with_a_reason(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--tree", "nopath"])
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--tree", f"a={tmp_path}"])  # no bench/ragged_gpu_check.py
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--tree", f"a={ROOT}", "--tree", f"a={ROOT}"])
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--repeats", "0"])
+    args = parse_args(["--out", "x", "--", "--context-len", "48"])
+    assert args.tree == [("this", ROOT)] and args.extra == ["--context-len", "48"]
+
+
+def test_a_failed_start_is_recorded_and_the_rest_still_run(tmp_path: Path) -> None:
+    out = tmp_path / "first_start.json"
+    argv = ["--device", "cpu", "--tiny", "--no-compile", "--attention", "sdpa", "--batches", "4"]
+    # an argument the check refuses: every start fails, each is recorded, nothing is lost
+    code = main([*argv, "--repeats", "2", "--restart", "--out", str(out), "--", "--bogus"])
+    assert code == 1
+    result = json.loads(out.read_text())
+    assert result["runs"] == [] and len(result["failed"]) == 2
+    assert all("--bogus" in error for error in result["errors"])
