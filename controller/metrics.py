@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from policies.step_mode import BucketView
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _CLASSIFY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
 
@@ -76,6 +78,21 @@ class Metrics:
             ["backend", "rows", "mode"],
             registry=r,
         )
+        self.step_mode_paired = Gauge(
+            "draftctl_step_mode_paired_ratio",
+            "Embedded engine, goodput step_mode auto: two-phase over one-phase tokens per "
+            "second in paired blocks (the steps just before and after each change of mode), "
+            "what a batch-size bucket's mode is chosen on; absent before its first pair",
+            ["backend", "rows"],
+            registry=r,
+        )
+        self.step_mode_pairs = Gauge(
+            "draftctl_step_mode_pairs",
+            "Embedded engine, goodput step_mode auto: paired blocks a batch-size bucket has "
+            "measured",
+            ["backend", "rows"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
         self._accept: dict[tuple[str, str], Gauge] = {}
 
@@ -97,17 +114,19 @@ class Metrics:
             gauge = self._accept[(task, backend)] = self.accept_length.labels(task, backend)
         gauge.set(value)
 
-    def set_step_modes(
-        self, backend: str, buckets: list[tuple[int, bool | None, float | None, float | None]]
-    ) -> None:
+    def set_step_modes(self, backend: str, buckets: list[BucketView]) -> None:
         """The auto step mode's buckets of one embedded backend (``StepController.step_modes``)."""
-        for rows, incumbent, one_phase, two_phase in buckets:
-            label = str(rows)
-            mode = -1 if incumbent is None else int(incumbent)
+        for view in buckets:
+            label = str(view.rows)
+            mode = -1 if view.incumbent is None else int(view.incumbent)
             self.step_mode.labels(backend, label).set(mode)
-            for name, rate in (("one_phase", one_phase), ("two_phase", two_phase)):
+            rates = (("one_phase", view.one_phase_tok_s), ("two_phase", view.two_phase_tok_s))
+            for name, rate in rates:
                 if rate is not None:
                     self.step_mode_tok_s.labels(backend, label, name).set(rate)
+            self.step_mode_pairs.labels(backend, label).set(view.pairs)
+            if view.paired_ratio is not None:
+                self.step_mode_paired.labels(backend, label).set(view.paired_ratio)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

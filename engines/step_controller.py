@@ -53,7 +53,7 @@ from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
-from policies.step_mode import ModeSettings, StepModeChooser
+from policies.step_mode import BucketView, ModeSettings, StepModeChooser
 from policies.types import TASK_INDEX, Policy, PositionValues, StepRow, Task, max_spec_tokens
 
 log = logging.getLogger(__name__)
@@ -485,9 +485,10 @@ class StepController:
             self._modes = StepModeChooser(settings)
         return self._modes
 
-    def step_modes(self) -> list[tuple[int, bool | None, float | None, float | None]]:
-        """Auto step mode, per batch-size bucket: (rows up to, two-phase or not outside probes,
-        None while learning; one-phase and two-phase tok/s measured); empty otherwise."""
+    def step_modes(self) -> list[BucketView]:
+        """Auto step mode, per batch-size bucket (``BucketView``: the mode run outside probes,
+        None while learning; each mode's tok/s; the paired ratio the mode is chosen on);
+        empty otherwise."""
         modes = self._modes
         return modes.buckets() if modes is not None else []
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,19 @@ class _Bucket:
     def advantage(self) -> float | None:
         """Paired estimate of log(two-phase tok/s / one-phase tok/s); None before a pair."""
         return self.log_ratio / self.weight if self.weight > 0 else None
+
+
+class BucketView(NamedTuple):
+    """One batch-size bucket of the chooser, for people (metrics, dashboards)."""
+
+    rows: int  # rows up to (a power of two)
+    incumbent: bool | None  # two-phase outside probes; None while learning
+    one_phase_tok_s: float | None  # pooled over the mode's own steps (decayed)
+    two_phase_tok_s: float | None
+    # Two-phase tok/s over one-phase tok/s in paired blocks (the steps just before and after
+    # each change of mode): what the bucket's mode is chosen on; None before the first pair.
+    paired_ratio: float | None
+    pairs: int
 
 
 class StepModeChooser:
@@ -168,13 +182,17 @@ class StepModeChooser:
         state = self._buckets.get(self.bucket(rows))
         return None if state is None else state.incumbent
 
-    def buckets(self) -> list[tuple[int, bool | None, float | None, float | None]]:
-        """Every bucket seen: (rows up to, mode run outside probes or None while learning,
-        one-phase tok/s, two-phase tok/s). Safe to call from another thread (a snapshot)."""
-        return [
-            (bucket, state.incumbent, state.rate(False), state.rate(True))
-            for bucket, state in sorted(list(self._buckets.items()))
-        ]
+    def buckets(self) -> list[BucketView]:
+        """Every bucket seen (``BucketView``). Safe to call from another thread (a snapshot)."""
+        out = []
+        for bucket, state in sorted(list(self._buckets.items())):
+            advantage = state.advantage()
+            paired = None if advantage is None else math.exp(advantage)
+            view = BucketView(
+                bucket, state.incumbent, state.rate(False), state.rate(True), paired, state.pairs
+            )
+            out.append(view)
+        return out
 
     def describe(self, rows: int) -> str:
         """A line for people: the bucket's measured rates and the mode it runs."""

@@ -1,15 +1,18 @@
 """The auto step mode of an embedded backend reaches /metrics: per batch-size bucket the mode
-it runs (-1 while measuring) and each mode's measured tokens per second."""
+it runs (-1 while measuring), each mode's measured tokens per second, and the paired ratio the
+mode is chosen on with its number of pairs."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app import Probes
 from controller.metrics import Metrics
+from policies.step_mode import BucketView, ModeSettings, StepModeChooser
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -23,7 +26,10 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 def test_scrapes_export_each_buckets_mode_and_rates() -> None:
     metrics = Metrics()
     steps = SimpleNamespace(
-        step_modes=lambda: [(8, None, 1200.0, None), (64, False, 7000.0, 6500.0)]
+        step_modes=lambda: [
+            BucketView(8, None, 1200.0, None, None, 0),
+            BucketView(64, False, 7000.0, 6500.0, 0.94, 3),
+        ]
     )
     backend: Any = SimpleNamespace(
         name="emb", steps=steps, num_inflight=lambda: 3, is_healthy=lambda: True
@@ -43,3 +49,24 @@ def test_scrapes_export_each_buckets_mode_and_rates() -> None:
     assert not any(
         labels and dict(labels).get("backend") == "vllm" for n, labels in got if n == mode
     )
+    paired, pairs = "draftctl_step_mode_paired_ratio", "draftctl_step_mode_pairs"
+    assert got[(paired, (("backend", "emb"), ("rows", "64")))] == 0.94
+    assert got[(pairs, (("backend", "emb"), ("rows", "64")))] == 3.0
+    assert (paired, (("backend", "emb"), ("rows", "8"))) not in got  # no pair yet
+    assert got[(pairs, (("backend", "emb"), ("rows", "8")))] == 0.0
+
+
+def test_a_choosers_buckets_carry_the_paired_ratio_it_decides_on() -> None:
+    """The view the metrics read is the chooser's own: after a learning run whose two-phase
+    blocks emit 10% fewer tokens per second, the 64-row bucket runs one-phase and its paired
+    ratio says why (the pooled rates alone compare different traffic)."""
+    settings = ModeSettings(probe_steps=2, learn_steps=4)
+    chooser = StepModeChooser(settings)
+    for _ in range(40):
+        two_phase = bool(chooser.decide(64))
+        chooser.record(64, two_phase, 90 if two_phase else 100, 1.0)
+    (view,) = chooser.buckets()
+    assert view.rows == 64 and view.incumbent is False
+    assert view.pairs >= 2 and view.paired_ratio == pytest.approx(0.9)
+    assert view.one_phase_tok_s == pytest.approx(100.0)
+    assert view.two_phase_tok_s == pytest.approx(90.0)
