@@ -57,7 +57,10 @@ def start(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> d
             **os.environ,
             "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
             "TRITON_CACHE_DIR": str(cache / "triton"),
-            "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+            # the tree first; an empty entry would add the working folder
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p
+            ),
         }
         command = [sys.executable, str(tree / CHECK), *check_args, "--budget-s", "0"]
         started = time.perf_counter()
