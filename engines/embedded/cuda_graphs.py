@@ -7,11 +7,17 @@ replay of any graph, so callers consume them first.
 ``StaticCall`` is the same contract without the graph: inputs are copied into the same static
 buffers and the function runs eagerly on them, so the fixed-shape path (padding, whole-cache
 attention, static index buffers) runs, and is tested, on the CPU.
+
+``torch.cuda.graph`` empties the allocator's cache on entry to every capture (and the host
+cache): a runner capturing ~200 graphs would give its warm-up memory back to the driver and
+allocate it again each time. ``keep_allocator_cache`` skips that, as vLLM's capture does after
+its first graph; a runner empties the cache once before its first capture instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -55,7 +61,7 @@ class GraphedCall(StaticCall):
                 fn(*static_inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with keep_allocator_cache(), torch.cuda.graph(self.graph, pool=pool):
             self.output = fn(*static_inputs)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -66,6 +72,27 @@ class GraphedCall(StaticCall):
     def again(self) -> torch.Tensor:
         self.graph.replay()
         return self.output
+
+
+@contextlib.contextmanager
+def keep_allocator_cache() -> Iterator[None]:
+    """Inside: ``torch.cuda.empty_cache`` and the host allocator's ``_host_emptyCache`` do
+    nothing (what ``torch.cuda.graph`` calls on entry). Restored on exit, also on errors."""
+    saved_device = torch.cuda.empty_cache
+    saved_host = getattr(torch._C, "_host_emptyCache", None)
+
+    def skip() -> None:
+        return None
+
+    torch.cuda.empty_cache = skip
+    if saved_host is not None:
+        torch._C._host_emptyCache = skip
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache = saved_device
+        if saved_host is not None:
+            torch._C._host_emptyCache = saved_host
 
 
 def padded_size(value: int, sizes: list[int]) -> int:

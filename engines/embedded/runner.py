@@ -261,6 +261,7 @@ class ModelRunner:
         self.capture_parts_s: dict[str, float] = {}
         if use_cuda_graphs:
             started = time.perf_counter()
+            self._empty_cache()  # once here, not per capture (``keep_allocator_cache``)
             self._capture()
             marked = time.perf_counter()
             self.capture_parts_s["verify_and_draft"] = marked - started
@@ -276,6 +277,7 @@ class ModelRunner:
                     self.keep_faster_ragged()
                     self.capture_parts_s["ragged_pruning"] = time.perf_counter() - marked
                 self.capture_s["ragged"] = time.perf_counter() - started - self.capture_s["padded"]
+            self._empty_cache()  # the warm-ups' memory, kept cached across the captures
 
     # -- forwards (graphable: fixed shapes, whole cache as keys) --------------------------------
 
@@ -325,6 +327,10 @@ class ModelRunner:
         hidden, features = self.target(ids, positions, self.target_cache, packing=packing)
         self.draft.insert_context(features, positions, self.draft_cache, packing=packing)
         return packing.unpack(self.target.logits(hidden), out=self._ragged_logits)
+
+    def _empty_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _static_call(self) -> tuple[type[StaticCall], object]:
         """CUDA graphs sharing one pool on a CUDA device; eager static calls elsewhere."""

@@ -204,3 +204,23 @@ def test_dense_copies_only_what_is_not_row_major() -> None:
     assert regional.dense(single).stride() == (24, 1)
     odd = torch.zeros(5, 1, 4).as_strided((1, 1, 4), (7, 9, 1))  # size-1 strides arbitrary
     assert regional.dense(odd).stride() == (4, 4, 1)
+
+
+def test_keep_allocator_cache_skips_the_cache_emptying_and_restores_it() -> None:
+    """What ``torch.cuda.graph`` calls on entry does nothing inside, and comes back after, also
+    when the capture raises (a later capture, or the caller, empties the cache again)."""
+    from engines.embedded.cuda_graphs import keep_allocator_cache
+
+    def host() -> object:  # a CPU build of torch has no host cache to empty
+        return getattr(torch._C, "_host_emptyCache", None)
+
+    device, saved_host = torch.cuda.empty_cache, host()
+    with keep_allocator_cache():
+        assert torch.cuda.empty_cache is not device
+        assert saved_host is None or host() is not saved_host
+        assert torch.cuda.empty_cache() is None
+    assert torch.cuda.empty_cache is device and host() is saved_host
+    with pytest.raises(RuntimeError, match="capture failed"):
+        with keep_allocator_cache():
+            raise RuntimeError("capture failed")
+    assert torch.cuda.empty_cache is device and host() is saved_host
