@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from engines.embedded.events import (
+    DeviceSlotPlanner,
     FailureStage,
     PreparesAllocation,
     RequestFailed,
@@ -34,6 +35,7 @@ from engines.embedded.events import (
 from engines.embedded.request import Request
 from engines.embedded.runner import Allocate, ModelRunner, StepResult
 from engines.embedded.scheduler import Scheduler
+from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, clamp_spec_tokens, max_spec_tokens
 
 logger = logging.getLogger(__name__)
@@ -202,8 +204,13 @@ class Engine:
             spec_tokens = [plans[r.request_id][0] for r in rows]
             uniforms = torch.stack([plans[r.request_id][1] for r in rows])
             try:
-                allocate = self._allocation(rows)
-                if allocate is None:  # (test doubles of the runner take no ``allocate``)
+                scoring = self._device_scoring(rows, spec_tokens)
+                allocate = None if scoring is not None else self._allocation(rows)
+                if scoring is not None:
+                    result = self.runner.step(
+                        rows, spec_tokens, uniforms, overlap=self._overlap, scoring=scoring
+                    )
+                elif allocate is None:  # (test doubles of the runner take no ``allocate``)
                     result = self.runner.step(rows, spec_tokens, uniforms, overlap=self._overlap)
                 else:
                     result = self.runner.step(
@@ -220,7 +227,9 @@ class Engine:
                 self._release(culprit)
                 continue
             verified = result.spec_tokens or spec_tokens
-            two_phase = allocate is not None
+            two_phase = allocate is not None or scoring is not None
+            if scoring is not None:
+                self._scored_on_device(rows, result)
             stepped = [
                 self._postprocess(r, i, verified[i], result, two_phase) for i, r in enumerate(rows)
             ]
@@ -229,6 +238,39 @@ class Engine:
             break
         return events
 
+    def _device_scoring(self, rows: list[Request], drafted: list[int]) -> SlotScoring | None:
+        """A two-phase step allocated on the device, when the planner plans one and gives its
+        scoring (a planner that raises is logged: the step then allocates on the host)."""
+        planner = self.planner
+        if (
+            not isinstance(planner, DeviceSlotPlanner)
+            or not planner.allocates()
+            or max(drafted, default=0) == 0
+        ):
+            return None
+        views, controllers = self._planned_rows(rows)
+        try:
+            return planner.slot_scoring(views, controllers, drafted)
+        except Exception:
+            logger.exception("step planner failed to score a step for the device")
+            return None
+
+    def _scored_on_device(self, rows: list[Request], result: StepResult) -> None:
+        planner = self.planner
+        assert isinstance(planner, DeviceSlotPlanner), "only after a device-allocated step"
+        views, controllers = self._planned_rows(rows)
+        try:
+            confidence = result.draft_confidence or [[] for _ in rows]
+            planner.scored_on_device(
+                views, controllers, confidence, result.spec_tokens or [0] * len(rows)
+            )
+        except Exception:
+            logger.exception("step planner failed to take a device-allocated step's scores")
+
+    def _planned_rows(self, rows: list[Request]) -> tuple[list[RequestView], list[SpecController]]:
+        by_id = {view.request_id: view for view in self._planned[0]}
+        return [by_id[r.request_id] for r in rows], [r.controller for r in rows]
+
     def _allocation(self, rows: list[Request]) -> Allocate | None:
         """A two-phase step's allocation, when the planner asks for one: each row's k from
         its draft confidence. A planner that raises keeps every row at what it drafted
@@ -236,9 +278,7 @@ class Engine:
         planner = self.planner
         if not isinstance(planner, SlotPlanner) or not planner.allocates():
             return None
-        by_id = {view.request_id: view for view in self._planned[0]}
-        views = [by_id[r.request_id] for r in rows]
-        controllers = [r.controller for r in rows]
+        views, controllers = self._planned_rows(rows)
 
         def allocate(confidence: list[PositionValues]) -> list[int]:
             drafted = [len(c) for c in confidence]
@@ -260,9 +300,7 @@ class Engine:
         planner = self.planner
         if not isinstance(planner, PreparesAllocation):
             return None
-        by_id = {view.request_id: view for view in self._planned[0]}
-        views = [by_id[r.request_id] for r in rows]
-        controllers = [r.controller for r in rows]
+        views, controllers = self._planned_rows(rows)
 
         def before() -> None:
             try:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues
 
 FinishReason = Literal["stop", "length"]
@@ -173,6 +174,35 @@ class SlotPlanner(StepPlanner, Protocol):
     ) -> list[int]:
         """k per row from each row's draft confidence at its drafted positions (per row a
         sequence of floats or a float64 array; the engine hands array rows)."""
+        ...
+
+
+@runtime_checkable
+class DeviceSlotPlanner(SlotPlanner, Protocol):
+    """A slot planner whose allocation can run on the device (no host sync between draft and
+    verify; ``policies.slot_scoring``): before the draft it gives the scoring of the draft's
+    confidence and its estimate of the slots worth verifying, from what it knew then (the rows'
+    confidence of their previous step: one step stale, as vLLM's budget is)."""
+
+    def slot_scoring(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        drafted: Sequence[int],
+    ) -> SlotScoring | None:
+        """The scoring for the step just planned (``drafted``: what each row drafts); None:
+        allocate this step on the host (``allocate``)."""
+        ...
+
+    def scored_on_device(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+    ) -> None:
+        """After such a step, before anything else of the planner: the draft confidence the
+        device scored (per row, every drafted position) and the k it gave each row."""
         ...
 
 

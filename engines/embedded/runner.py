@@ -23,6 +23,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.decode_attention import triton_interpreted
+from engines.embedded.device_allocation import DeviceScoring
+from engines.embedded.device_allocation import ragged_index as device_ragged_index
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
     ATTENTION_CHOICES,
@@ -45,6 +47,7 @@ from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
 from engines.embedded.synthetic import SyntheticAcceptance, assemble_rows
 from engines.embedded.target import TargetModel
+from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, max_spec_tokens
 
 logger = logging.getLogger(__name__)
@@ -72,9 +75,10 @@ class StepResult:
     accepted: list[list[bool]]  # per row, length k of that row
     new_tokens: list[list[int]]  # per row: accepted drafts then the bonus token
     step_time_s: float
-    # Per row, length k of that row: the draft distribution's top-1 probability at each
-    # drafted position (temperature-scaled when the row samples); in synthetic mode the drawn
-    # confidence (SyntheticAcceptance.draft_confidence). None when the step did not measure it.
+    # Per row, length k of that row (of what it drafted, when the device allocated the step):
+    # the draft distribution's top-1 probability at each drafted position (temperature-scaled
+    # when the row samples); in synthetic mode the drawn confidence
+    # (SyntheticAcceptance.draft_confidence). None when the step did not measure it.
     draft_confidence: list[list[float]] | None = None
     # The k each row verified when the step allocated after drafting (else the planned k).
     spec_tokens: list[int] | None = None
@@ -620,6 +624,7 @@ class ModelRunner:
         overlap: Callable[[], None] | None = None,
         allocate: Allocate | None = None,
         before_allocate: Callable[[], None] | None = None,
+        scoring: SlotScoring | None = None,
     ) -> StepResult:
         """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
 
@@ -630,6 +635,13 @@ class ModelRunner:
         ``before_allocate``: host work of the allocation that needs no confidence, run once
         the draft is queued and before that sync, so on a GPU it takes no step time.
 
+        ``scoring``: a two-phase step allocated on the device instead (no sync between draft
+        and verify; engines/embedded/device_allocation.py): ``spec_tokens`` are what each row
+        drafts, the step's tokens are rounded up from ``scoring.budget`` to a captured bucket
+        and the device fills the draft slots it pays for from the draft's confidence. The
+        result's ``spec_tokens`` say what each row verified and its ``draft_confidence``
+        covers every drafted position. Exclusive with ``allocate``.
+
         Writes each row's caches only at positions >= its ``position`` (scratch until the
         row advances), so a step whose result is dropped can be run again. ``eager``: see
         ``_run`` (the engine's culprit search runs prefixes of a batch that way).
@@ -638,7 +650,10 @@ class ModelRunner:
         started = self._clock()
         self.last_two_phase_s = (0.0, 0.0)
         widest = max(spec_tokens)
-        measured = self.measure_confidence or allocate is not None
+        if scoring is not None and allocate is not None:
+            raise ValueError("a step allocates on the host (allocate) or the device (scoring)")
+        on_device = scoring is not None and widest > 0
+        measured = self.measure_confidence or allocate is not None or on_device
         confidence = torch.zeros(len(rows), 0, device=self.device)
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
         is_greedy = all(r.params.temperature <= 0 for r in rows)
@@ -649,6 +664,21 @@ class ModelRunner:
         last, start, num_draft = host.to(self.device).unbind(1)
         u = uniforms.to(self.device)
         params = None if is_greedy else self._params_tensors(rows)
+        draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
+        scored: DeviceScoring | None = None
+        drawn_confidence: torch.Tensor | None = None
+        if on_device:
+            assert scoring is not None
+            # Copied before the draft is queued (a copy from pageable memory waits for it).
+            scored = DeviceScoring.upload(scoring, spec_tokens, self.device)
+            if self.synthetic is not None:
+                draws = self._draws(rows, measured)
+                if draws.confidence is None:
+                    raise ValueError(
+                        "a device-allocated step scores the draft's confidence: this synthetic "
+                        "acceptance draws none (give it a confidence_auc)"
+                    )
+                drawn_confidence = torch.from_numpy(draws.confidence).to(self.device)
         offsets = torch.arange(self.block_size, device=self.device)
         drafts = torch.zeros(len(rows), widest, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -670,7 +700,19 @@ class ModelRunner:
                 drafts = sample_from_probs(draft_probs, u[:, :widest])
             if measured:
                 confidence = self._confidence(draft_logits, draft_probs, params)
-        draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
+        verified: torch.Tensor | None = None  # on the device: k per row [B]
+        if on_device:
+            assert scored is not None
+            score_on = drawn_confidence if drawn_confidence is not None else confidence
+            assert scoring is not None
+            ids = torch.cat([last[:, None], drafts], dim=1)
+            if width > ids.shape[1]:
+                ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+            logits, verified = self._verify_allocated(
+                ids, start[:, None] + offsets[:width], scored, score_on, scoring.budget, eager
+            )
+            logits = logits[:, : widest + 1]
+            num_draft = verified
         if allocate is not None and widest > 0:
             drawn = None
             if self.synthetic is not None:
@@ -688,19 +730,20 @@ class ModelRunner:
             drafts, confidence = drafts[:, :widest], confidence[:, :widest]
             if draft_probs is not None:
                 draft_probs = draft_probs[:, :widest]
-        ids = torch.cat([last[:, None], drafts], dim=1)
-        if width > ids.shape[1]:
-            ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
-        logits = self._run_verify(ids, start[:, None] + offsets[:width], spec_tokens, eager)[
-            :, : widest + 1
-        ]
+        if verified is None:
+            ids = torch.cat([last[:, None], drafts], dim=1)
+            if width > ids.shape[1]:
+                ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+            logits = self._run_verify(ids, start[:, None] + offsets[:width], spec_tokens, eager)[
+                :, : widest + 1
+            ]
         if allocate is not None and widest > 0:
             self.last_two_phase_s = (synced - waiting, time.perf_counter() - synced)
         if self.synthetic is not None:
             if draws is None:  # drawn now, while the device runs the verify
                 draws = self._draws(rows, measured)
             return self._synthetic_result(
-                rows, spec_tokens, drafts, logits, params, u, started, draws, overlap
+                rows, spec_tokens, drafts, logits, params, u, started, draws, overlap, verified
             )
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
@@ -718,11 +761,50 @@ class ModelRunner:
             )
         # Confidence travels in the same device->host copy, as fixed point (1e-6 steps).
         fixed = (confidence * CONFIDENCE_SCALE).round().long()
-        packed = torch.cat([accepted.long(), drafts, bonus[:, None], fixed], dim=1)
+        parts = [accepted.long(), drafts, bonus[:, None], fixed]
+        if verified is not None:  # what each row verified travels in the same copy
+            parts.append(verified[:, None])
+        packed = torch.cat(parts, dim=1)
         if overlap is not None:
             overlap()
-        result = self._unpack(packed.cpu(), spec_tokens, widest, self._clock() - started)  # sync
+        host_packed = packed.cpu()  # the sync
+        drafted = spec_tokens
+        if verified is not None:
+            spec_tokens = host_packed[:, -1].tolist()
+        result = self._unpack(host_packed, spec_tokens, widest, self._clock() - started, drafted)
         return result if measured else replace(result, draft_confidence=None)
+
+    def _verify_allocated(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        scored: DeviceScoring,
+        confidence: torch.Tensor,
+        budget: int,
+        eager: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A device-allocated step's verify: logits [B, W, vocab] and k per row [B] (device).
+        With a ragged graph for the step's tokens (``budget`` drafts beyond each row's own
+        token, rounded up to a bucket) the device fills every draft slot the bucket pays for
+        and packs the index itself; a padded replay verifies every drafted slot; the eager
+        forward (CPU, the culprit search) allocates ``budget`` and packs on the host."""
+        rows, width = ids.shape
+        if self.verify_mode == "ragged" and self._ragged_graphs and not eager:
+            batch = padded_size(rows, self.batch_sizes)
+            num_tokens = self.ragged_shapes.choose([rows + budget], batch, width)
+            if num_tokens is not None:
+                verified = scored.allocate(confidence, num_tokens - rows)
+                index = device_ragged_index(verified + 1, batch, width, num_tokens)
+                graph = self._ragged_graphs[batch, width, num_tokens]
+                return graph(ids, positions, index)[:rows], verified
+        if self.use_cuda_graphs and not eager:
+            verified = scored.allocate(confidence, rows * (width - 1))
+            return self._run("verify", ids, positions), verified
+        verified = scored.allocate(confidence, budget)
+        packing = None
+        if self.pack_ragged:  # each row's k + 1 tokens of the step's width
+            packing = Packing.from_lengths(verified + 1, width)
+        return self._run("verify", ids, positions, packing, eager=eager), verified
 
     @staticmethod
     def _confidence(
@@ -769,26 +851,33 @@ class ModelRunner:
         started: float,
         draws: _Draws,
         overlap: Callable[[], None] | None = None,
+        verified: torch.Tensor | None = None,
     ) -> StepResult:
         """Synthetic acceptance: a row accepts min(k, drawn run) drafts, then emits the target's
         own token at the first rejected position (its argmax, or a sample of its distribution
         there with the bonus uniform). Every forward ran as usual; only the decision is drawn,
-        and so is the draft confidence the step reports (when it measures it)."""
+        and so is the draft confidence the step reports (when it measures it). ``verified``:
+        a device-allocated step's k per row (the reported confidence then covers what each
+        row drafted)."""
         if params is None:
             targets = logits.argmax(dim=-1)  # [B, widest + 1]
         else:
             probs = sampling_probs(logits, *params)
             targets = sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
+        parts = [drafts, targets] if verified is None else [drafts, targets, verified[:, None]]
         if overlap is not None:
             overlap()
-        packed = torch.cat([drafts, targets], dim=1).cpu()  # the sync
+        packed = torch.cat(parts, dim=1).cpu()  # the sync
+        drafted = spec_tokens
+        if verified is not None:
+            spec_tokens = packed[:, -1].tolist()
         accepted, tokens = assemble_rows(
             packed.tolist(), spec_tokens, draws.runs.tolist(), drafts.shape[1]
         )
         confidence = None
         if draws.confidence is not None:
             values = draws.confidence.tolist()
-            confidence = [row[:k] for row, k in zip(values, spec_tokens, strict=True)]
+            confidence = [row[:k] for row, k in zip(values, drafted, strict=True)]
         return StepResult(accepted, tokens, self._clock() - started, confidence, spec_tokens)
 
     def _draws(self, rows: list[Request], measured: bool) -> _Draws:
@@ -837,14 +926,20 @@ class ModelRunner:
 
     @staticmethod
     def _unpack(
-        packed: torch.Tensor, spec_tokens: list[int], widest: int, elapsed_s: float
+        packed: torch.Tensor,
+        spec_tokens: list[int],
+        widest: int,
+        elapsed_s: float,
+        drafted: list[int] | None = None,
     ) -> StepResult:
+        """``drafted``: per row, the positions its confidence covers (default its k)."""
         accepted_rows, token_rows, confidence_rows = [], [], []
         bonus = 2 * widest  # [accepted (widest), drafts (widest), bonus, confidence (widest)]
-        for row, k in zip(packed.tolist(), spec_tokens, strict=True):
+        covered = spec_tokens if drafted is None else drafted
+        for row, k, c in zip(packed.tolist(), spec_tokens, covered, strict=True):
             mask = [bool(x) for x in row[:k]]
             num_accepted = sum(mask)
             accepted_rows.append(mask)
             token_rows.append([*row[widest : widest + num_accepted], row[bonus]])
-            confidence_rows.append([x / CONFIDENCE_SCALE for x in row[bonus + 1 : bonus + 1 + k]])
+            confidence_rows.append([x / CONFIDENCE_SCALE for x in row[bonus + 1 : bonus + 1 + c]])
         return StepResult(accepted_rows, token_rows, elapsed_s, confidence_rows, spec_tokens)

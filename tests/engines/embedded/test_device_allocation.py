@@ -1,0 +1,293 @@
+"""Two-phase steps allocated on the device (issue 16): the planner hands a ``SlotScoring``
+before the draft, the device scores the draft's confidence and fills the slots the step's
+token bucket pays for, with no host sync between draft and verify. The tensors give what the
+numpy reference gives; greedy output stays the target's own; the host learns each row's k
+and the confidence the device scored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engines.embedded.device_allocation import DeviceScoring
+from engines.embedded.device_allocation import ragged_index as device_ragged_index
+from engines.embedded.engine import Engine
+from engines.embedded.events import (
+    DeviceSlotPlanner,
+    RequestView,
+    SamplingParams,
+    SpecController,
+    StepReport,
+)
+from engines.embedded.loader import load_runner
+from engines.embedded.ragged import ragged_index
+from engines.embedded.request import Request
+from engines.embedded.synthetic_profiles import load_profile_set
+from policies.slot_scoring import SlotScoring, allocate
+from policies.types import PositionValues
+from tests.engines.embedded.conftest import BLOCK_SIZE, make_engine, random_prompt
+from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
+
+N = BLOCK_SIZE - 1
+Pair = tuple[Path, Path]
+
+
+def random_scoring(
+    rng: np.random.Generator, rows: int, positions: int, budget: int = 3, low: int = 1
+) -> SlotScoring:
+    tables, bins = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    edges = np.unique(np.sort(rng.uniform(-4, 8, bins - 1)))
+    bins = len(edges) + 1
+    return SlotScoring(
+        capacities=rng.integers(0, positions + 1, rows),
+        tasks=rng.integers(0, tables, rows),
+        base=rng.normal(0, 1.5, (rows, positions)),
+        edges=edges,
+        alpha=rng.uniform(0, 1, (tables, bins)),
+        beta=rng.normal(0, 0.5, (tables, bins)),
+        scale=rng.uniform(0.3, 1, (tables, bins)),
+        max_log_odds=9.21,
+        budget=budget,
+        min_spec_tokens=low,
+    )
+
+
+def test_the_device_allocation_is_the_numpy_reference() -> None:
+    rng = np.random.default_rng(0)
+    raised = 0
+    for trial in range(400):
+        rows, positions = int(rng.integers(1, 20)), int(rng.integers(1, 16))
+        low = int(rng.integers(1, 6))
+        scoring = random_scoring(rng, rows, positions, low=low)
+        confidence = rng.uniform(0, 1, (rows, positions))
+        if trial % 5 == 0:
+            confidence = np.round(confidence, 1)  # equal scores: the tie rules decide
+        slots = int(rng.integers(0, rows * positions + 3))
+        expected = allocate(scoring, confidence, slots)
+        scored = DeviceScoring.upload(scoring, [positions] * rows, torch.device("cpu"))
+        got = scored.allocate(torch.from_numpy(confidence), slots).numpy()
+        assert np.array_equal(got, expected), (trial, slots, got, expected)
+        caps = scoring.capacities
+        assert got.sum() <= slots and (got <= caps).all()
+        assert ((got == 0) | (got >= np.minimum(low, caps))).all()  # k in {0} U [min, cap]
+        raised += int(((got > 0) & (got == np.minimum(low, caps)) & (low > 1)).sum())
+    assert raised > 50  # the bounds were exercised, not just satisfied
+
+
+def test_capacities_are_clamped_to_what_each_row_drafted() -> None:
+    rng = np.random.default_rng(1)
+    scoring = random_scoring(rng, 4, N)
+    scoring = SlotScoring(**{**scoring.__dict__, "capacities": np.full(4, N)})
+    scored = DeviceScoring.upload(scoring, [0, 3, N, 7], torch.device("cpu"))
+    got = scored.allocate(torch.full((4, N), 0.99, dtype=torch.float64), 4 * N).tolist()
+    assert got == [0, 3, N, 7]
+    with pytest.raises(ValueError, match="4 rows, the step 3"):
+        DeviceScoring.upload(scoring, [1, 2, 3], torch.device("cpu"))
+
+
+def test_a_bad_scoring_is_refused_with_what_is_wrong() -> None:
+    rng = np.random.default_rng(2)
+    good = random_scoring(rng, 3, 5).__dict__
+    with pytest.raises(ValueError, match="capacities must be in"):
+        SlotScoring(**{**good, "capacities": np.array([0, 6, 1])})
+    with pytest.raises(ValueError, match="tasks must index"):
+        SlotScoring(**{**good, "tasks": np.array([0, 0, 9])})
+    with pytest.raises(ValueError, match="edges must increase"):
+        SlotScoring(**{**good, "edges": np.array([1.0, 0.0]), "alpha": np.zeros((1, 3)),
+                       "beta": np.zeros((1, 3)), "scale": np.zeros((1, 3)),
+                       "tasks": np.zeros(3, dtype=np.int64)})  # fmt: skip
+
+
+def test_the_device_index_is_the_host_index() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        rows, width = int(rng.integers(1, 12)), int(rng.integers(1, 17))
+        lengths = rng.integers(1, width + 1, rows)
+        batch = rows + int(rng.integers(0, 3))
+        tokens = int(lengths.sum()) + int(rng.integers(0, 6))
+        host = ragged_index(lengths.tolist(), batch, width, tokens)
+        device = device_ragged_index(torch.from_numpy(lengths), batch, width, tokens)
+        assert torch.equal(host, device)
+
+
+class RandomDeviceScoring:
+    """A ``DeviceSlotPlanner`` that makes every step device-allocated with random tables, a
+    random budget and a minimum k of 3, and keeps what the engine told it."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.scorings: list[SlotScoring] = []
+        self.told: list[tuple[list[str], list[list[float]], list[int], list[int]]] = []
+        self._drafted: list[int] = []
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        return [v.max_spec_tokens for v in views]
+
+    def allocates(self) -> bool:
+        return True
+
+    def allocate(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+    ) -> list[int]:
+        raise AssertionError("a device-allocated step never allocates on the host")
+
+    def slot_scoring(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        drafted: Sequence[int],
+    ) -> SlotScoring:
+        rows = len(views)
+        budget = int(self.rng.integers(0, rows * N + 1))
+        scoring = random_scoring(self.rng, rows, N, budget, low=3)
+        scoring = SlotScoring(**{**scoring.__dict__, "capacities": np.full(rows, N)})
+        self.scorings.append(scoring)
+        self._drafted = list(drafted)
+        return scoring
+
+    def scored_on_device(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+    ) -> None:
+        ids = [v.request_id for v in views]
+        self.told.append((ids, [list(c) for c in confidence], list(spec_tokens), self._drafted))
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        return None
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        return None
+
+
+def test_device_allocated_steps_keep_greedy_output_exact(agreeing_pair: Pair) -> None:
+    prompts = [random_prompt(4000 + i, PROMPT_LEN) for i in range(10)]
+    expected = target_only_greedy(agreeing_pair[0], prompts, 20)
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    planner = RandomDeviceScoring(0)
+    assert isinstance(planner, DeviceSlotPlanner)
+    engine.planner = planner
+    requests = [
+        Request(f"r{i}", p, SamplingParams(max_new_tokens=20), lambda view: 0, {})
+        for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert len(planner.told) == len(planner.scorings) > 5
+    told: dict[str, list[int]] = {}
+    for ids, confidence, ks, drafted in planner.told:
+        # the confidence covers every drafted position, the k what each row verified
+        assert [len(c) for c in confidence] == drafted
+        assert all(
+            0 <= k <= d and (k == 0 or k >= min(3, d)) for k, d in zip(ks, drafted, strict=True)
+        )
+        for request_id, k in zip(ids, ks, strict=True):
+            told.setdefault(request_id, []).append(k)
+    # the histories hold the verified k (then a last step with nothing left to draft: k = 0,
+    # not allocated); the CPU runner allocates exactly the host's budget
+    for r in requests:
+        mine = told[r.request_id]
+        assert r.spec_tokens[: len(mine)] == mine and not any(r.spec_tokens[len(mine) :])
+    for scoring, (_, _, ks, _) in zip(planner.scorings, planner.told, strict=True):
+        assert sum(ks) <= scoring.budget
+
+
+def test_a_sampling_step_allocated_on_the_device_reproduces_with_its_seed(
+    agreeing_pair: Pair,
+) -> None:
+    outputs = []
+    for _ in range(2):
+        engine = make_engine(agreeing_pair, max_batch_size=4)
+        engine.planner = RandomDeviceScoring(1)
+        requests = [
+            Request(
+                f"s{i}",
+                random_prompt(4100 + i, PROMPT_LEN),
+                SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=7 + i),
+                lambda view: 0,
+                {},
+            )
+            for i in range(4)
+        ]
+        for request in requests:
+            engine.add(request)
+        while engine.has_work:
+            engine.step()
+        outputs.append([r.output_ids for r in requests])
+    assert outputs[0] == outputs[1] and all(len(o) == 16 for o in outputs[0])
+
+
+def test_synthetic_steps_score_the_drawn_confidence_on_the_device(tiny_pair: Pair) -> None:
+    """In synthetic-acceptance mode the device scores the drawn confidence (uploaded with the
+    tables), and each row accepts min(k, its drawn run) of what it verified."""
+    synthetic = load_profile_set(seed=5)
+    runner = load_runner(
+        tiny_pair[0], tiny_pair[1], torch.device("cpu"), 8, 256, synthetic=synthetic
+    )
+    engine = Engine(runner, 8, 256)
+    planner = RandomDeviceScoring(2)
+    engine.planner = planner
+    requests = [
+        Request(
+            f"r{i}",
+            random_prompt(60 + i),
+            SamplingParams(max_new_tokens=40),
+            lambda view: 0,
+            {"task": ("math", "chat")[i % 2], "synthetic_key": f"key-{i}"},
+        )
+        for i in range(4)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert len(planner.told) > 5
+    steps = 0
+    for scoring, (_, confidence, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
+        drawn = np.array([c + [0.5] * (N - len(c)) for c in confidence])
+        caps = np.minimum(scoring.capacities, drafted)  # as the upload clamps them
+        clamped = SlotScoring(**{**scoring.__dict__, "capacities": caps})
+        assert ks == allocate(clamped, drawn, scoring.budget).tolist()
+        steps += 1
+    assert steps == len(planner.told)
+    # each request's accept lengths are min(k, run) + 1 of the k it verified
+    for r in requests:
+        assert all(1 <= a <= k + 1 for a, k in zip(r.accept_lengths, r.spec_tokens, strict=True))
+
+
+def test_a_planner_that_raises_while_scoring_falls_back_to_the_host(agreeing_pair: Pair) -> None:
+    class Broken(RandomDeviceScoring):
+        def slot_scoring(self, *args: object) -> SlotScoring:  # type: ignore[override]
+            raise RuntimeError("scoring broke")
+
+        def allocate(self, views, controllers, confidence):  # type: ignore[no-untyped-def]
+            return [len(c) // 2 for c in confidence]
+
+    prompts = [random_prompt(4200 + i, PROMPT_LEN) for i in range(3)]
+    expected = target_only_greedy(agreeing_pair[0], prompts, 12)
+    engine = make_engine(agreeing_pair, max_batch_size=4)
+    engine.planner = Broken(0)
+    requests = [
+        Request(f"b{i}", p, SamplingParams(max_new_tokens=12), lambda view: 0, {})
+        for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert any(k == N // 2 for r in requests for k in r.spec_tokens)
