@@ -53,6 +53,7 @@ from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
+from policies.slot_scoring import SlotScoring
 from policies.step_mode import BucketView, ModeSettings, StepModeChooser
 from policies.types import TASK_INDEX, Policy, PositionValues, StepRow, Task, max_spec_tokens
 
@@ -138,6 +139,9 @@ class RequestSteps:
     active: ActivePolicy
     learned: Mapping[str, Any]  # observation fields captured when the request started
     row: StepRow | None = field(default=None, repr=False)  # its batch-planner row, reused
+    # Its draft confidence of its last device-allocated step (every drafted position): what
+    # the next such step's budget is priced on (``StepController.slot_scoring``).
+    last_confidence: PositionValues | None = field(default=None, repr=False)
     # (id of its policy's online models, task): the group its steps are recorded in; None when
     # the policy has no online models (then it is asked alone). Fixed for the request's life.
     group: tuple[int, Task] | None = field(init=False, repr=False)
@@ -423,6 +427,67 @@ class StepController:
                 for i in shared:
                     ks[i] = 0
             return ks
+        finally:
+            self.host_s += time.perf_counter() - started
+
+    def slot_scoring(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        drafted: Sequence[int],
+    ) -> SlotScoring | None:
+        """The engine's ``DeviceSlotPlanner``: for a two-phase step of a policy with
+        ``slot_allocation: device`` whose rows the policy all decides together, the
+        allocator's scoring for the device and its budget from each row's confidence of its
+        last device-allocated step (one step stale; none yet: the prior and history alone).
+        None: allocate on the host (``prepare_allocation``, ``allocate``)."""
+        started = time.perf_counter()
+        try:
+            slots = self._slots
+            if slots is None:
+                return None
+            newest, _ = slots
+            if newest.spec.goodput.slot_allocation != "device":
+                return None
+            shared, rows = self._allocation_rows(views, controllers)
+            if len(shared) != len(views):
+                return None  # rows another policy decides: the host path keeps them apart
+            allocator = self._slot_allocator(newest)
+            scoring: list[SlotScoring] = []
+
+            def decide() -> int:
+                step = allocator.prepare_step(rows, len(views), self._rates(newest))
+                last = [getattr(c, "last_confidence", None) for c in controllers]
+                choice = allocator.finish_step(step, last)
+                scoring.append(allocator.slot_scoring(step, sum(choice.spec_tokens)))
+                self._batch_decision = None
+                self._request_reason = f"{choice.reason} (device)"
+                return 1
+
+            if not self.guarded(decide):
+                return None
+            self._allocation = None
+            return scoring[0]
+        finally:
+            self.host_s += time.perf_counter() - started
+
+    def scored_on_device(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+    ) -> None:
+        """After a device-allocated step: each row's fresh confidence (for its next budget),
+        and the allocator learns from the bins the device scored."""
+        started = time.perf_counter()
+        try:
+            for steps, values in zip(controllers, confidence, strict=True):
+                if isinstance(steps, RequestSteps):
+                    steps.last_confidence = values
+            slots = self._slots
+            if slots is not None:
+                self._slot_allocator(slots[0]).rescored(confidence)
         finally:
             self.host_s += time.perf_counter() - started
 

@@ -168,6 +168,14 @@ class GoodputSpec(StrictModel):
     # little to save by ragged widths: on the H200 8B shape that wait (0.5-1.1 ms) was more
     # than the ragged saving at 1 and 8 rows (docs/allocator.md). 1 = always two-phase.
     slots_min_batch: int = Field(default=32, ge=1)
+    # Where a two-phase step's allocation runs: "host" (the draft's confidence is copied to the
+    # host, the allocator runs there, then the verify is launched: one sync between draft and
+    # verify) or "device" (vLLM's split, policies/slot_scoring.py: before the draft the host
+    # fixes the step's draft budget from each row's confidence of its previous step and hands
+    # the device the allocator's scoring tables; the device scores the fresh confidence and
+    # fills the slots the step's token bucket pays for, with no sync). Device needs an engine
+    # that verifies per-row widths (the embedded engine's ragged CUDA graphs or its eager path).
+    slot_allocation: Literal["host", "device"] = "host"
     # Two-phase steps draft at most this many positions per row (None: all the policy's bounds
     # allow). On a CUDA-graph runner a step whose widest k is at most 7 computes 7 positions'
     # draft logits instead of 15 (narrow draft graphs, docs/engine.md): at 64 rows that draft

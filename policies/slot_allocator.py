@@ -31,7 +31,7 @@ the caller (``rates(task)``), so the same object serves the embedded engine and 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
+from policies.slot_scoring import SlotScoring
 from policies.types import TASK_INDEX, TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
@@ -239,6 +240,45 @@ class SlotAllocator:
         )
         return RaggedChoice([int(c) for c in counts], reason)
 
+    def slot_scoring(self, prepared: PreparedStep, budget: int) -> SlotScoring:
+        """The prepared step's scoring for the device (``policies.slot_scoring``): the same
+        survival as ``finish_step`` gives a row whose every slot has a confidence, and the
+        host's ``budget`` of draft slots (``finish_step``'s total on the confidence the host
+        has, e.g. each row's from its previous step)."""
+        learnt, weight = prepared.calibration
+        alpha = (1.0 - weight) * self.settings.cold_confidence_weight
+        return SlotScoring(
+            capacities=prepared.capacities,
+            tasks=prepared.tasks,
+            base=prepared.base_logit,
+            edges=self._edges,
+            alpha=alpha,
+            beta=weight * learnt,
+            scale=1.0 - alpha,
+            max_log_odds=float(logit(np.array(1.0))),
+            budget=budget,
+            min_spec_tokens=self.settings.min_spec_tokens,
+        )
+
+    def rescored(self, confidence: Sequence[PositionValues | None]) -> None:
+        """The step last finished ran on the device, scored on ``confidence`` (per row, its
+        drafted positions), not on what ``finish_step`` was given: learn from those bins."""
+        scored = self._scored
+        if scored is None or len(confidence) != len(scored.seen):
+            return
+        self._scored = replace(scored, bins=self._bins(self._confidence_values(confidence))[1])
+
+    def _bins(self, confidence: Floats) -> tuple[Floats, Ints]:
+        """Log-odds of the confidence [rows, K] (clipped; NaN read as 0.5) and its bins
+        (-1 where NaN)."""
+        has = ~np.isnan(confidence)
+        full = bool(has.all())
+        confidence_logit = logit(confidence if full else np.where(has, confidence, 0.5))
+        bins = np.searchsorted(self._edges, confidence_logit)
+        if not full:
+            bins = np.where(has, bins, -1)
+        return confidence_logit, bins
+
     def _bounded(
         self, counts: Ints, survival: Floats, capacities: Ints, scores: Floats, budget: int
     ) -> Ints:
@@ -297,10 +337,7 @@ class SlotAllocator:
         confidence, skips the masking)."""
         has = ~np.isnan(confidence)
         full = bool(has.all())
-        confidence_logit = logit(confidence if full else np.where(has, confidence, 0.5))
-        bins = np.searchsorted(self._edges, confidence_logit)
-        if not full:
-            bins = np.where(has, bins, -1)
+        confidence_logit, bins = self._bins(confidence)
         learnt, weight = calibration
         at = tasks[:, None] * learnt.shape[1] + np.maximum(bins, 0)  # flat (task, bin)
         slot_weight = weight.ravel()[at]

@@ -5,6 +5,9 @@
 - ``RowAllocationPlanner`` (ragged engine): a two-phase ``SlotPlanner`` whose rows draft all
   they may and verify what a per-row rule (vLLM's ``decide_rows``) allocates from their draft
   confidence;
+- ``DeviceRowAllocationPlanner`` (ragged engine): the same, allocated on the device as vLLM
+  does (``DeviceSlotPlanner``: the budget from each row's confidence of its previous step, the
+  allocation from the fresh one, no host sync between draft and verify);
 - ``RunOraclePlanner`` (ragged engine): each row verifies exactly its drawn run.
 """
 
@@ -18,6 +21,7 @@ from engines.embedded.synthetic import SyntheticAcceptance
 from policies.baselines.base import StepPolicy
 from policies.baselines.oracle import ClairvoyantOracle
 from policies.slot_allocator import RaggedChoice
+from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, StepCost, StepRow, Task
 
 RowRule = Callable[[Sequence[StepRow], int], RaggedChoice]  # rows, batch size -> k per row
@@ -150,6 +154,57 @@ class RowAllocationPlanner(RowPlanner):
         ks = self._rule(rows, len(views)).spec_tokens
         self.host_s += time.perf_counter() - started
         return ks
+
+
+DeviceRule = Callable[[Sequence[StepRow], int], tuple[RaggedChoice, SlotScoring]]
+
+
+class DeviceRowAllocationPlanner(RowAllocationPlanner):
+    """``RowAllocationPlanner`` allocated on the device: ``scoring_rule`` (vLLM's
+    ``device_scoring``) prices the step from each row's confidence of its previous step;
+    ``rescored`` tells the rule what the device scored (the fresh confidence) once the step
+    has run. ``allocate`` (the host path) is what the engine falls back to if scoring fails."""
+
+    def __init__(
+        self,
+        rule: RowRule,
+        scoring_rule: DeviceRule,
+        rescored: Callable[[Sequence[PositionValues]], None],
+    ) -> None:
+        super().__init__(rule)
+        self._scoring_rule = scoring_rule
+        self._rescored = rescored
+        self._confidence: dict[str, PositionValues] = {}  # request id -> its last step's
+
+    def slot_scoring(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        drafted: Sequence[int],
+    ) -> SlotScoring:
+        started = time.perf_counter()
+        last = self._confidence
+        rows = [
+            self._row(view)._replace(draft_confidence=last.get(view.request_id)) for view in views
+        ]
+        _, scoring = self._scoring_rule(rows, len(views))
+        self.host_s += time.perf_counter() - started
+        return scoring
+
+    def scored_on_device(
+        self,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+    ) -> None:
+        started = time.perf_counter()
+        if len(self._confidence) > 4096:  # finished requests': drop them all now and then
+            self._confidence.clear()
+        for view, values in zip(views, confidence, strict=True):
+            self._confidence[view.request_id] = values
+        self._rescored(confidence)
+        self.host_s += time.perf_counter() - started
 
 
 def drawn_runs(

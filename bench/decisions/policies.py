@@ -18,9 +18,12 @@ allocation, policies/slot_allocator.py, emits more per second on this engine: me
 policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase from
 ``slots_min_batch`` rows; not run by default), ``goodput-cap<N>`` ``goodput`` whose two-phase
 rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
-draft graph; not run by default), ``vllm-av`` its own per-row allocation
-(``decide_rows``); the ``oracle`` verifies each row's drawn run. The fixed policies and
-``dsd-schedule`` are the same on both engines.
+draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps
+allocate on the device (``slot_allocation: device``, policies/slot_scoring.py), ``vllm-av``
+its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
+allocated on the device as vLLM does (its budget from the previous step's confidence, the
+allocation from the fresh one, no sync); the ``oracle`` verifies each row's drawn run. The
+fixed policies and ``dsd-schedule`` are the same on both engines.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 from bench.decisions.planners import (
     BaselinePlanner,
+    DeviceRowAllocationPlanner,
     OraclePlanner,
     RowAllocationPlanner,
     RowPlanner,
@@ -102,6 +106,8 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "auto")
     if name == "goodput-slots":
         return _goodput(ctx, "slots")
+    if name == "goodput-device":
+        return _goodput(ctx, "auto", allocation="device")
     if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
         return _goodput(ctx, "auto", int(name.removeprefix("goodput-cap")))
     planner: RowPlanner
@@ -116,13 +122,18 @@ def build(name: str, ctx: Context) -> Built:
                 ctx.max_batch_size,
             )
         )
-    elif name == "vllm-av":
+    elif name in ("vllm-av", "vllm-av-device"):
+        if name == "vllm-av-device" and not ragged:
+            raise ValueError("vllm-av-device allocates per row on the device: ragged engine only")
         ragged_cost = ctx.ragged_cost() if ragged else None
         av = VllmAdaptiveVerification(
             VllmAvSettings(max_spec_tokens=block_max), ctx.cost(), ragged_cost
         )
         av.prepare(ctx.max_batch_size)
-        planner = RowAllocationPlanner(av.decide_rows) if ragged else BaselinePlanner(av)
+        if name == "vllm-av-device":
+            planner = DeviceRowAllocationPlanner(av.decide_rows, av.device_scoring, av.rescored)
+        else:
+            planner = RowAllocationPlanner(av.decide_rows) if ragged else BaselinePlanner(av)
     elif name == "oracle":
         if ctx.synthetic is None:
             raise ValueError("the oracle reads drawn acceptance ahead: synthetic arms only")
@@ -132,20 +143,29 @@ def build(name: str, ctx: Context) -> Built:
             else OraclePlanner(ctx.synthetic, ctx.cost(), block_max, PolicySpec().min_spec_tokens)
         )
     else:
-        known = ", ".join((*NAMES, "goodput-slots", "goodput-cap<N>", "oracle"))
+        extra = ("goodput-slots", "goodput-device", "goodput-cap<N>", "vllm-av-device", "oracle")
+        known = ", ".join((*NAMES, *extra))
         raise ValueError(f"policy {name!r}: known are {known}")
     return Built(planner, lambda job: lambda view: 0, lambda: (planner.host_s, planner.calls))
 
 
-def _goodput(ctx: Context, ragged_mode: str, draft_cap: int | None = None) -> Built:
+def _goodput(
+    ctx: Context, ragged_mode: str, draft_cap: int | None = None, allocation: str = "host"
+) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
     mode ``ragged_mode``: ``auto`` (``goodput``: per batch size, one-phase shared k or
     two-phase per-slot allocation, whichever this engine runs faster, measured) or ``slots``
     (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows). ``draft_cap``
-    (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``)."""
+    (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``).
+    ``allocation`` (``goodput-device``: "device"): where two-phase steps allocate
+    (``slot_allocation``)."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
-        update: dict[str, object] = {"step_mode": ragged_mode, "slots_draft_cap": draft_cap}
+        update: dict[str, object] = {
+            "step_mode": ragged_mode,
+            "slots_draft_cap": draft_cap,
+            "slot_allocation": allocation,
+        }
         goodput = GoodputSpec.model_validate(goodput.model_dump() | update)
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
     spec = PolicySpec(kind="goodput", goodput=goodput)

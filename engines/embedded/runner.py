@@ -248,6 +248,7 @@ class ModelRunner:
         self._graphs: dict[tuple[str, int, int], StaticCall] = {}
         # The last step's two-phase wait on the host clock: (blocked on the draft's confidence,
         # from it to the verify's launch: the allocation, index build, launch); 0 one-phase.
+        # A step allocated on the device: (0, queueing the allocation's kernels and the verify).
         self.last_two_phase_s = (0.0, 0.0)
         # Single-request prefills replay a graph of the prompt padded to a multiple of
         # PREFILL_BUCKET (an eager prefill is bound by kernel launches on a GPU).
@@ -705,6 +706,7 @@ class ModelRunner:
             assert scored is not None
             score_on = drawn_confidence if drawn_confidence is not None else confidence
             assert scoring is not None
+            queued = time.perf_counter()
             ids = torch.cat([last[:, None], drafts], dim=1)
             if width > ids.shape[1]:
                 ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
@@ -713,6 +715,8 @@ class ModelRunner:
             )
             logits = logits[:, : widest + 1]
             num_draft = verified
+            # No wait; the host's share: queueing the allocation's kernels and the verify.
+            self.last_two_phase_s = (0.0, time.perf_counter() - queued)
         if allocate is not None and widest > 0:
             drawn = None
             if self.synthetic is not None:

@@ -25,7 +25,7 @@ granularity, ``TableRaggedCost`` of the same ``CostModel``.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,7 +45,8 @@ from policies.baselines.slot_budget import (
 )
 from policies.baselines.survival_ema import SurvivalEma
 from policies.slot_allocator import RaggedChoice
-from policies.types import StepCost, StepRow, clamp_spec_tokens
+from policies.slot_scoring import SlotScoring
+from policies.types import PositionValues, StepCost, StepRow, Task, clamp_spec_tokens
 
 COLLAPSE_RULES = ("objective", "max")
 
@@ -161,6 +162,51 @@ class VllmAdaptiveVerification:
         source = "confidence" if self._scored.has_confidence.any() else "ema"
         reason = f"{self.name}: B={batch_size} budget={budget}/{len(scores)} est={source}"
         return RaggedChoice([int(c) for c in counts], reason)
+
+    def device_scoring(
+        self, rows: Sequence[StepRow], batch_size: int
+    ) -> tuple[RaggedChoice, SlotScoring]:
+        """A ragged engine that allocates on the device (vLLM's own split): ``decide_rows`` on
+        the confidence the rows carry (each row's from its previous step) gives the step's
+        budget, and the scoring its logistic applies to the fresh confidence on the device
+        (rows without a confidence yet are priced by the EMA here, by the logistic there, as
+        vLLM always has draft logits). Call ``rescored`` with the fresh confidence after the
+        step, so the next step learns from what the device scored."""
+        choice = self.decide_rows(rows, batch_size)
+        capacities = np.array([row_capacity(r, self._positions) for r in rows], dtype=np.int64)
+        logistic = self.logistic
+        scoring = SlotScoring(
+            capacities=capacities,
+            tasks=np.zeros(len(rows), dtype=np.int64),
+            base=np.tile(logistic.intercepts, (len(rows), 1)),
+            edges=np.zeros(0),
+            alpha=np.array([[logistic.slope]]),
+            beta=np.zeros((1, 1)),
+            scale=np.ones((1, 1)),
+            max_log_odds=self.settings.max_log_odds,
+            budget=sum(choice.spec_tokens),
+        )
+        return replace(choice, reason=f"{choice.reason} (device)"), scoring
+
+    def rescored(self, confidence: Sequence[PositionValues]) -> None:
+        """The step last decided ran on the device on ``confidence`` (per row, its drafted
+        positions): the features and predictions the next step learns from are those."""
+        scored = self._scored
+        if scored is None or len(confidence) != len(scored.seen):
+            return
+        rows = [
+            StepRow(row_id, Task.CHAT, [], [], len(values), values)
+            for row_id, values in zip(scored.index, confidence, strict=True)
+        ]
+        capacities = np.array([len(values) for values in confidence], dtype=np.int64)
+        values, has = self._confidence(rows, capacities)
+        features = confidence_features(values, self.settings.max_log_odds)
+        self._scored = replace(
+            scored,
+            features=features,
+            predictions=self.logistic.predict(features),
+            has_confidence=has,
+        )
 
     def _cost_by_k(self, batch_size: int) -> Floats:
         """[K + 1] step time per k at ``batch_size`` (the cost is fixed: memoised)."""

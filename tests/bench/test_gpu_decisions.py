@@ -197,7 +197,8 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "ragged",
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
-        "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded",
+        "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded,vllm-av-device,"
+        "goodput-device",
         "--device",
         "cpu",
         "--scale",
@@ -241,6 +242,8 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "oracle",
         "goodput@padded",
         "vllm-av@padded",
+        "vllm-av-device",
+        "goodput-device",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
@@ -326,12 +329,14 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     policies that allocate after the draft, and its mean per phase is in the summary."""
     report = json.loads(ragged_json.read_text())
     runs = {run["policy"]: run for run in report["runs"]}
-    for name in ("goodput", "goodput-slots", "vllm-av"):
+    for name in ("goodput", "goodput-slots", "vllm-av", "vllm-av-device", "goodput-device"):
         phases = runs[name]["phases"].values()
         steps = [step for phase in phases for step in phase["timeline"]]
         assert all(len(step) == 8 for step in steps)
         assert any(step[5] > 0 for step in steps), name
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
+        if name.endswith("-device"):  # allocated on the device: no wait for the confidence
+            assert all(step[4] == 0 for step in steps), name
     for name in ("static-k7", "oracle", "goodput@padded", "vllm-av@padded"):
         for phase in runs[name]["phases"].values():
             assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name

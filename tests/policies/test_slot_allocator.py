@@ -167,3 +167,41 @@ def test_a_step_prepared_before_the_confidence_decides_what_decide_rows_does() -
             lengths.append(int(rng.integers(0, k + 1)) + 1)
     for a, b in zip(one.calibration(), two.calibration(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_device_scoring_is_the_allocators_own_survival() -> None:
+    """``slot_scoring`` hands the device the allocator's survival for rows whose every slot has
+    a confidence, learnt calibration included; ``rescored`` relabels the bins it learns from."""
+    from policies.slot_scoring import survival
+
+    alloc = allocator()
+    rng = np.random.default_rng(4)
+    rates = rates_of({Task.MATH: 0.85, Task.CHAT: 0.55, Task.CODE: 0.7})
+    tasks = (Task.MATH, Task.CHAT, Task.CODE)
+    histories: dict[str, tuple[list[int], list[int]]] = {f"r{i}": ([], []) for i in range(6)}
+    for _ in range(30):  # learn: calibration and own-history offsets away from zero
+        rows = [
+            StepRow(rid, tasks[i % 3], lengths, ks, K, tuple(rng.uniform(0, 1, K)))
+            for i, (rid, (lengths, ks)) in enumerate(histories.items())
+        ]
+        choice = alloc.decide_rows(rows, 6, rates)
+        for (lengths, ks), k in zip(histories.values(), choice.spec_tokens, strict=True):
+            ks.append(k)
+            lengths.append(1 + int(rng.integers(0, k + 1)))
+    assert np.abs(alloc.calibration()[0]).max() > 0.05
+    prepared = alloc.prepare_step(rows, 6, rates)
+    confidence = rng.uniform(0, 1, (6, K))
+    expected = alloc._calibrated(
+        prepared.tasks,
+        prepared.base_logit,
+        confidence,
+        prepared.rows_seen,
+        prepared.calibration,
+    )[0]
+    scoring = alloc.slot_scoring(prepared, budget=20)
+    assert np.allclose(survival(scoring, confidence), expected, rtol=1e-9, atol=1e-12)
+    assert scoring.budget == 20 and scoring.min_spec_tokens == 4
+    alloc.finish_step(prepared, [None] * 6)  # priced without confidence (no bins) ...
+    assert alloc._scored is not None and (alloc._scored.bins == -1).all()
+    alloc.rescored(list(confidence))  # ... but the device scored this one
+    assert (alloc._scored.bins >= 0).all()

@@ -136,3 +136,76 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
             capacity = min(7, NEW_TOKENS - emitted - 1)
             assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
             emitted += length
+
+
+def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``slot_allocation: device``: every two-phase step is scored on the device (the host
+    never allocates), each row's next budget is priced on its last step's confidence, and the
+    allocator learns from the bins the device scored."""
+    rescored: list[int] = []
+    original = SlotAllocator.rescored
+
+    def counted(self: SlotAllocator, confidence: Any) -> None:
+        rescored.append(len(confidence))
+        original(self, confidence)
+
+    monkeypatch.setattr(SlotAllocator, "rescored", counted)
+    goodput = GoodputSpec(
+        step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
+    )
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    table = CostTable(
+        batch_sizes=(1, 8),
+        tokens_per_request=(1, 8),
+        step_time_s=((5e-3, 6e-3), (6e-3, 9e-3)),
+    )
+
+    class Source:
+        version = 1
+        models = OnlineModels(goodput, block_size=8, cost_table=table)
+        policy = build_policy(spec)
+
+        def __init__(self) -> None:
+            self.spec = spec
+
+        def active(self) -> Source:
+            return self
+
+        def acceptance(self, task: Task) -> dict[str, object]:
+            return {}
+
+        def policy_failed(self) -> None:
+            raise AssertionError("the allocator raised")
+
+    controller = StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+
+    def host_allocation(*args: Any) -> list[int]:
+        raise AssertionError("a device-allocated step never allocates on the host")
+
+    monkeypatch.setattr(controller, "allocate", host_allocation)
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    engine.planner = controller
+    starts = [controller.start(Task.MATH, 1.0, 7) for _ in prompts]
+    requests = [
+        greedy_request(f"r{i}", p, NEW_TOKENS, start)
+        for i, (p, start) in enumerate(zip(prompts, starts, strict=True))
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert controller.last_reason.startswith("allocator:") and "(device)" in controller.last_reason
+    assert len(rescored) > 5
+    assert all(s.last_confidence is not None for s in starts)  # each priced its next budget
+    for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
+        emitted = 1  # the prefill's token
+        for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
+            capacity = min(7, NEW_TOKENS - emitted - 1)
+            assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
+            emitted += length

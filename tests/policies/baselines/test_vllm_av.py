@@ -200,3 +200,25 @@ def test_confidence_may_arrive_as_numpy_arrays() -> None:
         StepRow(r, Task.MATH, (), (), 15, np.full(15, q)) for r, q in (("a", 0.99), ("b", 0.01))
     ]
     assert _policy().decide_step(rows, 2).spec_tokens == 7  # as with lists (first test)
+
+
+def test_the_device_scoring_is_the_logistic_and_rescoring_relabels_what_it_learns() -> None:
+    """vLLM's split: the budget from the confidence the rows carry (decide_rows' total), the
+    scoring the logistic applies to the fresh confidence; ``rescored`` puts the fresh
+    features in what the next step learns from."""
+    from policies.baselines.logistic_acceptance import confidence_features
+    from policies.slot_scoring import survival
+
+    policy = _policy()
+    policy.logistic.slope = 0.8
+    policy.logistic.intercepts = np.linspace(0.3, -0.5, 15)
+    rows = _rows({"a": 0.9, "b": 0.3, "c": None})
+    choice, scoring = policy.device_scoring(rows, 3)
+    assert scoring.budget == sum(choice.spec_tokens) and choice.reason.endswith("(device)")
+    fresh = np.random.default_rng(5).uniform(0, 1, (3, 15))
+    expected = np.cumprod(policy.logistic.predict(confidence_features(fresh, 40.0)), axis=1)
+    assert np.allclose(survival(scoring, fresh), expected, rtol=1e-12)
+    assert policy._scored is not None and not policy._scored.has_confidence[2]
+    policy.rescored(list(fresh))
+    assert policy._scored.has_confidence.all()
+    assert np.allclose(policy._scored.features, confidence_features(fresh, 40.0))
