@@ -219,6 +219,7 @@ class StepController:
         # The coming allocation's confidence-free part: (policy version, rows, step).
         self._allocation: tuple[int, tuple[int, ...], PreparedStep] | None = None
         self._allocator: tuple[int, SlotAllocator] | None = None
+        self._on_device = False  # the two-phase step just planned allocates on the device
         # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
         self._modes: StepModeChooser | None = None
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
@@ -345,12 +346,17 @@ class StepController:
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
+        self._on_device = False
         if newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = self._two_phase_bounds(newest)[1]
             for i in shared:
                 ks[i] = min(hi, views[i].max_spec_tokens)
             self._slots = (newest, shared)
+            # On the device when the policy asks and decides every row (else the host path
+            # keeps the rows another policy decides apart).
+            device = newest.spec.goodput.slot_allocation == "device"
+            self._on_device = device and len(shared) == len(views)
         elif newest is not None:
             k = self._reuse_prepared(views, controllers, shared, newest)
             if k is None:
@@ -364,6 +370,10 @@ class StepController:
     def allocates(self) -> bool:
         """Whether the step just planned is two-phase (the engine then calls ``allocate``)."""
         return self._slots is not None
+
+    def allocates_on_device(self) -> bool:
+        """Whether that two-phase step allocates on the device (``slot_scoring``)."""
+        return self._slots is not None and self._on_device
 
     def prepare_allocation(
         self, views: Sequence[RequestView], controllers: Sequence[SpecController]
@@ -436,22 +446,20 @@ class StepController:
         controllers: Sequence[SpecController],
         drafted: Sequence[int],
     ) -> SlotScoring | None:
-        """The engine's ``DeviceSlotPlanner``: for a two-phase step of a policy with
-        ``slot_allocation: device`` whose rows the policy all decides together, the
-        allocator's scoring for the device and its budget from each row's confidence of its
-        last device-allocated step (one step stale; none yet: the prior and history alone).
-        None: allocate on the host (``prepare_allocation``, ``allocate``)."""
+        """The engine's ``DeviceSlotPlanner`` (asked while the device drafts): for a two-phase
+        step of a policy with ``slot_allocation: device`` whose rows the policy all decides
+        together, the allocator's scoring for the device and its budget from each row's
+        confidence of its last device-allocated step (one step stale; none yet: the prior and
+        history alone). None: the policy raised (the rows verify what they drafted)."""
         started = time.perf_counter()
         try:
             slots = self._slots
             if slots is None:
                 return None
             newest, _ = slots
-            if newest.spec.goodput.slot_allocation != "device":
-                return None
             shared, rows = self._allocation_rows(views, controllers)
-            if len(shared) != len(views):
-                return None  # rows another policy decides: the host path keeps them apart
+            if len(shared) != len(views):  # (``allocates_on_device`` said no)
+                return None
             allocator = self._slot_allocator(newest)
             scoring: list[SlotScoring] = []
 

@@ -176,6 +176,9 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         self._rescored = rescored
         self._confidence: dict[str, PositionValues] = {}  # request id -> its last step's
 
+    def allocates_on_device(self) -> bool:
+        return True
+
     def slot_scoring(
         self,
         views: Sequence[RequestView],

@@ -10,6 +10,7 @@ device. About 40 small kernels: they queue behind the draft forward while the ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +21,7 @@ from policies.slot_scoring import SlotScoring
 
 @dataclass(frozen=True)
 class DeviceScoring:
-    """A ``SlotScoring``'s tables on the device (two host->device copies, made before the draft
-    is launched: a copy from pageable memory waits for the stream)."""
+    """A ``SlotScoring``'s tables on the device (two host->device copies)."""
 
     capacities: torch.Tensor  # [rows] int64
     tasks: torch.Tensor  # [rows] int64
@@ -36,9 +36,15 @@ class DeviceScoring:
 
     @classmethod
     def upload(
-        cls, scoring: SlotScoring, drafted: list[int], device: torch.device
+        cls,
+        scoring: SlotScoring,
+        drafted: list[int],
+        device: torch.device,
+        copy: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> DeviceScoring:
-        """``drafted``: what each row drafts this step (capacities are clamped to it)."""
+        """``drafted``: what each row drafts this step (capacities are clamped to it);
+        ``copy``: how a host tensor goes to the device (default ``.to(device)``; the runner's
+        goes through pinned memory, so it does not wait for the draft)."""
         rows, positions = scoring.base.shape
         if len(drafted) != rows:
             raise ValueError(f"scoring has {rows} rows, the step {len(drafted)}")
@@ -46,8 +52,9 @@ class DeviceScoring:
         ints = torch.from_numpy(np.concatenate([caps, scoring.tasks]).astype(np.int64))
         tables = [scoring.alpha.ravel(), scoring.beta.ravel(), scoring.scale.ravel()]
         floats = np.concatenate([scoring.base.ravel(), scoring.edges, *tables])
-        ints_d = ints.to(device)
-        floats_d = torch.from_numpy(floats.astype(np.float64)).to(device)
+        move = copy if copy is not None else (lambda t: t.to(device))
+        ints_d = move(ints)
+        floats_d = move(torch.from_numpy(floats.astype(np.float64)))
         size = scoring.alpha.size
         at = rows * positions
         edges = floats_d[at : at + len(scoring.edges)]

@@ -227,8 +227,8 @@ class Engine:
                 self._release(culprit)
                 continue
             verified = result.spec_tokens or spec_tokens
-            two_phase = allocate is not None or scoring is not None
-            if scoring is not None:
+            two_phase = allocate is not None or result.on_device
+            if result.on_device:
                 self._scored_on_device(rows, result)
             stepped = [
                 self._postprocess(r, i, verified[i], result, two_phase) for i, r in enumerate(rows)
@@ -238,22 +238,30 @@ class Engine:
             break
         return events
 
-    def _device_scoring(self, rows: list[Request], drafted: list[int]) -> SlotScoring | None:
-        """A two-phase step allocated on the device, when the planner plans one and gives its
-        scoring (a planner that raises is logged: the step then allocates on the host)."""
+    def _device_scoring(
+        self, rows: list[Request], drafted: list[int]
+    ) -> Callable[[], SlotScoring | None] | None:
+        """A two-phase step allocated on the device, when the planner plans one: the planner's
+        scoring, which the runner asks for once the draft is queued (a planner that raises
+        there is logged, and the step's rows verify what they drafted)."""
         planner = self.planner
         if (
             not isinstance(planner, DeviceSlotPlanner)
             or not planner.allocates()
+            or not planner.allocates_on_device()
             or max(drafted, default=0) == 0
         ):
             return None
         views, controllers = self._planned_rows(rows)
-        try:
-            return planner.slot_scoring(views, controllers, drafted)
-        except Exception:
-            logger.exception("step planner failed to score a step for the device")
-            return None
+
+        def scoring() -> SlotScoring | None:
+            try:
+                return planner.slot_scoring(views, controllers, drafted)
+            except Exception:
+                logger.exception("step planner failed to score a step for the device")
+                return None
+
+        return scoring
 
     def _scored_on_device(self, rows: list[Request], result: StepResult) -> None:
         planner = self.planner

@@ -184,14 +184,20 @@ class DeviceSlotPlanner(SlotPlanner, Protocol):
     confidence and its estimate of the slots worth verifying, from what it knew then (the rows'
     confidence of their previous step: one step stale, as vLLM's budget is)."""
 
+    def allocates_on_device(self) -> bool:
+        """Whether the two-phase step just planned allocates on the device (else on the host:
+        ``allocate``)."""
+        ...
+
     def slot_scoring(
         self,
         views: Sequence[RequestView],
         controllers: Sequence[SpecController],
         drafted: Sequence[int],
     ) -> SlotScoring | None:
-        """The scoring for the step just planned (``drafted``: what each row drafts); None:
-        allocate this step on the host (``allocate``)."""
+        """The scoring for the step just planned (``drafted``: what each row drafts), asked
+        once the draft is queued, so it runs while the device drafts; None: every row
+        verifies what it drafted."""
         ...
 
     def scored_on_device(

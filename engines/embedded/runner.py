@@ -82,6 +82,8 @@ class StepResult:
     draft_confidence: list[list[float]] | None = None
     # The k each row verified when the step allocated after drafting (else the planned k).
     spec_tokens: list[int] | None = None
+    # The step's allocation ran on the device (``step(scoring=...)`` and a scoring was given).
+    on_device: bool = False
 
 
 def eager_attention(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -625,7 +627,7 @@ class ModelRunner:
         overlap: Callable[[], None] | None = None,
         allocate: Allocate | None = None,
         before_allocate: Callable[[], None] | None = None,
-        scoring: SlotScoring | None = None,
+        scoring: Callable[[], SlotScoring | None] | None = None,
     ) -> StepResult:
         """rows occupy slots 0..len(rows)-1; uniforms [B, 2 * block_size + 1] (CPU).
 
@@ -638,10 +640,13 @@ class ModelRunner:
 
         ``scoring``: a two-phase step allocated on the device instead (no sync between draft
         and verify; engines/embedded/device_allocation.py): ``spec_tokens`` are what each row
-        drafts, the step's tokens are rounded up from ``scoring.budget`` to a captured bucket
-        and the device fills the draft slots it pays for from the draft's confidence. The
-        result's ``spec_tokens`` say what each row verified and its ``draft_confidence``
-        covers every drafted position. Exclusive with ``allocate``.
+        drafts; once the draft is queued, ``scoring()`` (host work, hidden behind the draft)
+        gives the ``SlotScoring``, whose tables go up without a sync (pinned copies); the
+        step's tokens are rounded up from its ``budget`` to a captured bucket and the device
+        fills the draft slots it pays for from the draft's confidence. ``scoring()`` None:
+        every row verifies what it drafted. The result's ``spec_tokens`` say what each row
+        verified and its ``draft_confidence`` covers every drafted position. Exclusive with
+        ``allocate``.
 
         Writes each row's caches only at positions >= its ``position`` (scratch until the
         row advances), so a step whose result is dropped can be run again. ``eager``: see
@@ -666,20 +671,11 @@ class ModelRunner:
         u = uniforms.to(self.device)
         params = None if is_greedy else self._params_tensors(rows)
         draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
-        scored: DeviceScoring | None = None
-        drawn_confidence: torch.Tensor | None = None
-        if on_device:
-            assert scoring is not None
-            # Copied before the draft is queued (a copy from pageable memory waits for it).
-            scored = DeviceScoring.upload(scoring, spec_tokens, self.device)
-            if self.synthetic is not None:
-                draws = self._draws(rows, measured)
-                if draws.confidence is None:
-                    raise ValueError(
-                        "a device-allocated step scores the draft's confidence: this synthetic "
-                        "acceptance draws none (give it a confidence_auc)"
-                    )
-                drawn_confidence = torch.from_numpy(draws.confidence).to(self.device)
+        if on_device and self.synthetic is not None and self.synthetic.confidence_auc is None:
+            raise ValueError(
+                "a device-allocated step scores the draft's confidence: this synthetic "
+                "acceptance draws none (give it a confidence_auc)"
+            )
         offsets = torch.arange(self.block_size, device=self.device)
         drafts = torch.zeros(len(rows), widest, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -702,20 +698,27 @@ class ModelRunner:
             if measured:
                 confidence = self._confidence(draft_logits, draft_probs, params)
         verified: torch.Tensor | None = None  # on the device: k per row [B]
+        plan = None
         if on_device:
-            assert scored is not None
-            score_on = drawn_confidence if drawn_confidence is not None else confidence
             assert scoring is not None
             queued = time.perf_counter()
+            plan = scoring()  # the host's part, while the device drafts
+        if plan is not None:
+            score_on = confidence
+            if self.synthetic is not None:
+                draws = self._draws(rows, measured)
+                assert draws.confidence is not None, "checked above"
+                score_on = self._to_device(torch.from_numpy(draws.confidence))
+            scored = DeviceScoring.upload(plan, spec_tokens, self.device, self._to_device)
             ids = torch.cat([last[:, None], drafts], dim=1)
             if width > ids.shape[1]:
                 ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
             logits, verified = self._verify_allocated(
-                ids, start[:, None] + offsets[:width], scored, score_on, scoring.budget, eager
+                ids, start[:, None] + offsets[:width], scored, score_on, plan.budget, eager
             )
             logits = logits[:, : widest + 1]
             num_draft = verified
-            # No wait; the host's share: queueing the allocation's kernels and the verify.
+            # No wait; the host's share: the scoring, queueing the allocation and the verify.
             self.last_two_phase_s = (0.0, time.perf_counter() - queued)
         if allocate is not None and widest > 0:
             drawn = None
@@ -746,9 +749,10 @@ class ModelRunner:
         if self.synthetic is not None:
             if draws is None:  # drawn now, while the device runs the verify
                 draws = self._draws(rows, measured)
-            return self._synthetic_result(
+            result = self._synthetic_result(
                 rows, spec_tokens, drafts, logits, params, u, started, draws, overlap, verified
             )
+            return replace(result, on_device=verified is not None)
         if params is None:
             accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
         else:
@@ -776,7 +780,15 @@ class ModelRunner:
         if verified is not None:
             spec_tokens = host_packed[:, -1].tolist()
         result = self._unpack(host_packed, spec_tokens, widest, self._clock() - started, drafted)
+        result = replace(result, on_device=verified is not None)
         return result if measured else replace(result, draft_confidence=None)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor to the device without waiting for the stream (through pinned memory:
+        a copy from pageable memory waits for the work queued before it)."""
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def _verify_allocated(
         self,
