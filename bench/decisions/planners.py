@@ -43,9 +43,17 @@ class RowPlanner:
         return None  # nothing to prepare ahead: plan() decides on the step's own rows
 
     def _row(self, view: RequestView) -> StepRow:
-        """A request's row, reused while its ceiling holds (its lists grow in place)."""
+        """A request's row, reused while its ceiling holds (its lists grow in place) and it is
+        the same request: a later run's request of the same id (``--warm-policies`` keeps
+        the planner across runs of one trace) has lists of its own. (Until session 19 the
+        row was matched on the id alone, so a warm planner's second and later runs read the
+        first run's finished histories: no outcome of theirs reached vLLM's estimators.)"""
         row = self._rows.get(view.request_id)
-        if row is None or row.max_spec_tokens != view.max_spec_tokens:
+        if (
+            row is None
+            or row.max_spec_tokens != view.max_spec_tokens
+            or row.accept_lengths is not view.accept_lengths
+        ):
             if len(self._rows) > 4096:  # finished requests' rows: drop them all now and then
                 self._rows.clear()
             row = self._rows[view.request_id] = StepRow(
@@ -174,7 +182,16 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         super().__init__(rule)
         self._scoring_rule = scoring_rule
         self._rescored = rescored
-        self._confidence: dict[str, PositionValues] = {}  # request id -> its last step's
+        # request id -> (its history list, its last step's confidence)
+        self._confidence: dict[str, tuple[object, PositionValues]] = {}
+
+    def _last_confidence(self, view: RequestView, history: object) -> PositionValues | None:
+        """The request's confidence of its previous step, if it covers what the row may
+        verify now (a request of the same id from an earlier run has another history)."""
+        last = self._confidence.get(view.request_id)
+        if last is None or last[0] is not history or len(last[1]) < view.max_spec_tokens:
+            return None
+        return last[1]
 
     def allocates_on_device(self) -> bool:
         return True
@@ -186,9 +203,10 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         drafted: Sequence[int],
     ) -> SlotScoring:
         started = time.perf_counter()
-        last = self._confidence
+        rows = [self._row(view) for view in views]
         rows = [
-            self._row(view)._replace(draft_confidence=last.get(view.request_id)) for view in views
+            row._replace(draft_confidence=self._last_confidence(view, row.accept_lengths))
+            for view, row in zip(views, rows, strict=True)
         ]
         _, scoring = self._scoring_rule(rows, len(views))
         self.host_s += time.perf_counter() - started
@@ -205,7 +223,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         if len(self._confidence) > 4096:  # finished requests': drop them all now and then
             self._confidence.clear()
         for view, values in zip(views, confidence, strict=True):
-            self._confidence[view.request_id] = values
+            self._confidence[view.request_id] = (view.accept_lengths, values)
         self._rescored(confidence)
         self.host_s += time.perf_counter() - started
 

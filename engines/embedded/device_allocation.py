@@ -10,13 +10,17 @@ device. About 40 small kernels: they queue behind the draft forward while the ho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from engines.embedded.cuda_graphs import keep_allocator_cache
 from policies.slot_scoring import SlotScoring
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,10 @@ class DeviceScoring:
         z = self.scale[at] * self.base + self.beta[at] + self.alpha[at] * x
         return torch.cumprod(torch.sigmoid(z), dim=1)
 
-    def allocate(self, confidence: torch.Tensor, slots: int) -> torch.Tensor:
-        """[rows] int64 k per row: ``policies.slot_scoring.allocate`` on the device."""
+    def allocate(self, confidence: torch.Tensor, slots: int | torch.Tensor) -> torch.Tensor:
+        """[rows] int64 k per row: ``policies.slot_scoring.allocate`` on the device. ``slots``
+        may be a 0-dim device tensor (a captured graph's)."""
+        slots = max(0, slots) if isinstance(slots, int) else torch.clamp(slots, min=0)
         s = self.survival(confidence)
         rows, positions = s.shape
         pos = torch.arange(positions, device=s.device)[None, :]
@@ -93,28 +99,29 @@ class DeviceScoring:
         mask = pos < caps[:, None]
         flat = torch.where(mask, s, -torch.inf).flatten()
         values, order = torch.sort(flat, descending=True, stable=True)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(order.numel(), device=s.device)
-        selected = (rank.view(rows, positions) < max(0, slots)) & mask
+        every = torch.arange(order.numel(), device=s.device)
+        rank = torch.empty_like(order).scatter_(0, order, every)
+        selected = (rank.view(rows, positions) < slots) & mask
         counts = selected.sum(dim=1)
         low = self.min_spec_tokens
         if low <= 1:
             return counts
-        take = torch.clamp(mask.sum(), max=max(0, slots))
-        last = values[torch.clamp(take - 1, min=0)]
+        total = mask.sum()
+        take = total.clamp(max=slots) if isinstance(slots, int) else torch.minimum(total, slots)
+        # (gather, not ``values[t]``: indexing with a 0-dim tensor reads it on the host)
+        last = values.gather(0, torch.clamp(take - 1, min=0).view(1)).squeeze(0)
         marginal = torch.where(take > 0, last, torch.ones_like(last))
         width = torch.clamp(caps, max=low)
         head = torch.where(pos < width[:, None], s, 0.0).sum(dim=1) / width.clamp(min=1)
         short = (counts > 0) & (counts < low)
         raised = short & (head >= marginal)
         bounded = torch.where(short, torch.where(raised, width, 0), counts)
-        excess = bounded.sum() - max(0, slots)
+        excess = bounded.sum() - slots
         removable = (pos >= low) & (pos < bounded[:, None])
         # Lowest survival first; equal ones latest (row-major) first, so rows keep prefixes.
         backwards = torch.where(removable, s, torch.inf).flatten().flip(0)
         order = torch.sort(backwards, stable=True).indices
-        drop_rank = torch.empty_like(order)
-        drop_rank[order] = torch.arange(order.numel(), device=s.device)
+        drop_rank = torch.empty_like(order).scatter_(0, order, every)
         removed = (drop_rank.flip(0).view(rows, positions) < excess) & removable
         trimmed = bounded - removed.sum(dim=1)
         fits = excess <= 0
@@ -137,3 +144,133 @@ def ragged_index(lengths: torch.Tensor, batch: int, width: int, num_tokens: int)
     gather = packed[:num_tokens]
     used = torch.arange(num_tokens, device=device) < lengths.sum()
     return torch.stack([torch.where(used, gather, 0), torch.where(used, gather, batch * width)])
+
+
+@dataclass
+class _Captured:
+    """One shape's allocation graph: its static inputs and outputs."""
+
+    ints: torch.Tensor  # [2 * batch + 1]: capacities, tasks, the step's row count
+    floats: torch.Tensor  # base [batch * K], edges, alpha, beta, scale
+    confidence: torch.Tensor  # [batch, K] float64
+    verified: torch.Tensor  # [batch] int64
+    index: torch.Tensor  # [2, num_tokens] int64
+    graph: torch.cuda.CUDAGraph | None  # None: run eagerly (not a CUDA device)
+    compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+class AllocationGraphs:
+    """A device-allocated step's allocation and ragged index as one replay: the eager ops
+    (~50 kernels) cost ~1.5-4 ms of Python launch time on the H200's host (session 19), more
+    than a small batch's draft runs, so the device waited for the host. Per shape (batch
+    bucket, positions, verify width, token bucket, table shape, minimum k) a CUDA graph is
+    captured on first use (a few ms, once; rows past the step's are padding with capacity 0)
+    and replayed after one host->device copy of the tables. On a CPU the same padded
+    computation runs eagerly (what the tests check against the numpy reference)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._shapes: dict[tuple[object, ...], _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def run(
+        self,
+        scoring: SlotScoring,
+        drafted: list[int],
+        confidence: torch.Tensor,
+        batch: int,
+        width: int,
+        num_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """k per row [rows] and the ragged index [2, num_tokens] of a step of ``len(drafted)``
+        rows (<= ``batch``) verifying at most ``num_tokens`` tokens of width ``width``."""
+        rows, positions = scoring.base.shape
+        if len(drafted) != rows or rows > batch:
+            raise ValueError(f"scoring has {rows} rows, the step {len(drafted)} (batch {batch})")
+        key = (
+            batch,
+            positions,
+            width,
+            num_tokens,
+            scoring.alpha.shape,
+            len(scoring.edges),
+            scoring.min_spec_tokens,
+            scoring.max_log_odds,
+        )
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._capture(scoring, batch, width, num_tokens, key)
+        ints = np.zeros(2 * batch + 1, dtype=np.int64)
+        ints[:rows] = np.minimum(scoring.capacities, np.asarray(drafted, dtype=np.int64))
+        ints[batch : batch + rows] = scoring.tasks
+        ints[-1] = rows
+        base = np.zeros((batch, positions))
+        base[:rows] = scoring.base
+        tables = (scoring.edges, scoring.alpha.ravel(), scoring.beta.ravel(), scoring.scale.ravel())
+        floats = np.concatenate([base.ravel(), *tables])
+        shape.ints.copy_(self._host(torch.from_numpy(ints)), non_blocking=True)
+        shape.floats.copy_(self._host(torch.from_numpy(floats)), non_blocking=True)
+        used = min(positions, confidence.shape[1])
+        shape.confidence[:rows, :used].copy_(confidence[:, :used])
+        if shape.graph is None:
+            verified, index = shape.compute()
+            return verified[:rows], index
+        shape.graph.replay()
+        return shape.verified[:rows], shape.index
+
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Pinned on a CUDA device (a non-blocking copy then does not wait for the stream)."""
+        return tensor.pin_memory() if self.device.type == "cuda" else tensor
+
+    def _capture(
+        self, scoring: SlotScoring, batch: int, width: int, num_tokens: int, key: object = None
+    ) -> _Captured:
+        positions = scoring.num_positions
+        device = self.device
+        size = scoring.alpha.size
+        ints = torch.zeros(2 * batch + 1, dtype=torch.long, device=device)
+        floats = torch.zeros(
+            batch * positions + len(scoring.edges) + 3 * size, dtype=torch.float64, device=device
+        )
+        confidence = torch.full((batch, positions), 0.5, dtype=torch.float64, device=device)
+        at = batch * positions + len(scoring.edges)
+        scored = DeviceScoring(
+            capacities=ints[:batch],
+            tasks=ints[batch : 2 * batch],
+            base=floats[: batch * positions].view(batch, positions),
+            edges=floats[batch * positions : at],
+            alpha=floats[at : at + size],
+            beta=floats[at + size : at + 2 * size],
+            scale=floats[at + 2 * size : at + 3 * size],
+            num_bins=int(scoring.alpha.shape[1]),
+            max_log_odds=float(scoring.max_log_odds),
+            min_spec_tokens=int(scoring.min_spec_tokens),
+        )
+        rows = ints[-1]
+        row_index = torch.arange(batch, device=device)
+
+        def compute() -> tuple[torch.Tensor, torch.Tensor]:
+            verified = scored.allocate(confidence, num_tokens - rows)
+            lengths = torch.where(row_index < rows, verified + 1, 0)
+            return verified, ragged_index(lengths, batch, width, num_tokens)
+
+        if device.type != "cuda":
+            verified, index = compute()
+            return _Captured(ints, floats, confidence, verified, index, None, compute)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            compute()  # warm-up outside the graph
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with keep_allocator_cache(), torch.cuda.graph(graph, pool=self._pool):
+                verified, index = compute()
+        except Exception:  # the same ops, launched one by one: slower, never wrong
+            logger.exception("could not capture the device allocation %s; running it eagerly", key)
+            verified, index = compute()
+            return _Captured(ints, floats, confidence, verified, index, None, compute)
+        return _Captured(ints, floats, confidence, verified, index, graph, compute)

@@ -23,8 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
 from engines.embedded.decode_attention import triton_interpreted
-from engines.embedded.device_allocation import DeviceScoring
-from engines.embedded.device_allocation import ragged_index as device_ragged_index
+from engines.embedded.device_allocation import AllocationGraphs, DeviceScoring
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
     ATTENTION_CHOICES,
@@ -257,6 +256,8 @@ class ModelRunner:
         self.prefill_lengths = [*range(PREFILL_BUCKET, max_seq_len, PREFILL_BUCKET), max_seq_len]
         self._prefill_graphs: dict[int, StaticCall] = {}
         self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
+        # Device-allocated steps: their allocation and index, one graph per shape (lazily).
+        self._allocation_graphs = AllocationGraphs(device)
         # Per captured verify graph, its measured step (``keep_faster_ragged``), and the
         # ragged buckets that were slower than their padded graph (dropped).
         self.graph_ms: dict[str, dict[str, float]] = {"padded": {}, "ragged": {}}
@@ -709,12 +710,11 @@ class ModelRunner:
                 draws = self._draws(rows, measured)
                 assert draws.confidence is not None, "checked above"
                 score_on = self._to_device(torch.from_numpy(draws.confidence))
-            scored = DeviceScoring.upload(plan, spec_tokens, self.device, self._to_device)
             ids = torch.cat([last[:, None], drafts], dim=1)
             if width > ids.shape[1]:
                 ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
             logits, verified = self._verify_allocated(
-                ids, start[:, None] + offsets[:width], scored, score_on, plan.budget, eager
+                ids, start[:, None] + offsets[:width], plan, spec_tokens, score_on, eager
             )
             logits = logits[:, : widest + 1]
             num_draft = verified
@@ -794,25 +794,29 @@ class ModelRunner:
         self,
         ids: torch.Tensor,
         positions: torch.Tensor,
-        scored: DeviceScoring,
+        plan: SlotScoring,
+        drafted: list[int],
         confidence: torch.Tensor,
-        budget: int,
         eager: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A device-allocated step's verify: logits [B, W, vocab] and k per row [B] (device).
-        With a ragged graph for the step's tokens (``budget`` drafts beyond each row's own
-        token, rounded up to a bucket) the device fills every draft slot the bucket pays for
-        and packs the index itself; a padded replay verifies every drafted slot; the eager
-        forward (CPU, the culprit search) allocates ``budget`` and packs on the host."""
+        With a ragged graph for the step's tokens (``plan.budget`` drafts beyond each row's
+        own token, rounded up to a bucket) the device fills every draft slot the bucket pays
+        for and packs the index itself, one graph replay (``AllocationGraphs``); a padded
+        replay verifies every drafted slot; the eager forward (CPU, the culprit search)
+        allocates ``budget`` and packs on the host."""
         rows, width = ids.shape
+        budget = plan.budget
         if self.verify_mode == "ragged" and self._ragged_graphs and not eager:
             batch = padded_size(rows, self.batch_sizes)
             num_tokens = self.ragged_shapes.choose([rows + budget], batch, width)
             if num_tokens is not None:
-                verified = scored.allocate(confidence, num_tokens - rows)
-                index = device_ragged_index(verified + 1, batch, width, num_tokens)
+                verified, index = self._allocation_graphs.run(
+                    plan, drafted, confidence, batch, width, num_tokens
+                )
                 graph = self._ragged_graphs[batch, width, num_tokens]
                 return graph(ids, positions, index)[:rows], verified
+        scored = DeviceScoring.upload(plan, drafted, self.device, self._to_device)
         if self.use_cuda_graphs and not eager:
             verified = scored.allocate(confidence, rows * (width - 1))
             return self._run("verify", ids, positions), verified

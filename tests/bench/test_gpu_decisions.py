@@ -559,3 +559,32 @@ def test_paired_ratios_cancel_a_drift_between_blocks() -> None:
     phase = paired["phases"]["all"]
     assert phase["vs_vllm-av"]["mean"] == pytest.approx(1.06)
     assert phase["noise_aa"] == pytest.approx(paired["noise_aa"])
+
+
+def test_a_warm_planner_reads_each_runs_own_request_histories() -> None:
+    """``--warm-policies`` keeps a planner across runs of one trace, whose requests reuse
+    their ids: a row is reused only for the same request (the same history list), so a later
+    run's outcomes reach the estimators, and a confidence of an earlier run's request of the
+    same id is not read as this one's."""
+    from bench.decisions.planners import DeviceRowAllocationPlanner
+    from engines.embedded.events import RequestView
+
+    def view(lengths: list[int], ks: list[int]) -> RequestView:
+        context = {"task": "math"}
+        return RequestView("job-1", len(lengths), lengths, 1, 5, context, ks, 15)
+
+    planner = DeviceRowAllocationPlanner(
+        lambda rows, b: None,  # type: ignore[arg-type,return-value]
+        lambda rows, b: (None, rows),  # type: ignore[arg-type,return-value]
+        lambda confidence: None,
+    )
+    first = view([3, 2], [7, 7])
+    assert planner._row(first).accept_lengths is first.accept_lengths
+    planner.scored_on_device([first], [], [[0.9] * 15], [7])
+    second = view([1], [4])  # the next run's request of the same id
+    row = planner._row(second)
+    assert row.accept_lengths is second.accept_lengths and row.spec_tokens == [4]
+    handed: Any = planner.slot_scoring([second], [], [15])  # the rule hands its rows back
+    assert handed[0].draft_confidence is None
+    handed = planner.slot_scoring([first], [], [15])
+    assert handed[0].draft_confidence == [0.9] * 15

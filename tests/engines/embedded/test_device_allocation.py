@@ -296,3 +296,71 @@ def test_a_planner_that_raises_while_scoring_costs_speed_not_tokens(agreeing_pai
     assert [r.output_ids for r in requests] == expected
     assert engine.planner.told == []
     assert requests[0].spec_tokens[0] == N  # every drafted slot verified
+
+
+def test_the_padded_allocation_graph_is_the_reference_and_its_index() -> None:
+    """``AllocationGraphs`` (on a CPU the padded computation runs eagerly): rows past the
+    step's are padding, the row count is an input, and the slots are what the token bucket
+    pays for beyond each row's own token; one shape per key, reused."""
+    from engines.embedded.device_allocation import AllocationGraphs
+
+    graphs = AllocationGraphs(torch.device("cpu"))
+    rng = np.random.default_rng(7)
+    for trial in range(150):
+        batch = int(rng.choice([1, 2, 4, 8]))
+        rows = int(rng.integers(1, batch + 1))
+        width = int(rng.choice([8, 16]))
+        positions = width - 1
+        low = int(rng.choice([1, 4]))
+        scoring = random_scoring(rng, rows, positions, low=low)
+        if trial % 2:  # the shape's tables stay, a new scoring reuses the graph
+            scoring = SlotScoring(
+                **{**scoring.__dict__, **{k: np.zeros((2, 3)) for k in ("alpha", "beta", "scale")}}
+                | {"edges": np.array([0.0, 2.0]), "tasks": rng.integers(0, 2, rows)}
+            )
+        drafted = [int(d) for d in rng.integers(0, positions + 1, rows)]
+        confidence = torch.from_numpy(rng.uniform(0, 1, (rows, max([*drafted, 1]))))
+        num_tokens = rows + int(rng.integers(0, rows * positions + 1))
+        verified, index = graphs.run(scoring, drafted, confidence, batch, width, num_tokens)
+        caps = np.minimum(scoring.capacities, drafted)
+        clamped = SlotScoring(**{**scoring.__dict__, "capacities": caps})
+        padded = np.full((rows, positions), 0.5)
+        padded[:, : confidence.shape[1]] = confidence.numpy()[:, :positions]
+        expected = allocate(clamped, padded, num_tokens - rows)
+        assert verified.tolist() == expected.tolist(), trial
+        lengths = (expected + 1).tolist()
+        assert torch.equal(index, ragged_index(lengths, batch, width, num_tokens))
+    assert len(graphs) < 150  # shapes are reused
+
+
+def test_device_allocated_steps_on_ragged_graphs_keep_greedy_output_exact(
+    agreeing_pair: Pair,
+) -> None:
+    """A runner with ragged graphs (the CPU's static calls: what a CUDA runner replays): the
+    device fills every slot of the step's token bucket (at least the host's budget, at most
+    what each row drafted) and packs the ragged index itself; the output is the target's."""
+    from tests.engines.embedded.test_ragged import graph_runner
+
+    prompts = [random_prompt(4300 + i, PROMPT_LEN) for i in range(6)]
+    expected = target_only_greedy(agreeing_pair[0], prompts, 16)
+    runner = graph_runner(agreeing_pair, "ragged", max_batch=4)
+    engine = Engine(runner, 4, 64)
+    planner = RandomDeviceScoring(3)
+    engine.planner = planner
+    requests = [
+        Request(f"g{i}", p, SamplingParams(max_new_tokens=16), lambda view: 0, {})
+        for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert len(runner._allocation_graphs) > 0  # the ragged-graph path ran
+    beyond = 0  # steps that verified more than the host's budget: the bucket's free slots
+    for scoring, (_, _, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
+        assert all(
+            0 <= k <= d and (k == 0 or k >= min(3, d)) for k, d in zip(ks, drafted, strict=True)
+        )
+        beyond += sum(ks) > scoring.budget
+    assert beyond > 0
