@@ -157,6 +157,10 @@ class _Captured:
     index: torch.Tensor  # [2, num_tokens] int64
     graph: torch.cuda.CUDAGraph | None  # None: run eagerly (not a CUDA device)
     compute: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    # Host staging of ``ints`` and ``floats`` (pinned on a CUDA device: the copies then wait
+    # for nothing; reused every step, as each step ends with a sync).
+    host_ints: torch.Tensor
+    host_floats: torch.Tensor
 
 
 class AllocationGraphs:
@@ -203,16 +207,21 @@ class AllocationGraphs:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = self._capture(scoring, batch, width, num_tokens, key)
-        ints = np.zeros(2 * batch + 1, dtype=np.int64)
+        ints = shape.host_ints.numpy()
+        ints[:] = 0
         ints[:rows] = np.minimum(scoring.capacities, np.asarray(drafted, dtype=np.int64))
         ints[batch : batch + rows] = scoring.tasks
         ints[-1] = rows
-        base = np.zeros((batch, positions))
+        floats = shape.host_floats.numpy()
+        at = batch * positions
+        base = floats[:at].reshape(batch, positions)
         base[:rows] = scoring.base
-        tables = (scoring.edges, scoring.alpha.ravel(), scoring.beta.ravel(), scoring.scale.ravel())
-        floats = np.concatenate([base.ravel(), *tables])
-        shape.ints.copy_(self._host(torch.from_numpy(ints)), non_blocking=True)
-        shape.floats.copy_(self._host(torch.from_numpy(floats)), non_blocking=True)
+        base[rows:] = 0.0
+        for table in (scoring.edges, scoring.alpha, scoring.beta, scoring.scale):
+            floats[at : at + table.size] = table.ravel()
+            at += table.size
+        shape.ints.copy_(shape.host_ints, non_blocking=True)
+        shape.floats.copy_(shape.host_floats, non_blocking=True)
         used = min(positions, confidence.shape[1])
         shape.confidence[:rows, :used].copy_(confidence[:, :used])
         if shape.graph is None:
@@ -223,7 +232,7 @@ class AllocationGraphs:
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Pinned on a CUDA device (a non-blocking copy then does not wait for the stream)."""
-        return tensor.pin_memory() if self.device.type == "cuda" else tensor
+        return tensor.pin_memory() if self.device.type == "cuda" else tensor.clone()
 
     def _capture(
         self, scoring: SlotScoring, batch: int, width: int, num_tokens: int, key: object = None
@@ -257,9 +266,13 @@ class AllocationGraphs:
             lengths = torch.where(row_index < rows, verified + 1, 0)
             return verified, ragged_index(lengths, batch, width, num_tokens)
 
+        host_ints = self._host(torch.zeros_like(ints, device="cpu"))
+        host_floats = self._host(torch.zeros_like(floats, device="cpu"))
         if device.type != "cuda":
             verified, index = compute()
-            return _Captured(ints, floats, confidence, verified, index, None, compute)
+            return _Captured(
+                ints, floats, confidence, verified, index, None, compute, host_ints, host_floats
+            )
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -272,5 +285,9 @@ class AllocationGraphs:
         except Exception:  # the same ops, launched one by one: slower, never wrong
             logger.exception("could not capture the device allocation %s; running it eagerly", key)
             verified, index = compute()
-            return _Captured(ints, floats, confidence, verified, index, None, compute)
-        return _Captured(ints, floats, confidence, verified, index, graph, compute)
+            return _Captured(
+                ints, floats, confidence, verified, index, None, compute, host_ints, host_floats
+            )
+        return _Captured(
+            ints, floats, confidence, verified, index, graph, compute, host_ints, host_floats
+        )
