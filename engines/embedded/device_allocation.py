@@ -223,7 +223,8 @@ class AllocationGraphs:
         shape.ints.copy_(shape.host_ints, non_blocking=True)
         shape.floats.copy_(shape.host_floats, non_blocking=True)
         used = min(positions, confidence.shape[1])
-        shape.confidence[:rows, :used].copy_(confidence[:, :used])
+        # (a pinned host tensor, synthetic mode's draws, goes up without waiting)
+        shape.confidence[:rows, :used].copy_(confidence[:, :used], non_blocking=True)
         if shape.graph is None:
             verified, index = shape.compute()
             return verified[:rows], index

@@ -256,8 +256,10 @@ class ModelRunner:
         self.prefill_lengths = [*range(PREFILL_BUCKET, max_seq_len, PREFILL_BUCKET), max_seq_len]
         self._prefill_graphs: dict[int, StaticCall] = {}
         self._ragged_graphs: dict[tuple[int, int, int], StaticCall] = {}
-        # Device-allocated steps: their allocation and index, one graph per shape (lazily).
+        # Device-allocated steps: their allocation and index, one graph per shape (lazily),
+        # and synthetic mode's drawn confidence on its way there (``_staged``).
         self._allocation_graphs = AllocationGraphs(device)
+        self._confidence_staging: torch.Tensor | None = None
         # Per captured verify graph, its measured step (``keep_faster_ragged``), and the
         # ragged buckets that were slower than their padded graph (dropped).
         self.graph_ms: dict[str, dict[str, float]] = {"padded": {}, "ragged": {}}
@@ -709,7 +711,7 @@ class ModelRunner:
             if self.synthetic is not None:
                 draws = self._draws(rows, measured)
                 assert draws.confidence is not None, "checked above"
-                score_on = self._to_device(torch.from_numpy(draws.confidence))
+                score_on = self._staged(draws.confidence)
             ids = torch.cat([last[:, None], drafts], dim=1)
             if width > ids.shape[1]:
                 ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
@@ -788,7 +790,22 @@ class ModelRunner:
         a copy from pageable memory waits for the work queued before it)."""
         if self.device.type != "cuda":
             return tensor.to(self.device)
-        return tensor.pin_memory().to(self.device, non_blocking=True)
+        if not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _staged(self, values: np.ndarray) -> torch.Tensor:
+        """Synthetic mode's drawn confidence [rows, K] in a reused host buffer (pinned on a
+        CUDA device), for the device allocation to copy without a sync."""
+        rows, positions = values.shape
+        staging = self._confidence_staging
+        if staging is None or staging.shape[0] < rows or staging.shape[1] != positions:
+            staging = torch.zeros(max(rows, self.batch_sizes[-1]), positions, dtype=torch.float64)
+            if self.device.type == "cuda":
+                staging = staging.pin_memory()
+            self._confidence_staging = staging
+        staging.numpy()[:rows] = values
+        return staging[:rows]
 
     def _verify_allocated(
         self,
@@ -817,6 +834,8 @@ class ModelRunner:
                 graph = self._ragged_graphs[batch, width, num_tokens]
                 return graph(ids, positions, index)[:rows], verified
         scored = DeviceScoring.upload(plan, drafted, self.device, self._to_device)
+        if confidence.device != self.device:  # synthetic mode's staged draws
+            confidence = self._to_device(confidence)
         if self.use_cuda_graphs and not eager:
             verified = scored.allocate(confidence, rows * (width - 1))
             return self._run("verify", ids, positions), verified

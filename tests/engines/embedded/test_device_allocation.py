@@ -364,3 +364,50 @@ def test_device_allocated_steps_on_ragged_graphs_keep_greedy_output_exact(
         )
         beyond += sum(ks) > scoring.budget
     assert beyond > 0
+
+
+def test_synthetic_draws_reach_the_allocation_graphs_through_the_staging_buffer(
+    tiny_pair: Pair,
+) -> None:
+    """Synthetic mode on a runner with ragged graphs: the drawn confidence goes through the
+    runner's reused host buffer into the allocation graphs, and each step's k follow it (the
+    same draws as the eager reference, at the slots the step's token bucket pays for)."""
+    synthetic = load_profile_set(seed=6)
+    runner = load_runner(
+        tiny_pair[0],
+        tiny_pair[1],
+        torch.device("cpu"),
+        4,
+        256,
+        synthetic=synthetic,
+        use_cuda_graphs=True,
+        verify_mode="ragged",
+    )
+    engine = Engine(runner, 4, 256)
+    planner = RandomDeviceScoring(4)
+    engine.planner = planner
+    requests = [
+        Request(
+            f"s{i}",
+            random_prompt(80 + i),
+            SamplingParams(max_new_tokens=30),
+            lambda view: 0,
+            {"task": ("math", "code")[i % 2], "synthetic_key": f"skey-{i}"},
+        )
+        for i in range(4)
+    ]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert len(runner._allocation_graphs) > 0 and runner._confidence_staging is not None
+    for scoring, (_, confidence, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
+        drawn = np.array([c + [0.5] * (N - len(c)) for c in confidence])
+        clamped = SlotScoring(
+            **{**scoring.__dict__, "capacities": np.minimum(scoring.capacities, drafted)}
+        )
+        # the device filled a token bucket >= rows + budget: the reference at that many slots
+        slots = [s for s in range(len(ks) * N + 1) if allocate(clamped, drawn, s).tolist() == ks]
+        assert slots, (ks, scoring.budget)
+    for r in requests:
+        assert all(1 <= a <= k + 1 for a, k in zip(r.accept_lengths, r.spec_tokens, strict=True))
