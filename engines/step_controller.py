@@ -485,9 +485,11 @@ class StepController:
         controllers: Sequence[SpecController],
         confidence: Sequence[PositionValues],
         spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
     ) -> None:
         """After a device-allocated step: each row's fresh confidence (for its next budget),
-        and the allocator learns from the bins the device scored."""
+        and the allocator learns from the bins the device scored (the outcomes from the rows'
+        histories, at the next step's ``prepare_step``)."""
         started = time.perf_counter()
         try:
             for steps, values in zip(controllers, confidence, strict=True):

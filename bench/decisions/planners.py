@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
 
 from engines.embedded.events import RequestView, SpecController, StepReport
 from engines.embedded.synthetic import SyntheticAcceptance
@@ -165,25 +168,30 @@ class RowAllocationPlanner(RowPlanner):
 
 
 DeviceRule = Callable[[Sequence[StepRow], int], tuple[RaggedChoice, SlotScoring]]
+Observed = Callable[[SlotScoring, Sequence[PositionValues], Sequence[int], Sequence[int]], None]
 
 
 class DeviceRowAllocationPlanner(RowAllocationPlanner):
-    """``RowAllocationPlanner`` allocated on the device: ``scoring_rule`` (vLLM's
-    ``device_scoring``) prices the step from each row's confidence of its previous step;
-    ``rescored`` tells the rule what the device scored (the fresh confidence) once the step
-    has run. ``allocate`` (the host path) is what the engine falls back to if scoring fails."""
+    """``RowAllocationPlanner`` allocated on the device, as vLLM's adaptive verification runs:
+    ``scoring_rule`` (``device_scoring``) prices a step from each row's confidence of an
+    earlier step and hands the device its estimator; ``observed`` learns from each step that
+    ran. The scoring of the next step is made while this one runs (``prepare``, in the
+    engine's overlap: the rows' confidence then is one step older, as vLLM's budget reads
+    confidences copied to the host asynchronously), so between draft and verify the host only
+    copies tables and replays; a step whose rows are not among those it was made for (a new
+    request) is scored then. ``allocate`` (the host path) stays for engines that ask."""
 
-    def __init__(
-        self,
-        rule: RowRule,
-        scoring_rule: DeviceRule,
-        rescored: Callable[[Sequence[PositionValues]], None],
-    ) -> None:
+    def __init__(self, rule: RowRule, scoring_rule: DeviceRule, observed: Observed) -> None:
         super().__init__(rule)
         self._scoring_rule = scoring_rule
-        self._rescored = rescored
+        self._observed = observed
         # request id -> (its history list, its last step's confidence)
         self._confidence: dict[str, tuple[object, PositionValues]] = {}
+        # The next step's scoring, made while this one ran: (row id -> its row there, scoring).
+        self._ahead: tuple[dict[str, int], SlotScoring] | None = None
+        self._running: SlotScoring | None = None  # the scoring of the step on the device
+        self.scored_ahead = 0  # steps that used a scoring made ahead
+        self.scored_late = 0  # steps scored between draft and verify
 
     def _last_confidence(self, view: RequestView, history: object) -> PositionValues | None:
         """The request's confidence of its previous step, if it covers what the row may
@@ -192,6 +200,22 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         if last is None or last[0] is not history or len(last[1]) < view.max_spec_tokens:
             return None
         return last[1]
+
+    def _score(self, views: Sequence[RequestView]) -> SlotScoring:
+        rows = [self._row(view) for view in views]
+        rows = [
+            row._replace(draft_confidence=self._last_confidence(view, row.accept_lengths))
+            for view, row in zip(views, rows, strict=True)
+        ]
+        return self._scoring_rule(rows, len(views))[1]
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        started = time.perf_counter()
+        self._ahead = None
+        if views:
+            index = {view.request_id: i for i, view in enumerate(views)}
+            self._ahead = (index, self._score(views))
+        self.host_s += time.perf_counter() - started
 
     def allocates_on_device(self) -> bool:
         return True
@@ -203,14 +227,38 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         drafted: Sequence[int],
     ) -> SlotScoring:
         started = time.perf_counter()
-        rows = [self._row(view) for view in views]
-        rows = [
-            row._replace(draft_confidence=self._last_confidence(view, row.accept_lengths))
-            for view, row in zip(views, rows, strict=True)
-        ]
-        _, scoring = self._scoring_rule(rows, len(views))
+        scoring = self._from_ahead(views)
+        if scoring is None:
+            scoring = self._score(views)
+            self.scored_late += 1
+        else:
+            self.scored_ahead += 1
+        self._running = scoring
         self.host_s += time.perf_counter() - started
         return scoring
+
+    def _from_ahead(self, views: Sequence[RequestView]) -> SlotScoring | None:
+        """The scoring made while the previous step ran, for these rows: the same rows, or
+        some of them (a request finished: its rows dropped, the budget scaled by the rows
+        left); None if a row is new."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        index, scoring = ahead
+        at = [index.get(view.request_id) for view in views]
+        if any(i is None for i in at):
+            return None
+        if len(at) == len(index) and at == sorted(at):
+            return scoring
+        rows = np.array(at, dtype=np.int64)
+        budget = round(scoring.budget * len(rows) / len(index))
+        return replace(
+            scoring,
+            capacities=scoring.capacities[rows],
+            tasks=scoring.tasks[rows],
+            base=scoring.base[rows],
+            budget=budget,
+        )
 
     def scored_on_device(
         self,
@@ -218,13 +266,16 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         controllers: Sequence[SpecController],
         confidence: Sequence[PositionValues],
         spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
     ) -> None:
         started = time.perf_counter()
         if len(self._confidence) > 4096:  # finished requests': drop them all now and then
             self._confidence.clear()
         for view, values in zip(views, confidence, strict=True):
             self._confidence[view.request_id] = (view.accept_lengths, values)
-        self._rescored(confidence)
+        running, self._running = self._running, None
+        if running is not None:
+            self._observed(running, confidence, spec_tokens, accept_lengths)
         self.host_s += time.perf_counter() - started
 
 

@@ -131,7 +131,7 @@ def build(name: str, ctx: Context) -> Built:
         )
         av.prepare(ctx.max_batch_size)
         if name == "vllm-av-device":
-            planner = DeviceRowAllocationPlanner(av.decide_rows, av.device_scoring, av.rescored)
+            planner = DeviceRowAllocationPlanner(av.decide_rows, av.device_scoring, av.observed)
         else:
             planner = RowAllocationPlanner(av.decide_rows) if ragged else BaselinePlanner(av)
     elif name == "oracle":

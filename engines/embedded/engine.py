@@ -269,8 +269,9 @@ class Engine:
         views, controllers = self._planned_rows(rows)
         try:
             confidence = result.draft_confidence or [[] for _ in rows]
+            lengths = [len(tokens) for tokens in result.new_tokens]
             planner.scored_on_device(
-                views, controllers, confidence, result.spec_tokens or [0] * len(rows)
+                views, controllers, confidence, result.spec_tokens or [0] * len(rows), lengths
             )
         except Exception:
             logger.exception("step planner failed to take a device-allocated step's scores")

@@ -206,9 +206,11 @@ class DeviceSlotPlanner(SlotPlanner, Protocol):
         controllers: Sequence[SpecController],
         confidence: Sequence[PositionValues],
         spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
     ) -> None:
         """After such a step, before anything else of the planner: the draft confidence the
-        device scored (per row, every drafted position) and the k it gave each row."""
+        device scored (per row, every drafted position), the k it gave each row and each
+        row's accept length (bonus included)."""
         ...
 
 

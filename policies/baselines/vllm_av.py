@@ -25,7 +25,7 @@ granularity, ``TableRaggedCost`` of the same ``CostModel``.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -166,14 +166,20 @@ class VllmAdaptiveVerification:
     def device_scoring(
         self, rows: Sequence[StepRow], batch_size: int
     ) -> tuple[RaggedChoice, SlotScoring]:
-        """A ragged engine that allocates on the device (vLLM's own split): ``decide_rows`` on
-        the confidence the rows carry (each row's from its previous step) gives the step's
-        budget, and the scoring its logistic applies to the fresh confidence on the device
-        (rows without a confidence yet are priced by the EMA here, by the logistic there, as
-        vLLM always has draft logits). Call ``rescored`` with the fresh confidence after the
-        step, so the next step learns from what the device scored."""
-        choice = self.decide_rows(rows, batch_size)
+        """A ragged engine that allocates on the device (vLLM's own split): the budget from
+        the confidence the rows carry (each row's from an earlier step; rows without one are
+        priced by the EMA here, by the logistic on the device, as vLLM always has draft
+        logits), and the logistic as it stands, for the device to apply to the fresh
+        confidence. Learns nothing (pure in the policy's state): an engine may score a step
+        ahead, while the previous one runs, and drop what it does not use; ``observed``
+        learns from each step that ran."""
+        if not rows or batch_size < 1:
+            raise ValueError(f"{self.name}: a device scoring needs rows, got {len(rows)}")
         capacities = np.array([row_capacity(r, self._positions) for r in rows], dtype=np.int64)
+        survival = self._score(rows, capacities)
+        self._scored = None  # (``_score`` keeps it for the host path's learning)
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(scores, len(rows), self._budget_costs(batch_size, len(scores)))
         logistic = self.logistic
         scoring = SlotScoring(
             capacities=capacities,
@@ -184,29 +190,46 @@ class VllmAdaptiveVerification:
             beta=np.zeros((1, 1)),
             scale=np.ones((1, 1)),
             max_log_odds=self.settings.max_log_odds,
-            budget=sum(choice.spec_tokens),
+            budget=min(budget, len(scores)),
         )
-        return replace(choice, reason=f"{choice.reason} (device)"), scoring
+        reason = f"{self.name}: B={batch_size} budget={budget}/{len(scores)} (device)"
+        return RaggedChoice([], reason), scoring
 
-    def rescored(self, confidence: Sequence[PositionValues]) -> None:
-        """The step last decided ran on the device on ``confidence`` (per row, its drafted
-        positions): the features and predictions the next step learns from are those."""
-        scored = self._scored
-        if scored is None or len(confidence) != len(scored.seen):
-            return
+    def observed(
+        self,
+        scoring: SlotScoring,
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+    ) -> None:
+        """A device-allocated step ran with ``scoring``: per row the confidence the device
+        scored (its drafted positions), the k it verified and its accept length (bonus
+        included). The EMA and the logistic learn from it as ``_learn`` does from a host
+        step, the logistic's IRLS weights from the predictions the device made (the
+        scoring's own coefficients)."""
+        k = self._positions
+        ks = [max(0, min(int(n), k)) for n in spec_tokens]
+        hits = [max(0, min(int(a) - 1, n)) for a, n in zip(accept_lengths, ks, strict=True)]
+        self.ema.record_step(ks, hits)
         rows = [
-            StepRow(row_id, Task.CHAT, [], [], len(values), values)
-            for row_id, values in zip(scored.index, confidence, strict=True)
+            StepRow(i, Task.CHAT, [], [], len(values), values)
+            for i, values in enumerate(confidence)
         ]
         capacities = np.array([len(values) for values in confidence], dtype=np.int64)
         values, has = self._confidence(rows, capacities)
-        features = confidence_features(values, self.settings.max_log_odds)
-        self._scored = replace(
-            scored,
-            features=features,
-            predictions=self.logistic.predict(features),
-            has_confidence=has,
-        )
+        if has.any():
+            features = confidence_features(values, scoring.max_log_odds)
+            positions = min(k, scoring.base.shape[1])
+            z = scoring.alpha[0, 0] * features[:, :positions] + scoring.base[0, :positions]
+            predictions = np.full(features.shape, 0.5)
+            predictions[:, :positions] = 1.0 / (1.0 + np.exp(-z))
+            self.logistic.observe(
+                features[has],
+                predictions[has],
+                np.array(hits, dtype=np.int64)[has],
+                np.array(ks, dtype=np.int64)[has],
+            )
+        self.logistic.end_step()
 
     def _cost_by_k(self, batch_size: int) -> Floats:
         """[K + 1] step time per k at ``batch_size`` (the cost is fixed: memoised)."""

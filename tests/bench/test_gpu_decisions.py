@@ -576,11 +576,11 @@ def test_a_warm_planner_reads_each_runs_own_request_histories() -> None:
     planner = DeviceRowAllocationPlanner(
         lambda rows, b: None,  # type: ignore[arg-type,return-value]
         lambda rows, b: (None, rows),  # type: ignore[arg-type,return-value]
-        lambda confidence: None,
+        lambda scoring, confidence, ks, lengths: None,
     )
     first = view([3, 2], [7, 7])
     assert planner._row(first).accept_lengths is first.accept_lengths
-    planner.scored_on_device([first], [], [[0.9] * 15], [7])
+    planner.scored_on_device([first], [], [[0.9] * 15], [7], [8])
     second = view([1], [4])  # the next run's request of the same id
     row = planner._row(second)
     assert row.accept_lengths is second.accept_lengths and row.spec_tokens == [4]
@@ -588,3 +588,45 @@ def test_a_warm_planner_reads_each_runs_own_request_histories() -> None:
     assert handed[0].draft_confidence is None
     handed = planner.slot_scoring([first], [], [15])
     assert handed[0].draft_confidence == [0.9] * 15
+
+
+def test_vllm_av_on_the_device_scores_the_next_step_while_this_one_runs() -> None:
+    """``prepare`` (the engine's overlap) scores the next step on this step's rows; the next
+    step uses it when its rows are those (a finished request's row dropped, the budget scaled)
+    and scores afresh when a row is new; each step that ran is observed with its scoring."""
+    from bench.decisions.planners import DeviceRowAllocationPlanner
+    from engines.embedded.events import RequestView
+    from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
+
+    class Cost:
+        def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
+            return 1.0 + 0.02 * spec_tokens
+
+    av = VllmAdaptiveVerification(VllmAvSettings(15), Cost())
+    observed: list[tuple[Any, list[int]]] = []
+
+    def observe(scoring: Any, confidence: Any, ks: Any, lengths: Any) -> None:
+        observed.append((scoring, list(lengths)))
+        av.observed(scoring, confidence, ks, lengths)
+
+    planner = DeviceRowAllocationPlanner(av.decide_rows, av.device_scoring, observe)
+
+    def views(*ids: str) -> list[RequestView]:
+        return [RequestView(i, 0, [], 4, 1, {"task": "math"}, [], 15) for i in ids]
+
+    step = views("a", "b", "c", "d")
+    planner.prepare(step, [])
+    first = planner.slot_scoring(step, [], [15] * 4)
+    assert planner.scored_ahead == 1 and first.capacities.tolist() == [15] * 4
+    planner.scored_on_device(step, [], [[0.9] * 15] * 4, [6] * 4, [7] * 4)
+    assert observed[-1][0] is first
+    planner.prepare(step, [])
+    fewer = views("a", "c", "d")  # "b" finished
+    second = planner.slot_scoring(fewer, [], [15] * 3)
+    assert planner.scored_ahead == 2 and second.base.shape[0] == 3
+    planner.scored_on_device(fewer, [], [[0.9] * 15] * 3, [6] * 3, [7] * 3)
+    planner.prepare(fewer, [])
+    joined = views("a", "c", "d", "e")  # "e" is new
+    third = planner.slot_scoring(joined, [], [15] * 4)
+    assert planner.scored_late == 1 and third.base.shape[0] == 4
+    assert len(observed) == 2

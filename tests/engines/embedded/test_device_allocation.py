@@ -163,7 +163,9 @@ class RandomDeviceScoring:
         controllers: Sequence[SpecController],
         confidence: Sequence[PositionValues],
         spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
     ) -> None:
+        assert all(1 <= a <= k + 1 for a, k in zip(accept_lengths, spec_tokens, strict=True))
         ids = [v.request_id for v in views]
         self.told.append((ids, [list(c) for c in confidence], list(spec_tokens), self._drafted))
 

@@ -202,23 +202,32 @@ def test_confidence_may_arrive_as_numpy_arrays() -> None:
     assert _policy().decide_step(rows, 2).spec_tokens == 7  # as with lists (first test)
 
 
-def test_the_device_scoring_is_the_logistic_and_rescoring_relabels_what_it_learns() -> None:
-    """vLLM's split: the budget from the confidence the rows carry (decide_rows' total), the
-    scoring the logistic applies to the fresh confidence; ``rescored`` puts the fresh
-    features in what the next step learns from."""
+def test_the_device_scoring_is_the_logistic_and_observed_steps_teach_it() -> None:
+    """vLLM's split: the budget from the confidence the rows carry, the scoring the logistic
+    applies to the fresh confidence; scoring learns nothing (an engine may score ahead and
+    drop it), ``observed`` learns from each step that ran, with the scoring's own
+    predictions."""
     from policies.baselines.logistic_acceptance import confidence_features
     from policies.slot_scoring import survival
 
-    policy = _policy()
+    policy = _policy(refit_interval_steps=5)
     policy.logistic.slope = 0.8
     policy.logistic.intercepts = np.linspace(0.3, -0.5, 15)
     rows = _rows({"a": 0.9, "b": 0.3, "c": None})
     choice, scoring = policy.device_scoring(rows, 3)
-    assert scoring.budget == sum(choice.spec_tokens) and choice.reason.endswith("(device)")
+    assert choice.reason.endswith("(device)") and 0 < scoring.budget <= 45
     fresh = np.random.default_rng(5).uniform(0, 1, (3, 15))
     expected = np.cumprod(policy.logistic.predict(confidence_features(fresh, 40.0)), axis=1)
     assert np.allclose(survival(scoring, fresh), expected, rtol=1e-12)
-    assert policy._scored is not None and not policy._scored.has_confidence[2]
-    policy.rescored(list(fresh))
-    assert policy._scored.has_confidence.all()
-    assert np.allclose(policy._scored.features, confidence_features(fresh, 40.0))
+    assert policy._scored is None  # nothing kept for the host path's learning
+    again = policy.device_scoring(rows, 3)[1]
+    assert np.array_equal(again.base, scoring.base) and again.budget == scoring.budget
+    ema = policy.ema.survival.copy()
+    # confident slots always accepted, doubtful ones rejected at once
+    confidence = [[0.99] * 15, [0.02] * 15, [0.99] * 15]
+    for _ in range(10):
+        policy.observed(scoring, confidence, [8, 8, 8], [9, 1, 9])
+    assert policy.logistic.slope > 0.8  # the refits (every 5 steps) steepen the slope
+    assert policy.ema.survival[0] < ema[0]  # one row in three rejects its first draft
+    with pytest.raises(ValueError, match="needs rows"):
+        policy.device_scoring([], 1)
