@@ -53,7 +53,7 @@ from policies.model import PolicySpec
 from policies.observation import step_observation
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
-from policies.slot_scoring import SlotScoring
+from policies.slot_scoring import SlotScoring, scoring_for
 from policies.step_mode import BucketView, ModeSettings, StepModeChooser
 from policies.types import TASK_INDEX, Policy, PositionValues, StepRow, Task, max_spec_tokens
 
@@ -220,6 +220,12 @@ class StepController:
         self._allocation: tuple[int, tuple[int, ...], PreparedStep] | None = None
         self._allocator: tuple[int, SlotAllocator] | None = None
         self._on_device = False  # the two-phase step just planned allocates on the device
+        # Device allocation: the next step's scoring made while this one runs (policy
+        # version, row id -> its row, scoring), and the scoring of the step on the device.
+        self._ahead: tuple[int, dict[str, int], SlotScoring] | None = None
+        self._running: SlotScoring | None = None
+        self.scored_ahead = 0  # device-allocated steps scored while the previous step ran
+        self.scored_late = 0  # ... and scored between their draft and verify
         # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
         self._modes: StepModeChooser | None = None
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
@@ -448,36 +454,54 @@ class StepController:
     ) -> SlotScoring | None:
         """The engine's ``DeviceSlotPlanner`` (asked while the device drafts): for a two-phase
         step of a policy with ``slot_allocation: device`` whose rows the policy all decides
-        together, the allocator's scoring for the device and its budget from each row's
-        confidence of its last device-allocated step (one step stale; none yet: the prior and
-        history alone). None: the policy raised (the rows verify what they drafted)."""
+        together, the allocator's scoring for the device, its budget from each row's
+        confidence of an earlier step (none yet: the prior and history alone). Made while the
+        previous step ran when that step's rows were these or more (``prepare``), else now.
+        None: the policy raised (the rows verify what they drafted)."""
         started = time.perf_counter()
         try:
             slots = self._slots
+            ahead, self._ahead = self._ahead, None
             if slots is None:
                 return None
             newest, _ = slots
-            shared, rows = self._allocation_rows(views, controllers)
-            if len(shared) != len(views):  # (``allocates_on_device`` said no)
+            if ahead is not None and ahead[0] == newest.version:
+                scoring = scoring_for(ahead[2], ahead[1], [v.request_id for v in views])
+                if scoring is not None:
+                    self.scored_ahead += 1
+                    self._running = scoring
+                    return scoring
+            made = self._device_scoring(newest, views, controllers)
+            if made is None:
                 return None
-            allocator = self._slot_allocator(newest)
-            scoring: list[SlotScoring] = []
-
-            def decide() -> int:
-                step = allocator.prepare_step(rows, len(views), self._rates(newest))
-                last = [getattr(c, "last_confidence", None) for c in controllers]
-                choice = allocator.finish_step(step, last)
-                scoring.append(allocator.slot_scoring(step, sum(choice.spec_tokens)))
-                self._batch_decision = None
-                self._request_reason = f"{choice.reason} (device)"
-                return 1
-
-            if not self.guarded(decide):
-                return None
-            self._allocation = None
-            return scoring[0]
+            self.scored_late += 1
+            self._running = made
+            return made
         finally:
             self.host_s += time.perf_counter() - started
+
+    def _device_scoring(
+        self,
+        active: ActivePolicy,
+        views: Sequence[RequestView],
+        controllers: Sequence[SpecController],
+    ) -> SlotScoring | None:
+        """The allocator's device scoring of these rows (all decided together, else None)."""
+        shared, rows = self._allocation_rows(views, controllers)
+        if not rows or len(shared) != len(views):
+            return None
+        allocator = self._slot_allocator(active)
+        made: list[SlotScoring] = []
+
+        def decide() -> int:
+            last = [getattr(c, "last_confidence", None) for c in controllers]
+            choice, scoring = allocator.device_scoring(rows, len(views), self._rates(active), last)
+            made.append(scoring)
+            self._batch_decision = None
+            self._request_reason = choice.reason
+            return 1
+
+        return made[0] if self.guarded(decide) else None
 
     def scored_on_device(
         self,
@@ -488,16 +512,17 @@ class StepController:
         accept_lengths: Sequence[int],
     ) -> None:
         """After a device-allocated step: each row's fresh confidence (for its next budget),
-        and the allocator learns from the bins the device scored (the outcomes from the rows'
-        histories, at the next step's ``prepare_step``)."""
+        and the allocator learns from the step (``SlotAllocator.observed``)."""
         started = time.perf_counter()
         try:
             for steps, values in zip(controllers, confidence, strict=True):
                 if isinstance(steps, RequestSteps):
                     steps.last_confidence = values
+            running, self._running = self._running, None
             slots = self._slots
-            if slots is not None:
-                self._slot_allocator(slots[0]).rescored(confidence)
+            if running is not None and slots is not None:
+                allocator = self._slot_allocator(slots[0])
+                allocator.observed(running, confidence, spec_tokens, accept_lengths)
         finally:
             self.host_s += time.perf_counter() - started
 
@@ -606,7 +631,18 @@ class StepController:
         when most of the next step's rows were among these (else it decides afresh)."""
         started = time.perf_counter()
         self._prepared = None
+        self._ahead = None
         shared, newest = self._split(views, controllers, None)
+        if (
+            newest is not None
+            and newest.spec.goodput.slot_allocation == "device"
+            and len(shared) == len(views)
+            and self._two_phase(newest, len(shared), decide=False)
+        ):  # the next step is two-phase on the device: score it now (``slot_scoring``)
+            scoring = self._device_scoring(newest, views, controllers)
+            if scoring is not None:
+                index = {view.request_id: i for i, view in enumerate(views)}
+                self._ahead = (newest.version, index, scoring)
         if newest is not None and not self._two_phase(newest, len(shared), decide=False):
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held

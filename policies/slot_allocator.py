@@ -260,6 +260,55 @@ class SlotAllocator:
             min_spec_tokens=self.settings.min_spec_tokens,
         )
 
+    def device_scoring(
+        self,
+        rows: Sequence[StepRow],
+        batch_size: int,
+        rates: Rates,
+        confidence: Sequence[PositionValues | None],
+    ) -> tuple[RaggedChoice, SlotScoring]:
+        """A step allocated on the device, scored ahead: the budget is ``finish_step``'s total
+        on ``confidence`` (each row's from an earlier step; None: the prior and history
+        alone), the scoring the allocator's survival for the device to apply to the fresh
+        confidence. Learns nothing (an engine may score a step while the previous one runs
+        and drop what it does not use); ``observed`` learns from each step that ran."""
+        tasks, base_logit = self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS)
+        prepared = PreparedStep(
+            rows,
+            batch_size,
+            self._capacities(rows),
+            tasks,
+            base_logit,
+            _rows_seen(rows),
+            self.calibration(),
+        )
+        kept = self._scored
+        choice = self.finish_step(prepared, confidence)
+        self._scored = kept  # (``finish_step`` remembers for the host path's learning)
+        scoring = self.slot_scoring(prepared, sum(choice.spec_tokens))
+        return replace(choice, reason=f"{choice.reason} (device)"), scoring
+
+    def observed(
+        self,
+        scoring: SlotScoring,
+        confidence: Sequence[PositionValues | None],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+    ) -> None:
+        """A device-allocated step ran with ``scoring``: per row the confidence the device
+        scored (its drafted positions), the k it verified and its accept length (bonus
+        included). The calibration learns from it as ``_learn`` does from a host step: each
+        verified slot up to the first rejection labelled, binned by the confidence the device
+        read, against the uncalibrated prediction it was scored with; one step's decay."""
+        self._decay()
+        rows = len(spec_tokens)
+        if rows == 0 or rows != scoring.base.shape[0]:
+            return
+        ran = np.minimum(np.asarray(spec_tokens, dtype=np.int64), self._k)
+        accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64) - 1, 0, ran)
+        bins = self._bins(self._confidence_values(confidence))[1]
+        self._fold(scoring.tasks, bins, scoring.base, ran, accepted)
+
     def rescored(self, confidence: Sequence[PositionValues | None]) -> None:
         """The step last finished ran on the device, scored on ``confidence`` (per row, its
         drafted positions), not on what ``finish_step`` was given: learn from those bins."""
@@ -403,27 +452,34 @@ class SlotAllocator:
 
     def _learn(self, rows: Sequence[StepRow]) -> None:
         scored = self._scored
-        decay = self.settings.decay
-        self._labels *= decay
-        self._hits *= decay
-        self._predicted *= decay
+        self._decay()
         if scored is None:
             return
         outcomes = scored_outcomes(rows, scored.index, scored.seen, self._k)
         if not outcomes:
             return
         where, ran, accepted = (np.array(x, dtype=np.int64) for x in zip(*outcomes, strict=True))
+        self._fold(scored.tasks[where], scored.bins[where], scored.base_logit[where], ran, accepted)
+
+    def _decay(self) -> None:
+        decay = self.settings.decay
+        self._labels *= decay
+        self._hits *= decay
+        self._predicted *= decay
+
+    def _fold(self, tasks: Ints, bins: Ints, base_logit: Floats, ran: Ints, accepted: Ints) -> None:
+        """One step's outcomes into the calibration: per row its task, its slots' confidence
+        bins and base log-odds [rows, K], the k it ran and the drafts it accepted."""
         positions = np.arange(self._k)[None, :]
         labelled = positions < np.minimum(accepted + 1, ran)[:, None]
-        bins = scored.bins[where]
         use = labelled & (bins >= 0)
         if not use.any():
             return
         shape = self._labels.shape
-        flat = (scored.tasks[where][:, None] * shape[1] + np.maximum(bins, 0))[use]
+        flat = (tasks[:, None] * shape[1] + np.maximum(bins, 0))[use]
         size = shape[0] * shape[1]
         label = (positions < accepted[:, None])[use].astype(np.float64)
         self._labels += np.bincount(flat, minlength=size).reshape(shape)
         self._hits += np.bincount(flat, weights=label, minlength=size).reshape(shape)
-        base = sigmoid(scored.base_logit[where][use])
+        base = sigmoid(base_logit[:, : self._k][use])
         self._predicted += np.bincount(flat, weights=base, minlength=size).reshape(shape)

@@ -26,7 +26,8 @@ and the device then fills every slot it pays for, best survival first (``allocat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -133,3 +134,25 @@ def allocate(scoring: SlotScoring, confidence: Floats, slots: int) -> Ints:
     removed[flat.size - 1 - order] = True
     trimmed: Ints = bounded - removed.reshape(s.shape).sum(axis=1)
     return trimmed
+
+
+def scoring_for(
+    scoring: SlotScoring, made_for: Mapping[str, int], rows: Sequence[str]
+) -> SlotScoring | None:
+    """A scoring made ahead (while the previous step ran) for the rows ``made_for`` (row id ->
+    its row there), for a step of ``rows``: itself for the same rows in the same order; for
+    some of them (a request finished) their rows, the budget scaled by the share of rows
+    left; None if a row is new (it has no scoring)."""
+    at = [made_for.get(row) for row in rows]
+    if any(i is None for i in at):
+        return None
+    if len(at) == len(made_for) and at == list(range(len(at))):
+        return scoring
+    index = np.array(at, dtype=np.int64)
+    return replace(
+        scoring,
+        capacities=scoring.capacities[index],
+        tasks=scoring.tasks[index],
+        base=scoring.base[index],
+        budget=round(scoring.budget * len(index) / max(1, len(made_for))),
+    )

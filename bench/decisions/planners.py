@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-
-import numpy as np
 
 from engines.embedded.events import RequestView, SpecController, StepReport
 from engines.embedded.synthetic import SyntheticAcceptance
 from policies.baselines.base import StepPolicy
 from policies.baselines.oracle import ClairvoyantOracle
 from policies.slot_allocator import RaggedChoice
-from policies.slot_scoring import SlotScoring
+from policies.slot_scoring import SlotScoring, scoring_for
 from policies.types import PositionValues, StepCost, StepRow, Task
 
 RowRule = Callable[[Sequence[StepRow], int], RaggedChoice]  # rows, batch size -> k per row
@@ -238,27 +235,10 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         return scoring
 
     def _from_ahead(self, views: Sequence[RequestView]) -> SlotScoring | None:
-        """The scoring made while the previous step ran, for these rows: the same rows, or
-        some of them (a request finished: its rows dropped, the budget scaled by the rows
-        left); None if a row is new."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        index, scoring = ahead
-        at = [index.get(view.request_id) for view in views]
-        if any(i is None for i in at):
-            return None
-        if len(at) == len(index) and at == sorted(at):
-            return scoring
-        rows = np.array(at, dtype=np.int64)
-        budget = round(scoring.budget * len(rows) / len(index))
-        return replace(
-            scoring,
-            capacities=scoring.capacities[rows],
-            tasks=scoring.tasks[rows],
-            base=scoring.base[rows],
-            budget=budget,
-        )
+        return scoring_for(ahead[1], ahead[0], [view.request_id for view in views])
 
     def scored_on_device(
         self,

@@ -10,7 +10,7 @@ import pytest
 
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
 from policies.slot_allocator import AllocatorSettings, SlotAllocator
-from policies.types import StepRow, Task
+from policies.types import TASK_INDEX, StepRow, Task
 
 K = 15
 
@@ -205,3 +205,33 @@ def test_the_device_scoring_is_the_allocators_own_survival() -> None:
     assert alloc._scored is not None and (alloc._scored.bins == -1).all()
     alloc.rescored(list(confidence))  # ... but the device scored this one
     assert (alloc._scored.bins >= 0).all()
+
+
+def test_device_scoring_learns_nothing_and_observed_steps_teach_the_calibration() -> None:
+    from policies.slot_scoring import scoring_for
+
+    alloc = allocator()
+    rates = rates_of({Task.MATH: 0.8, Task.CHAT: 0.5})
+    rows = [row("m", Task.MATH), row("c", Task.CHAT), row("x", Task.MATH)]
+    before = [a.copy() for a in alloc.calibration()]
+    choice, scoring = alloc.device_scoring(rows, 3, rates, [None, [0.9] * K, None])
+    assert choice.reason.endswith("(device)") and scoring.budget > 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, alloc.calibration(), strict=True))
+    again = alloc.device_scoring(rows, 3, rates, [None, [0.9] * K, None])[1]
+    assert again.budget == scoring.budget and np.array_equal(again.base, scoring.base)
+    # confident slots (0.97) always accepted, doubtful ones (0.1) never
+    confidence = [[0.97] * K, [0.1] * K, [0.97] * K]
+    for _ in range(60):
+        alloc.observed(scoring, confidence, [6, 6, 6], [7, 1, 7])
+    learnt, weight = alloc.calibration()
+    bins = alloc._bins(np.array(confidence))[1]
+    math, chat = TASK_INDEX[Task.MATH], TASK_INDEX[Task.CHAT]
+    assert learnt[math, bins[0, 0]] > 0 and weight[math, bins[0, 0]] > 0.5
+    assert learnt[chat, bins[1, 0]] < 0
+    # a scoring made ahead serves the same rows, fewer rows, not a new one
+    made_for = {"m": 0, "c": 1, "x": 2}
+    assert scoring_for(scoring, made_for, ["m", "c", "x"]) is scoring
+    fewer = scoring_for(scoring, made_for, ["x", "m"])
+    assert fewer is not None and np.array_equal(fewer.base, scoring.base[[2, 0]])
+    assert fewer.budget == round(scoring.budget * 2 / 3)
+    assert scoring_for(scoring, made_for, ["m", "new"]) is None

@@ -145,16 +145,17 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``slot_allocation: device``: every two-phase step is scored on the device (the host
-    never allocates), each row's next budget is priced on its last step's confidence, and the
-    allocator learns from the bins the device scored."""
-    rescored: list[int] = []
-    original = SlotAllocator.rescored
+    never allocates), most of them while the previous step ran, each row's next budget is
+    priced on an earlier step's confidence, and the allocator learns from every step that ran
+    (``observed``)."""
+    observed: list[int] = []
+    original = SlotAllocator.observed
 
-    def counted(self: SlotAllocator, confidence: Any) -> None:
-        rescored.append(len(confidence))
-        original(self, confidence)
+    def counted(self: SlotAllocator, scoring: Any, confidence: Any, *outcome: Any) -> None:
+        observed.append(len(confidence))
+        original(self, scoring, confidence, *outcome)
 
-    monkeypatch.setattr(SlotAllocator, "rescored", counted)
+    monkeypatch.setattr(SlotAllocator, "observed", counted)
     goodput = GoodputSpec(
         step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
     )
@@ -201,7 +202,10 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
         engine.step()
     assert [r.output_ids for r in requests] == expected
     assert controller.last_reason.startswith("allocator:") and "(device)" in controller.last_reason
-    assert len(rescored) > 5
+    assert len(observed) == controller.scored_ahead + controller.scored_late > 5
+    assert controller.scored_ahead > controller.scored_late  # rows stay: scored ahead
+    allocator = controller._allocator
+    assert allocator is not None and allocator[1]._labels.sum() > 0  # it learnt
     assert all(s.last_confidence is not None for s in starts)  # each priced its next budget
     for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
         emitted = 1  # the prefill's token
