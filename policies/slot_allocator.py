@@ -309,14 +309,6 @@ class SlotAllocator:
         bins = self._bins(self._confidence_values(confidence))[1]
         self._fold(scoring.tasks, bins, scoring.base, ran, accepted)
 
-    def rescored(self, confidence: Sequence[PositionValues | None]) -> None:
-        """The step last finished ran on the device, scored on ``confidence`` (per row, its
-        drafted positions), not on what ``finish_step`` was given: learn from those bins."""
-        scored = self._scored
-        if scored is None or len(confidence) != len(scored.seen):
-            return
-        self._scored = replace(scored, bins=self._bins(self._confidence_values(confidence))[1])
-
     def _bins(self, confidence: Floats) -> tuple[Floats, Ints]:
         """Log-odds of the confidence [rows, K] (clipped; NaN read as 0.5) and its bins
         (-1 where NaN)."""

@@ -171,7 +171,7 @@ def test_a_step_prepared_before_the_confidence_decides_what_decide_rows_does() -
 
 def test_the_device_scoring_is_the_allocators_own_survival() -> None:
     """``slot_scoring`` hands the device the allocator's survival for rows whose every slot has
-    a confidence, learnt calibration included; ``rescored`` relabels the bins it learns from."""
+    a confidence, learnt calibration included."""
     from policies.slot_scoring import survival
 
     alloc = allocator()
@@ -201,10 +201,6 @@ def test_the_device_scoring_is_the_allocators_own_survival() -> None:
     scoring = alloc.slot_scoring(prepared, budget=20)
     assert np.allclose(survival(scoring, confidence), expected, rtol=1e-9, atol=1e-12)
     assert scoring.budget == 20 and scoring.min_spec_tokens == 4
-    alloc.finish_step(prepared, [None] * 6)  # priced without confidence (no bins) ...
-    assert alloc._scored is not None and (alloc._scored.bins == -1).all()
-    alloc.rescored(list(confidence))  # ... but the device scored this one
-    assert (alloc._scored.bins >= 0).all()
 
 
 def test_device_scoring_learns_nothing_and_observed_steps_teach_the_calibration() -> None:
