@@ -93,6 +93,14 @@ class Metrics:
             ["backend", "rows"],
             registry=r,
         )
+        self.device_scorings = Gauge(
+            "draftctl_device_scored_steps",
+            "Embedded engine, goodput slot_allocation device: two-phase steps allocated on the "
+            "device, by when their scoring was made (ahead: while the previous step ran; late: "
+            "between their draft and verify, a new row joined)",
+            ["backend", "made"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
         self._accept: dict[tuple[str, str], Gauge] = {}
 
@@ -127,6 +135,11 @@ class Metrics:
             self.step_mode_pairs.labels(backend, label).set(view.pairs)
             if view.paired_ratio is not None:
                 self.step_mode_paired.labels(backend, label).set(view.paired_ratio)
+
+    def set_device_scorings(self, backend: str, ahead: int, late: int) -> None:
+        """``StepController.scored_ahead`` / ``scored_late`` of one embedded backend."""
+        self.device_scorings.labels(backend, "ahead").set(ahead)
+        self.device_scorings.labels(backend, "late").set(late)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -70,3 +70,20 @@ def test_a_choosers_buckets_carry_the_paired_ratio_it_decides_on() -> None:
     assert view.pairs >= 2 and view.paired_ratio == pytest.approx(0.9)
     assert view.one_phase_tok_s == pytest.approx(100.0)
     assert view.two_phase_tok_s == pytest.approx(90.0)
+
+
+def test_scrapes_export_when_device_allocated_steps_were_scored() -> None:
+    """``slot_allocation: device``: how many device-allocated steps were scored while the
+    previous step ran and how many between their draft and verify (a new row joined)."""
+    metrics = Metrics()
+    steps = SimpleNamespace(step_modes=lambda: [], scored_ahead=40, scored_late=3)
+    backend: Any = SimpleNamespace(
+        name="emb", steps=steps, num_inflight=lambda: 3, is_healthy=lambda: True
+    )
+    fleet: Any = SimpleNamespace(backends=[backend])
+    policy: Any = lambda: SimpleNamespace(version=2)  # noqa: E731
+    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
+    got = samples(metrics)
+    name = "draftctl_device_scored_steps"
+    assert got[(name, (("backend", "emb"), ("made", "ahead")))] == 40.0
+    assert got[(name, (("backend", "emb"), ("made", "late")))] == 3.0
