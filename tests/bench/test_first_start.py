@@ -65,3 +65,25 @@ def test_a_failed_start_is_recorded_and_the_rest_still_run(tmp_path: Path) -> No
     result = json.loads(out.read_text())
     assert result["runs"] == [] and len(result["failed"]) == 2
     assert all("--bogus" in error for error in result["errors"])
+
+
+def test_a_start_that_would_not_fit_in_the_budget_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--budget-s`` bounds when the call ends: a start is begun only if the longest so far
+    still fits in what is left (session 19 lost a start, and its call's last minutes, to a
+    bound on when a start began)."""
+    import time
+
+    import bench.first_start as first_start
+
+    def fake(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> dict[str, object]:
+        time.sleep(0.3)
+        return {"start_s": 0.3, "wall_s": 0.3, "graphs_compiled": 0}
+
+    monkeypatch.setattr(first_start, "start", fake)
+    out = tmp_path / "budget.json"
+    argv = ["--device", "cpu", "--tiny", "--no-compile", "--attention", "sdpa"]
+    assert main([*argv, "--repeats", "4", "--budget-s", "0.75", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 2 and len(result["skipped"]) == 2
