@@ -310,6 +310,7 @@ def _run(
     runner.verify_mode = context.verify_mode
     try:
         built = build(base, context) if warm is None else warm[0]
+        scored = _device_scored(built)
         tallies: list[PhaseTally] = run_policy(
             arm.engine, built, phases, jobs, context.goodput.verify_width_multiple
         )
@@ -317,13 +318,26 @@ def _run(
         runner.verify_mode = before
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
-    return {
+    run: dict[str, Any] = {
         "policy": name,
         "repeat": repeat,
         "tok_s": tokens / elapsed,
         "phases": {p.name: t.summary() for p, t in zip(phases, tallies, strict=True)},
         "decode_step_s_by_shape": _by_shape(tallies),
     }
+    if scored is not None:  # device-allocated steps of this run, by when they were scored
+        after = _device_scored(built)
+        assert after is not None
+        run["device_scored"] = {"ahead": after[0] - scored[0], "late": after[1] - scored[1]}
+    return run
+
+
+def _device_scored(built: Built) -> tuple[int, int] | None:
+    """A device-allocating planner's counts of steps scored ahead and late, else None."""
+    planner = getattr(built, "planner", None)
+    if planner is None or not hasattr(planner, "scored_ahead"):
+        return None
+    return int(planner.scored_ahead), int(planner.scored_late)
 
 
 def _by_shape(tallies: list[PhaseTally]) -> dict[str, list[float]]:

@@ -337,6 +337,8 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
         if name.endswith("-device"):  # allocated on the device: no wait for the confidence
             assert all(step[4] == 0 for step in steps), name
+            scored = runs[name]["device_scored"]  # mostly scored while the step before ran
+            assert scored["ahead"] > scored["late"] > 0, (name, scored)
     for name in ("static-k7", "oracle", "goodput@padded", "vllm-av@padded"):
         for phase in runs[name]["phases"].values():
             assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name
