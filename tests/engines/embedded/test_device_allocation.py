@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from engines.embedded.request import Request
 from engines.embedded.synthetic_profiles import load_profile_set
 from policies.slot_scoring import SlotScoring, allocate
 from policies.types import PositionValues
-from tests.engines.embedded.conftest import BLOCK_SIZE, make_engine, random_prompt
+from tests.engines.embedded.conftest import BLOCK_SIZE, make_engine, random_prompt, run_all
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
 
 N = BLOCK_SIZE - 1
@@ -176,6 +177,47 @@ class RandomDeviceScoring:
         return None
 
 
+def synthetic_run(
+    pair: Pair, seed: int, max_new_tokens: int, graphs: bool = False
+) -> tuple[Any, RandomDeviceScoring, list[Request]]:
+    """Four synthetic-acceptance requests (math and another task) under a random device
+    planner, on the eager runner or (``graphs``) one with ragged graphs (the CPU's static
+    calls)."""
+    synthetic = load_profile_set(seed=seed)
+    options: dict[str, Any] = {"use_cuda_graphs": True, "verify_mode": "ragged"} if graphs else {}
+    runner = load_runner(*pair, torch.device("cpu"), 4, 256, synthetic=synthetic, **options)
+    engine = Engine(runner, 4, 256)
+    planner = RandomDeviceScoring(seed)
+    engine.planner = planner
+    requests = [
+        Request(
+            f"s{i}",
+            random_prompt(60 + 20 * graphs + i),
+            SamplingParams(max_new_tokens=max_new_tokens),
+            lambda view: 0,
+            {"task": ("math", "code", "chat")[i % 3], "synthetic_key": f"key-{seed}-{i}"},
+        )
+        for i in range(4)
+    ]
+    run_all(engine, requests)
+    return runner, planner, requests
+
+
+def told_steps(
+    planner: RandomDeviceScoring,
+) -> list[tuple[SlotScoring, np.ndarray, list[int], int]]:
+    """Per device-allocated step: its scoring with capacities clamped to what each row drafted
+    (as the upload clamps them), the drawn confidence it scored, the k and the host's budget."""
+    out = []
+    for scoring, (_, confidence, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
+        drawn = np.array([c + [0.5] * (N - len(c)) for c in confidence])
+        caps = np.minimum(scoring.capacities, drafted)
+        out.append(
+            (SlotScoring(**{**scoring.__dict__, "capacities": caps}), drawn, ks, scoring.budget)
+        )
+    return out
+
+
 def test_device_allocated_steps_keep_greedy_output_exact(agreeing_pair: Pair) -> None:
     prompts = [random_prompt(4000 + i, PROMPT_LEN) for i in range(10)]
     expected = target_only_greedy(agreeing_pair[0], prompts, 20)
@@ -187,10 +229,7 @@ def test_device_allocated_steps_keep_greedy_output_exact(agreeing_pair: Pair) ->
         Request(f"r{i}", p, SamplingParams(max_new_tokens=20), lambda view: 0, {})
         for i, p in enumerate(prompts)
     ]
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        engine.step()
+    run_all(engine, requests)
     assert [r.output_ids for r in requests] == expected
     assert len(planner.told) == len(planner.scorings) > 5
     told: dict[str, list[int]] = {}
@@ -228,10 +267,7 @@ def test_a_sampling_step_allocated_on_the_device_reproduces_with_its_seed(
             )
             for i in range(4)
         ]
-        for request in requests:
-            engine.add(request)
-        while engine.has_work:
-            engine.step()
+        run_all(engine, requests)
         outputs.append([r.output_ids for r in requests])
     assert outputs[0] == outputs[1] and all(len(o) == 16 for o in outputs[0])
 
@@ -239,36 +275,10 @@ def test_a_sampling_step_allocated_on_the_device_reproduces_with_its_seed(
 def test_synthetic_steps_score_the_drawn_confidence_on_the_device(tiny_pair: Pair) -> None:
     """In synthetic-acceptance mode the device scores the drawn confidence (uploaded with the
     tables), and each row accepts min(k, its drawn run) of what it verified."""
-    synthetic = load_profile_set(seed=5)
-    runner = load_runner(
-        tiny_pair[0], tiny_pair[1], torch.device("cpu"), 8, 256, synthetic=synthetic
-    )
-    engine = Engine(runner, 8, 256)
-    planner = RandomDeviceScoring(2)
-    engine.planner = planner
-    requests = [
-        Request(
-            f"r{i}",
-            random_prompt(60 + i),
-            SamplingParams(max_new_tokens=40),
-            lambda view: 0,
-            {"task": ("math", "chat")[i % 2], "synthetic_key": f"key-{i}"},
-        )
-        for i in range(4)
-    ]
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        engine.step()
+    _, planner, requests = synthetic_run(tiny_pair, seed=5, max_new_tokens=40)
     assert len(planner.told) > 5
-    steps = 0
-    for scoring, (_, confidence, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
-        drawn = np.array([c + [0.5] * (N - len(c)) for c in confidence])
-        caps = np.minimum(scoring.capacities, drafted)  # as the upload clamps them
-        clamped = SlotScoring(**{**scoring.__dict__, "capacities": caps})
-        assert ks == allocate(clamped, drawn, scoring.budget).tolist()
-        steps += 1
-    assert steps == len(planner.told)
+    for clamped, drawn, ks, budget in told_steps(planner):
+        assert ks == allocate(clamped, drawn, budget).tolist()
     # each request's accept lengths are min(k, run) + 1 of the k it verified
     for r in requests:
         assert all(1 <= a <= k + 1 for a, k in zip(r.accept_lengths, r.spec_tokens, strict=True))
@@ -291,10 +301,7 @@ def test_a_planner_that_raises_while_scoring_costs_speed_not_tokens(agreeing_pai
         Request(f"b{i}", p, SamplingParams(max_new_tokens=12), lambda view: 0, {})
         for i, p in enumerate(prompts)
     ]
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        engine.step()
+    run_all(engine, requests)
     assert [r.output_ids for r in requests] == expected
     assert engine.planner.told == []
     assert requests[0].spec_tokens[0] == N  # every drafted slot verified
@@ -353,10 +360,7 @@ def test_device_allocated_steps_on_ragged_graphs_keep_greedy_output_exact(
         Request(f"g{i}", p, SamplingParams(max_new_tokens=16), lambda view: 0, {})
         for i, p in enumerate(prompts)
     ]
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        engine.step()
+    run_all(engine, requests)
     assert [r.output_ids for r in requests] == expected
     assert len(runner._allocation_graphs) > 0  # the ragged-graph path ran
     beyond = 0  # steps that verified more than the host's budget: the bucket's free slots
@@ -374,42 +378,11 @@ def test_synthetic_draws_reach_the_allocation_graphs_through_the_staging_buffer(
     """Synthetic mode on a runner with ragged graphs: the drawn confidence goes through the
     runner's reused host buffer into the allocation graphs, and each step's k follow it (the
     same draws as the eager reference, at the slots the step's token bucket pays for)."""
-    synthetic = load_profile_set(seed=6)
-    runner = load_runner(
-        tiny_pair[0],
-        tiny_pair[1],
-        torch.device("cpu"),
-        4,
-        256,
-        synthetic=synthetic,
-        use_cuda_graphs=True,
-        verify_mode="ragged",
-    )
-    engine = Engine(runner, 4, 256)
-    planner = RandomDeviceScoring(4)
-    engine.planner = planner
-    requests = [
-        Request(
-            f"s{i}",
-            random_prompt(80 + i),
-            SamplingParams(max_new_tokens=30),
-            lambda view: 0,
-            {"task": ("math", "code")[i % 2], "synthetic_key": f"skey-{i}"},
-        )
-        for i in range(4)
-    ]
-    for request in requests:
-        engine.add(request)
-    while engine.has_work:
-        engine.step()
+    runner, planner, requests = synthetic_run(tiny_pair, seed=6, max_new_tokens=30, graphs=True)
     assert len(runner._allocation_graphs) > 0 and runner._confidence_staging is not None
-    for scoring, (_, confidence, ks, drafted) in zip(planner.scorings, planner.told, strict=True):
-        drawn = np.array([c + [0.5] * (N - len(c)) for c in confidence])
-        clamped = SlotScoring(
-            **{**scoring.__dict__, "capacities": np.minimum(scoring.capacities, drafted)}
-        )
+    for clamped, drawn, ks, budget in told_steps(planner):
         # the device filled a token bucket >= rows + budget: the reference at that many slots
         slots = [s for s in range(len(ks) * N + 1) if allocate(clamped, drawn, s).tolist() == ks]
-        assert slots, (ks, scoring.budget)
+        assert slots, (ks, budget)
     for r in requests:
         assert all(1 <= a <= k + 1 for a, k in zip(r.accept_lengths, r.spec_tokens, strict=True))

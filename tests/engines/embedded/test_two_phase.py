@@ -48,6 +48,36 @@ def run(engine: Engine, prompts: list[list[int]]) -> list[Request]:
     return requests
 
 
+def goodput_controller(goodput: GoodputSpec) -> StepController:
+    """The daemon's step controller running the goodput policy ``goodput`` on a small cost
+    table (block 8); a policy that raises fails the test."""
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    table = CostTable(
+        batch_sizes=(1, 8),
+        tokens_per_request=(1, 8),
+        step_time_s=((5e-3, 6e-3), (6e-3, 9e-3)),
+    )
+
+    class Source:
+        version = 1
+        models = OnlineModels(goodput, block_size=8, cost_table=table)
+        policy = build_policy(spec)
+
+        def __init__(self) -> None:
+            self.spec = spec
+
+        def active(self) -> Source:
+            return self
+
+        def acceptance(self, task: Task) -> dict[str, object]:
+            return {}
+
+        def policy_failed(self) -> None:
+            raise AssertionError("the allocator raised")
+
+    return StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("fail", [False, True])
 def test_any_allocation_keeps_greedy_output_exact(
     agreeing_pair: tuple[Path, Path],
@@ -84,31 +114,7 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
 
     monkeypatch.setattr(SlotAllocator, "prepare_step", prepare_step)
     goodput = GoodputSpec(step_mode="slots", slots_min_batch=1, probe_probability=0.0)
-    spec = PolicySpec(kind="goodput", goodput=goodput)
-    table = CostTable(
-        batch_sizes=(1, 8),
-        tokens_per_request=(1, 8),
-        step_time_s=((5e-3, 6e-3), (6e-3, 9e-3)),
-    )
-
-    class Source:
-        version = 1
-        models = OnlineModels(goodput, block_size=8, cost_table=table)
-        policy = build_policy(spec)
-
-        def __init__(self) -> None:
-            self.spec = spec
-
-        def active(self) -> Source:
-            return self
-
-        def acceptance(self, task: Task) -> dict[str, object]:
-            return {}
-
-        def policy_failed(self) -> None:
-            raise AssertionError("the allocator raised")
-
-    controller = StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+    controller = goodput_controller(goodput)
     prepare_allocation = controller.prepare_allocation
 
     def counted(*args: Any) -> None:
@@ -159,31 +165,7 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
     goodput = GoodputSpec(
         step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
     )
-    spec = PolicySpec(kind="goodput", goodput=goodput)
-    table = CostTable(
-        batch_sizes=(1, 8),
-        tokens_per_request=(1, 8),
-        step_time_s=((5e-3, 6e-3), (6e-3, 9e-3)),
-    )
-
-    class Source:
-        version = 1
-        models = OnlineModels(goodput, block_size=8, cost_table=table)
-        policy = build_policy(spec)
-
-        def __init__(self) -> None:
-            self.spec = spec
-
-        def active(self) -> Source:
-            return self
-
-        def acceptance(self, task: Task) -> dict[str, object]:
-            return {}
-
-        def policy_failed(self) -> None:
-            raise AssertionError("the allocator raised")
-
-    controller = StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+    controller = goodput_controller(goodput)
 
     def host_allocation(*args: Any) -> list[int]:
         raise AssertionError("a device-allocated step never allocates on the host")
