@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.decisions.exactness import RandomAllocation
 from engines.embedded.device_allocation import DeviceScoring
 from engines.embedded.device_allocation import ragged_index as device_ragged_index
 from engines.embedded.engine import Engine
@@ -22,7 +23,6 @@ from engines.embedded.events import (
     RequestView,
     SamplingParams,
     SpecController,
-    StepReport,
 )
 from engines.embedded.loader import load_runner
 from engines.embedded.ragged import ragged_index
@@ -115,31 +115,17 @@ def test_the_device_index_is_the_host_index() -> None:
         assert torch.equal(host, device)
 
 
-class RandomDeviceScoring:
+class RandomDeviceScoring(RandomAllocation):
     """A ``DeviceSlotPlanner`` that makes every step device-allocated with random tables, a
-    random budget and a minimum k of 3, and keeps what the engine told it."""
+    random budget and a minimum k of 3, and keeps what the engine told it (every row drafts
+    all it may, as ``RandomAllocation`` plans; the host never allocates)."""
 
     def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
+        super().__init__(seed, fail=True)  # ``allocate`` raises: never asked
+        self.rng = np.random.default_rng(seed)  # type: ignore[assignment]
         self.scorings: list[SlotScoring] = []
         self.told: list[tuple[list[str], list[list[float]], list[int], list[int]]] = []
         self._drafted: list[int] = []
-
-    def plan(
-        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
-    ) -> list[int]:
-        return [v.max_spec_tokens for v in views]
-
-    def allocates(self) -> bool:
-        return True
-
-    def allocate(
-        self,
-        views: Sequence[RequestView],
-        controllers: Sequence[SpecController],
-        confidence: Sequence[PositionValues],
-    ) -> list[int]:
-        raise AssertionError("a device-allocated step never allocates on the host")
 
     def allocates_on_device(self) -> bool:
         return True
@@ -169,12 +155,6 @@ class RandomDeviceScoring:
         assert all(1 <= a <= k + 1 for a, k in zip(accept_lengths, spec_tokens, strict=True))
         ids = [v.request_id for v in views]
         self.told.append((ids, [list(c) for c in confidence], list(spec_tokens), self._drafted))
-
-    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
-        return None
-
-    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
-        return None
 
 
 def synthetic_run(
