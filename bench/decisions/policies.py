@@ -19,7 +19,8 @@ policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase fr
 ``slots_min_batch`` rows; not run by default), ``goodput-cap<N>`` ``goodput`` whose two-phase
 rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
 draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps
-allocate on the device (``slot_allocation: device``, policies/slot_scoring.py), ``vllm-av``
+allocate on the device (``slot_allocation: device``, policies/slot_scoring.py; with
+``-min1`` also at every batch size, ``slots_min_batch: 1``), ``vllm-av``
 its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
 allocated on the device as vLLM does (its budget from the previous step's confidence, the
 allocation from the fresh one, no sync); the ``oracle`` verifies each row's drawn run. The
@@ -108,6 +109,8 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "slots")
     if name == "goodput-device":
         return _goodput(ctx, "auto", allocation="device")
+    if name == "goodput-device-min1":
+        return _goodput(ctx, "auto", allocation="device", slots_min_batch=1)
     if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
         return _goodput(ctx, "auto", int(name.removeprefix("goodput-cap")))
     planner: RowPlanner
@@ -143,14 +146,25 @@ def build(name: str, ctx: Context) -> Built:
             else OraclePlanner(ctx.synthetic, ctx.cost(), block_max, PolicySpec().min_spec_tokens)
         )
     else:
-        extra = ("goodput-slots", "goodput-device", "goodput-cap<N>", "vllm-av-device", "oracle")
+        extra = (
+            "goodput-slots",
+            "goodput-device",
+            "goodput-device-min1",
+            "goodput-cap<N>",
+            "vllm-av-device",
+            "oracle",
+        )
         known = ", ".join((*NAMES, *extra))
         raise ValueError(f"policy {name!r}: known are {known}")
     return Built(planner, lambda job: lambda view: 0, lambda: (planner.host_s, planner.calls))
 
 
 def _goodput(
-    ctx: Context, ragged_mode: str, draft_cap: int | None = None, allocation: str = "host"
+    ctx: Context,
+    ragged_mode: str,
+    draft_cap: int | None = None,
+    allocation: str = "host",
+    slots_min_batch: int | None = None,
 ) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
     mode ``ragged_mode``: ``auto`` (``goodput``: per batch size, one-phase shared k or
@@ -158,7 +172,8 @@ def _goodput(
     (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows). ``draft_cap``
     (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``).
     ``allocation`` (``goodput-device``: "device"): where two-phase steps allocate
-    (``slot_allocation``)."""
+    (``slot_allocation``); ``slots_min_batch`` (``goodput-device-min1``: 1, so the auto
+    chooser measures both modes at every batch size, not from 32 rows): the policy's own."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
         update: dict[str, object] = {
@@ -166,6 +181,8 @@ def _goodput(
             "slots_draft_cap": draft_cap,
             "slot_allocation": allocation,
         }
+        if slots_min_batch is not None:
+            update["slots_min_batch"] = slots_min_batch
         goodput = GoodputSpec.model_validate(goodput.model_dump() | update)
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
     spec = PolicySpec(kind="goodput", goodput=goodput)

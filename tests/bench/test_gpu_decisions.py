@@ -198,7 +198,7 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
         "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded,vllm-av-device,"
-        "goodput-device",
+        "goodput-device,goodput-device-min1",
         "--device",
         "cpu",
         "--scale",
@@ -244,6 +244,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "vllm-av@padded",
         "vllm-av-device",
         "goodput-device",
+        "goodput-device-min1",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
