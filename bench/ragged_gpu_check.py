@@ -465,12 +465,28 @@ class Bench:
         self.save()
 
     def pruning(self) -> dict[str, Any]:
-        """What the engine's start-up timing does on this device (``keep_faster_ragged``):
-        every graph's replay, and per (B, W) the largest token bucket kept ragged."""
+        """The engine's start-up pruning on this device (``keep_faster_ragged``), with every
+        graph timed: per (B, W) the largest token bucket kept ragged, and whether the binary
+        search the engine runs (``keep_faster_search``, a fraction of the graphs timed) keeps
+        the same buckets on these times."""
         runner = self.runner
         before = dict(runner.ragged_shapes.buckets)
         started = time.perf_counter()
-        dropped = runner.keep_faster_ragged()
+        dropped = runner.keep_faster_ragged(search=False)  # every graph timed
+        times = {
+            tuple(int(x) for x in key.split("x")): ms
+            for key, ms in runner.graph_ms["ragged"].items()
+        }
+        padded = {
+            tuple(int(x) for x in key.split("x")): ms
+            for key, ms in runner.graph_ms["padded"].items()
+        }
+        search = RaggedShapes(runner.ragged_shapes.batch_sizes, runner.ragged_shapes.widths)
+        search.buckets = {key: list(sizes) for key, sizes in before.items()}
+        search_dropped, search_timed = search.keep_faster_search(
+            lambda key: times[key],
+            padded,  # type: ignore[index,arg-type]
+        )
         kept = {
             f"{b}x{w}": {
                 "padded_tokens": b * w,
@@ -488,6 +504,11 @@ class Bench:
             "kept": len(runner._ragged_graphs),
             "by_shape": kept,
             "graph_ms": runner.graph_ms,
+            "search": {
+                "timed": len(search_timed),
+                "of": len(times),
+                "same_buckets": sorted(search_dropped) == sorted(dropped),
+            },
         }
 
 

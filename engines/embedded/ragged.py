@@ -21,7 +21,7 @@ which it stops paying is measured per (B, W) on the machine, not assumed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -102,6 +102,39 @@ class RaggedShapes:
             else:
                 del self.buckets[batch, width]
         return dropped
+
+    def keep_faster_search(
+        self,
+        measure: Callable[[tuple[int, int, int]], float],
+        padded_s: Mapping[tuple[int, int], float],
+    ) -> tuple[list[tuple[int, int, int]], dict[tuple[int, int, int], float]]:
+        """``keep_faster`` measuring only what a binary search over each (B, W)'s buckets
+        needs: a ragged step's time grows with its token count, so the buckets kept are those
+        below the first one not faster than the padded step, found in ~log2(buckets) + 1
+        measurements instead of one per bucket (~70 graphs timed of ~180 on the 8B shape).
+        Where noise makes the times not grow, the cut may fall one bucket away from a full
+        scan's. Returns the dropped keys and the times measured."""
+        measured: dict[tuple[int, int, int], float] = {}
+        dropped: list[tuple[int, int, int]] = []
+        for (batch, width), sizes in list(self.buckets.items()):
+            padded = padded_s.get((batch, width))
+            if padded is None:
+                continue
+            lo, hi = 0, len(sizes)  # invariant: sizes[:lo] faster, sizes[hi:] not
+            while lo < hi:
+                mid = (lo + hi) // 2
+                key = (batch, width, sizes[mid])
+                measured[key] = measure(key)
+                if measured[key] < padded:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            dropped += [(batch, width, n) for n in sizes[lo:]]
+            if lo:
+                self.buckets[batch, width] = sizes[:lo]
+            else:
+                del self.buckets[batch, width]
+        return dropped, measured
 
     def choose(self, lengths: list[int], batch: int, width: int) -> int | None:
         """The token bucket for rows of ``lengths`` tokens padded to (batch, width), or None

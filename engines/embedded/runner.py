@@ -438,20 +438,30 @@ class ModelRunner:
         return self.pack_ragged or self.verify_mode == "ragged"
 
     @torch.inference_mode()
-    def keep_faster_ragged(self, repeats: int = 3) -> list[tuple[int, int, int]]:
-        """Time every ragged verify graph and the padded verify graph of its (B, W) (best of
+    def keep_faster_ragged(
+        self, repeats: int = 3, search: bool = True
+    ) -> list[tuple[int, int, int]]:
+        """Time the ragged verify graphs and the padded verify graph of their (B, W) (best of
         ``repeats`` replays on the inputs they were captured with, device synchronised), then
-        drop the ragged buckets that are not faster than their padded graph
-        (``RaggedShapes.keep_faster``); their steps replay the padded graph. Runs at start-up
-        on a CUDA device (~4 replays per graph); returns the dropped keys."""
+        drop the ragged buckets that are not faster than their padded graph; their steps
+        replay the padded graph. ``search`` (the engine's start-up): per (B, W) a binary search
+        for the first bucket not faster (``RaggedShapes.keep_faster_search``: ~log2 of the
+        buckets timed); else every graph is timed (``RaggedShapes.keep_faster``; diagnostics).
+        Runs at start-up on a CUDA device (~4 replays per graph timed); returns the dropped
+        keys."""
         padded_s = {
             (batch, width): self._replay_s(self._graphs["verify", batch, width], repeats)
             for batch, width in self.ragged_shapes.buckets
         }
-        ragged_s = {
-            key: self._replay_s(graph, repeats) for key, graph in self._ragged_graphs.items()
-        }
-        dropped = self.ragged_shapes.keep_faster(ragged_s, padded_s)
+        if search:
+            dropped, ragged_s = self.ragged_shapes.keep_faster_search(
+                lambda key: self._replay_s(self._ragged_graphs[key], repeats), padded_s
+            )
+        else:
+            ragged_s = {
+                key: self._replay_s(graph, repeats) for key, graph in self._ragged_graphs.items()
+            }
+            dropped = self.ragged_shapes.keep_faster(ragged_s, padded_s)
         for key in dropped:
             del self._ragged_graphs[key]
         self.ragged_dropped += dropped
@@ -460,9 +470,10 @@ class ModelRunner:
             "ragged": {f"{b}x{w}x{n}": 1e3 * t for (b, w, n), t in ragged_s.items()},
         }
         logger.info(
-            "ragged verify graphs: %d kept, %d slower than the padded graph dropped",
+            "ragged verify graphs: %d kept, %d slower than the padded graph dropped (%d timed)",
             len(self._ragged_graphs),
             len(dropped),
+            len(ragged_s),
         )
         return dropped
 

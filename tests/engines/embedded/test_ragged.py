@@ -140,17 +140,20 @@ def test_the_runner_times_its_graphs_and_keeps_only_ragged_ones_faster_than_padd
     """What a CUDA runner does at start-up, on the CPU's static calls: every kept bucket
     measured faster than its padded graph, every dropped one not (or after one that was not),
     its graph released, and steps of its token count replay the padded graph."""
-    runner = graph_runner(agreeing_pair, "ragged")
-    before = set(runner._ragged_graphs)
-    dropped = runner.keep_faster_ragged(repeats=2)
-    assert set(dropped) | set(runner._ragged_graphs) == before
-    assert not set(dropped) & set(runner._ragged_graphs)
-    assert runner.ragged_dropped == dropped
-    padded, ragged = runner.graph_ms["padded"], runner.graph_ms["ragged"]
-    assert len(ragged) == len(before) and all(t > 0 for t in (*padded.values(), *ragged.values()))
-    for batch, width, n in runner._ragged_graphs:
-        assert ragged[f"{batch}x{width}x{n}"] < padded[f"{batch}x{width}"]
-    assert set(runner.ragged_shapes.keys) == set(runner._ragged_graphs)
+    for search in (False, True):  # every graph timed, or the start-up's binary search
+        runner = graph_runner(agreeing_pair, "ragged")
+        before = set(runner._ragged_graphs)
+        dropped = runner.keep_faster_ragged(repeats=2, search=search)
+        assert set(dropped) | set(runner._ragged_graphs) == before
+        assert not set(dropped) & set(runner._ragged_graphs)
+        assert runner.ragged_dropped == dropped
+        padded, ragged = runner.graph_ms["padded"], runner.graph_ms["ragged"]
+        assert all(t > 0 for t in (*padded.values(), *ragged.values()))
+        assert len(ragged) == len(before) if not search else 0 < len(ragged) <= len(before)
+        for batch, width, n in runner._ragged_graphs:
+            if not search:  # (the search times the cut, not every bucket below it)
+                assert ragged[f"{batch}x{width}x{n}"] < padded[f"{batch}x{width}"]
+        assert set(runner.ragged_shapes.keys) == set(runner._ragged_graphs)
 
 
 @torch.inference_mode()
@@ -311,3 +314,28 @@ def test_graph_steps_equal_target_only_greedy(
     else:
         assert counts["ragged"] == 0 and counts["verify"] > 10, counts
     assert runner.block_size == BLOCK_SIZE
+
+
+def test_the_binary_search_keeps_what_a_full_scan_keeps_timing_a_fraction() -> None:
+    """The engine's start-up pruning (``keep_faster_search``): where a ragged step's time grows
+    with its tokens, the same buckets as timing every graph (``keep_faster``), with
+    ~log2(buckets) + 1 graphs timed per (B, W); a shape with no faster bucket is dropped whole."""
+    full, search = RaggedShapes([1, 2, 4, 8, 16, 32, 64], [1, 8, 16]), None
+    search = RaggedShapes([1, 2, 4, 8, 16, 32, 64], [1, 8, 16])
+    padded = {key: 0.2 + key[0] * key[1] / 700 for key in full.buckets}
+    padded[2, 8] = 0.0  # nothing beats it
+    times = {key: 0.25 + key[2] / 600 for key in full.keys}  # grows with the token count
+    timed: list[tuple[int, int, int]] = []
+
+    def measure(key: tuple[int, int, int]) -> float:
+        timed.append(key)
+        return times[key]
+
+    dropped_full = full.keep_faster(times, padded)
+    dropped, measured = search.keep_faster_search(measure, padded)
+    assert sorted(dropped) == sorted(dropped_full) and search.buckets == full.buckets
+    assert (2, 8) not in search.buckets
+    assert len(set(timed)) == len(timed) == len(measured) < len(times) / 2
+    for (batch, width), sizes in RaggedShapes([1, 2, 4, 8, 16, 32, 64], [1, 8, 16]).buckets.items():
+        per_shape = [key for key in timed if key[:2] == (batch, width)]
+        assert len(per_shape) <= len(sizes).bit_length() + 1
