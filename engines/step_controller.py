@@ -359,10 +359,11 @@ class StepController:
             for i in shared:
                 ks[i] = min(hi, views[i].max_spec_tokens)
             self._slots = (newest, shared)
-            # On the device when the policy asks and decides every row (else the host path
-            # keeps the rows another policy decides apart).
+            # On the device when the policy asks, decides every row (else the host path
+            # keeps the rows another policy decides apart) and the engine's rows verify at
+            # their own widths (a padded engine would verify every drafted slot).
             device = newest.spec.goodput.slot_allocation == "device"
-            self._on_device = device and len(shared) == len(views)
+            self._on_device = device and len(shared) == len(views) and self.ragged
         elif newest is not None:
             k = self._reuse_prepared(views, controllers, shared, newest)
             if k is None:
@@ -636,6 +637,7 @@ class StepController:
         if (
             newest is not None
             and newest.spec.goodput.slot_allocation == "device"
+            and self.ragged
             and len(shared) == len(views)
             and self._two_phase(newest, len(shared), decide=False)
         ):  # the next step is two-phase on the device: score it now (``slot_scoring``)

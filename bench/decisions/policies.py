@@ -187,7 +187,8 @@ def _goodput(
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
     spec = PolicySpec(kind="goodput", goodput=goodput)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)
-    controller = StepController(source, ctx.block_size, random.Random(ctx.seed))
+    ragged = ctx.verify_mode == "ragged"
+    controller = StepController(source, ctx.block_size, random.Random(ctx.seed), ragged=ragged)
     return Built(
         controller,
         lambda job: controller.start(job.task, 1.0, 0),

@@ -20,7 +20,7 @@ from policies.online import OnlineModels
 from policies.registry import build_policy
 from policies.slot_allocator import SlotAllocator
 from policies.types import Task
-from tests.engines.embedded.conftest import greedy_request, make_engine, random_prompt
+from tests.engines.embedded.conftest import greedy_request, make_engine, random_prompt, run_all
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
 
 NUM_PROMPTS = 12
@@ -75,7 +75,8 @@ def goodput_controller(goodput: GoodputSpec) -> StepController:
         def policy_failed(self) -> None:
             raise AssertionError("the allocator raised")
 
-    return StepController(Source(), 8, random.Random(0))  # type: ignore[arg-type]
+    # (the engines these tests drive verify each row at its own width: the eager CPU path)
+    return StepController(Source(), 8, random.Random(0), ragged=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -195,3 +196,30 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
             capacity = min(7, NEW_TOKENS - emitted - 1)
             assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
             emitted += length
+
+
+def test_device_allocation_needs_an_engine_whose_rows_verify_at_their_own_widths(
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+) -> None:
+    """On an engine that pads a step's rows (``ragged`` False) a device allocation would
+    verify every drafted slot: two-phase steps of ``slot_allocation: device`` allocate on the
+    host there."""
+    goodput = GoodputSpec(
+        step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
+    )
+    controller = goodput_controller(goodput)
+    controller.ragged = False
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    engine.planner = controller
+    requests = [
+        greedy_request(f"p{i}", p, NEW_TOKENS, controller.start(Task.MATH, 1.0, 7))
+        for i, p in enumerate(prompts)
+    ]
+    run_all(engine, requests)
+    assert [r.output_ids for r in requests] == expected
+    assert controller.scored_ahead == controller.scored_late == 0
+    assert controller.last_reason.startswith("allocator:") and "(device)" not in (
+        controller.last_reason
+    )
