@@ -48,6 +48,16 @@ def run(engine: Engine, prompts: list[list[int]]) -> list[Request]:
     return requests
 
 
+def assert_bounded(requests: list[Request]) -> None:
+    """Every step's k in {0} U [4, 7], or all a request's last tokens allow."""
+    for r in requests:
+        emitted = 1  # the prefill's token
+        for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
+            capacity = min(7, NEW_TOKENS - emitted - 1)
+            assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
+            emitted += length
+
+
 def goodput_controller(goodput: GoodputSpec) -> StepController:
     """The daemon's step controller running the goodput policy ``goodput`` on a small cost
     table (block 8); a policy that raises fails the test."""
@@ -137,12 +147,7 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
     assert controller.last_reason.startswith("allocator:")
     assert calls["prepare_allocation"] > 0
     assert calls["prepare_step"] == calls["prepare_allocation"]
-    for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
-        emitted = 1  # the prefill's token
-        for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
-            capacity = min(7, NEW_TOKENS - emitted - 1)
-            assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
-            emitted += length
+    assert_bounded(requests)
 
 
 def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
@@ -190,12 +195,7 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
     allocator = controller._allocator
     assert allocator is not None and allocator[1]._labels.sum() > 0  # it learnt
     assert all(s.last_confidence is not None for s in starts)  # each priced its next budget
-    for r in requests:  # k in {0} U [4, 7], or all a request's last tokens allow
-        emitted = 1  # the prefill's token
-        for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
-            capacity = min(7, NEW_TOKENS - emitted - 1)
-            assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
-            emitted += length
+    assert_bounded(requests)
 
 
 def test_device_allocation_needs_an_engine_whose_rows_verify_at_their_own_widths(
