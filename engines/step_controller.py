@@ -634,18 +634,19 @@ class StepController:
         self._prepared = None
         self._ahead = None
         shared, newest = self._split(views, controllers, None)
+        two_phase = newest is not None and self._two_phase(newest, len(shared), decide=False)
         if (
-            newest is not None
+            two_phase
+            and newest is not None
             and newest.spec.goodput.slot_allocation == "device"
             and self.ragged
             and len(shared) == len(views)
-            and self._two_phase(newest, len(shared), decide=False)
         ):  # the next step is two-phase on the device: score it now (``slot_scoring``)
             scoring = self._device_scoring(newest, views, controllers)
             if scoring is not None:
                 index = {view.request_id: i for i, view in enumerate(views)}
                 self._ahead = (newest.version, index, scoring)
-        if newest is not None and not self._two_phase(newest, len(shared), decide=False):
+        if newest is not None and not two_phase:
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held
             if held is not None and (held.age >= held.serves or held.version != newest.version):

@@ -49,7 +49,7 @@ class DeviceScoring:
         """``drafted``: what each row drafts this step (capacities are clamped to it);
         ``copy``: how a host tensor goes to the device (default ``.to(device)``; the runner's
         goes through pinned memory, so it does not wait for the draft)."""
-        rows, positions = scoring.base.shape
+        rows = scoring.base.shape[0]
         if len(drafted) != rows:
             raise ValueError(f"scoring has {rows} rows, the step {len(drafted)}")
         caps = np.minimum(scoring.capacities, np.asarray(drafted, dtype=np.int64))
@@ -57,20 +57,26 @@ class DeviceScoring:
         tables = [scoring.alpha.ravel(), scoring.beta.ravel(), scoring.scale.ravel()]
         floats = np.concatenate([scoring.base.ravel(), scoring.edges, *tables])
         move = copy if copy is not None else (lambda t: t.to(device))
-        ints_d = move(ints)
-        floats_d = move(torch.from_numpy(floats.astype(np.float64)))
+        return cls.on(move(ints), move(torch.from_numpy(floats.astype(np.float64))), scoring, rows)
+
+    @classmethod
+    def on(
+        cls, ints: torch.Tensor, floats: torch.Tensor, scoring: SlotScoring, rows: int
+    ) -> DeviceScoring:
+        """Views of two device buffers laid out as ``upload`` and ``AllocationGraphs`` fill
+        them: ints ``[capacities (rows), tasks (rows), ...]``, floats ``[base (rows x K),
+        edges, alpha, beta, scale]``; the tables' shapes are ``scoring``'s."""
+        positions = scoring.num_positions
         size = scoring.alpha.size
-        at = rows * positions
-        edges = floats_d[at : at + len(scoring.edges)]
-        at += len(scoring.edges)
+        at = rows * positions + len(scoring.edges)
         return cls(
-            capacities=ints_d[:rows],
-            tasks=ints_d[rows:],
-            base=floats_d[: rows * positions].view(rows, positions),
-            edges=edges,
-            alpha=floats_d[at : at + size],
-            beta=floats_d[at + size : at + 2 * size],
-            scale=floats_d[at + 2 * size : at + 3 * size],
+            capacities=ints[:rows],
+            tasks=ints[rows : 2 * rows],
+            base=floats[: rows * positions].view(rows, positions),
+            edges=floats[rows * positions : at],
+            alpha=floats[at : at + size],
+            beta=floats[at + size : at + 2 * size],
+            scale=floats[at + 2 * size : at + 3 * size],
             num_bins=int(scoring.alpha.shape[1]),
             max_log_odds=float(scoring.max_log_odds),
             min_spec_tokens=int(scoring.min_spec_tokens),
@@ -246,19 +252,7 @@ class AllocationGraphs:
             batch * positions + len(scoring.edges) + 3 * size, dtype=torch.float64, device=device
         )
         confidence = torch.full((batch, positions), 0.5, dtype=torch.float64, device=device)
-        at = batch * positions + len(scoring.edges)
-        scored = DeviceScoring(
-            capacities=ints[:batch],
-            tasks=ints[batch : 2 * batch],
-            base=floats[: batch * positions].view(batch, positions),
-            edges=floats[batch * positions : at],
-            alpha=floats[at : at + size],
-            beta=floats[at + size : at + 2 * size],
-            scale=floats[at + 2 * size : at + 3 * size],
-            num_bins=int(scoring.alpha.shape[1]),
-            max_log_odds=float(scoring.max_log_odds),
-            min_spec_tokens=int(scoring.min_spec_tokens),
-        )
+        scored = DeviceScoring.on(ints, floats, scoring, batch)
         rows = ints[-1]
         row_index = torch.arange(batch, device=device)
 
