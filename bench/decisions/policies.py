@@ -20,7 +20,9 @@ policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase fr
 rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
 draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps
 allocate on the device (``slot_allocation: device``, policies/slot_scoring.py; with
-``-min1`` also at every batch size, ``slots_min_batch: 1``), ``vllm-av``
+``-min1`` also at every batch size, ``slots_min_batch: 1``; ``goodput-device-cap<N>`` with
+two-phase rows drafting at most N positions: at N = 7 the narrow draft graph, whose LM head
+covers 7 positions, not 15), ``vllm-av``
 its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
 allocated on the device as vLLM does (its budget from the previous step's confidence, the
 allocation from the fresh one, no sync); the ``oracle`` verifies each row's drawn run. The
@@ -113,6 +115,9 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "auto", allocation="device", slots_min_batch=1)
     if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
         return _goodput(ctx, "auto", int(name.removeprefix("goodput-cap")))
+    cap = name.removeprefix("goodput-device-cap")
+    if name.startswith("goodput-device-cap") and cap.isdigit():
+        return _goodput(ctx, "auto", int(cap), allocation="device")
     planner: RowPlanner
     if name == "dsd-schedule":
         planner = BaselinePlanner(
@@ -151,6 +156,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-device",
             "goodput-device-min1",
             "goodput-cap<N>",
+            "goodput-device-cap<N>",
             "vllm-av-device",
             "oracle",
         )

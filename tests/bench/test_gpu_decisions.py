@@ -198,7 +198,7 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
         "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded,vllm-av-device,"
-        "goodput-device,goodput-device-min1",
+        "goodput-device,goodput-device-min1,goodput-device-cap3",
         "--device",
         "cpu",
         "--scale",
@@ -245,6 +245,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "vllm-av-device",
         "goodput-device",
         "goodput-device-min1",
+        "goodput-device-cap3",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
@@ -314,14 +315,21 @@ def test_the_overhead_ratio_skips_shapes_with_a_handful_of_steps() -> None:
     assert ratios["decode_step_vs_static"] == pytest.approx({"8x16": 0.0122 / 0.0120})
 
 
-def test_a_capped_goodput_verifies_at_most_its_cap_in_two_phase_steps(ragged_json: Path) -> None:
-    """``goodput-cap3``: its two-phase rows draft (and so verify) at most 3 positions; its
-    one-phase steps keep the policy's own bounds."""
+@pytest.mark.parametrize("name", ["goodput-cap3", "goodput-device-cap3"])
+def test_a_capped_goodput_verifies_at_most_its_cap_in_two_phase_steps(
+    ragged_json: Path, name: str
+) -> None:
+    """``goodput-cap3`` (and ``goodput-device-cap3``, allocated on the device): its two-phase
+    rows draft (and so verify) at most 3 positions; its one-phase steps keep the policy's own
+    bounds."""
     report = json.loads(ragged_json.read_text())
-    (run,) = [run for run in report["runs"] if run["policy"] == "goodput-cap3"]
+    (run,) = [run for run in report["runs"] if run["policy"] == name]
     steps = [step for phase in run["phases"].values() for step in phase["timeline"]]
     two_phase = [step for step in steps if step[5] > 0]
     assert two_phase and all(step[1] <= 3 for step in two_phase)
+    if name.endswith("device-cap3"):  # allocated on the device: no wait for the confidence
+        assert all(step[4] == 0 for step in two_phase)
+        assert sum(run["device_scored"].values()) > 0
 
 
 def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
@@ -497,12 +505,12 @@ def test_an_aa_twin_is_another_instance_reported_on_its_own(tmp_path: Path) -> N
     ratios against that A/A noise. A non-numeric instance is refused."""
     import bench.gpu_decisions as harness
 
-    built: list[int] = []
+    built: list[Any] = []  # the instances themselves: a freed one's id may be reused
     real_build = harness.build
 
     def spy(name: str, context: Any) -> Any:
         out = real_build(name, context)
-        built.append(id(out))
+        built.append(out)
         assert name == "goodput" or name.startswith("static-k")
         return out
 
@@ -511,7 +519,7 @@ def test_an_aa_twin_is_another_instance_reported_on_its_own(tmp_path: Path) -> N
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness, "build", spy)
         assert main(argv) == 0
-    assert len(set(built)) == 6  # every run its own instance (no --warm-policies)
+    assert len({id(b) for b in built}) == 6  # every run its own instance (no --warm-policies)
     data = json.loads(out.read_text())
     assert set(data["summary"]["policies"]) == {"static-k7", "goodput", "goodput#2"}
     paired = data["summary"]["ratios"]["paired"]

@@ -366,3 +366,18 @@ def test_synthetic_draws_reach_the_allocation_graphs_through_the_staging_buffer(
         assert slots, (ks, budget)
     for r in requests:
         assert all(1 <= a <= k + 1 for a, k in zip(r.accept_lengths, r.spec_tokens, strict=True))
+
+
+def test_synthetic_draws_made_ahead_are_the_draws_made_in_place(
+    tiny_pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device-allocated step draws its rows' next step while the device verifies (off the
+    path between draft and verify); a step with those rows uses them, and the run is the one
+    whose every step draws in place."""
+    runner, planner, requests = synthetic_run(tiny_pair, seed=7, max_new_tokens=30)
+    assert runner.draws_ahead_used > len(planner.told) // 2
+    ahead = ([r.output_ids for r in requests], [r.accept_lengths for r in requests])
+    monkeypatch.setattr(type(runner), "_draw_ahead", lambda self, rows, measured: None)
+    runner, planner, requests = synthetic_run(tiny_pair, seed=7, max_new_tokens=30)
+    assert runner.draws_ahead_used == 0
+    assert ([r.output_ids for r in requests], [r.accept_lengths for r in requests]) == ahead

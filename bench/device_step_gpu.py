@@ -1,0 +1,187 @@
+"""Where a device-allocated two-phase step spends its time (issue 16): one call that times, per
+batch size, a one-phase ragged step against a two-phase step allocated on the device (and on
+the host) that verifies the same number of tokens, and splits each step's wall time into the
+GPU's busy time (the sum of its kernels, from the profiler) and the time the GPU waited.
+
+On the H200 (session 20's warm calls) a device-allocated 64-row step verifying ~400 tokens took
+24.7-25.2 ms where the start-up profile prices a one-phase step of those tokens at ~21-22 ms,
+and a 1-row one 9.67 ms against 8.92 one-phase: this says how much of that is the whole-block
+draft, the allocation's kernels, and the host keeping the GPU waiting.
+
+Greedy rows over a random-weight Qwen3 shape (the engine's own CUDA graphs, Triton attention by
+default); rows do not advance, so every repeat runs the same step.
+
+    python3 bench/device_step_gpu.py --out $OUT/device_step.json            # H200
+    python3 bench/device_step_gpu.py --device cpu --tiny --out /tmp/d.json   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.ragged_gpu_check import BLOCK, Bench  # noqa: E402
+from bench.ragged_gpu_check import parse_args as check_args  # noqa: E402
+from engines.embedded.ragged import padded_size  # noqa: E402
+from policies.slot_scoring import SlotScoring  # noqa: E402
+
+logger = logging.getLogger("device_step_gpu")
+K = BLOCK - 1
+
+
+def scoring_for(rows: int, budget: int) -> SlotScoring:
+    """vLLM's logistic shape (one table entry): survival falls with position."""
+    base = np.tile(np.linspace(2.0, -1.0, K), (rows, 1))
+    return SlotScoring(
+        capacities=np.full(rows, K, dtype=np.int64),
+        tasks=np.zeros(rows, dtype=np.int64),
+        base=base,
+        edges=np.zeros(0),
+        alpha=np.ones((1, 1)),
+        beta=np.zeros((1, 1)),
+        scale=np.ones((1, 1)),
+        max_log_odds=8.0,
+        budget=budget,
+    )
+
+
+def kernel_ms(run: Callable[[], object], device: torch.device, steps: int) -> dict[str, Any]:
+    """Per step: wall ms, the GPU's kernel ms (profiler) and the top kernels."""
+    if device.type != "cuda":
+        started = time.perf_counter()
+        for _ in range(steps):
+            run()
+        return {"wall_ms": 1e3 * (time.perf_counter() - started) / steps}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - started
+    kernels: dict[str, float] = {}
+    launches = 0
+    try:
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time_total / 1e3
+                launches += 1
+    except Exception as exc:  # the wall time still counts
+        logger.warning("profiler events unreadable: %s", exc)
+    busy = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "wall_ms": 1e3 * wall / steps,
+        "gpu_busy_ms": busy / steps,
+        "gpu_idle_ms": 1e3 * wall / steps - busy / steps,
+        "kernels_per_step": launches / steps,
+        "top_kernels_ms": {name[:90]: round(ms / steps, 4) for name, ms in top},
+    }
+
+
+def run_batch(bench: Bench, rows_n: int, k_match: int, steps: int) -> dict[str, Any]:
+    runner, device = bench.runner, bench.device
+    rows = bench.requests(rows_n)
+    uniforms = torch.rand(rows_n, 2 * BLOCK + 1)
+    budget = rows_n * k_match
+    plan = scoring_for(rows_n, budget)
+    batch = padded_size(rows_n, runner.batch_sizes)
+    fns: dict[str, Callable[[], object]] = {
+        f"one_phase_k{k_match}": lambda: runner.step(rows, [k_match] * rows_n, uniforms),
+        f"one_phase_k{K}": lambda: runner.step(rows, [K] * rows_n, uniforms),
+        "two_phase_device": lambda: runner.step(rows, [K] * rows_n, uniforms, scoring=lambda: plan),
+        "two_phase_host": lambda: runner.step(
+            rows, [K] * rows_n, uniforms, allocate=lambda c: [k_match] * rows_n
+        ),
+    }
+    out: dict[str, Any] = {"rows": rows_n, "k_match": k_match, "budget": budget}
+    with torch.inference_mode():
+        verified = runner.step(rows, [K] * rows_n, uniforms, scoring=lambda: plan)
+        out["device_verified_tokens"] = sum(k + 1 for k in verified.spec_tokens)
+        out["device_host_ms"] = round(1e3 * runner.last_two_phase_s[1], 3)
+        for fn in fns.values():  # warm every path once (graphs captured lazily)
+            fn()
+        order = list(fns)
+        walls: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(3):  # alternating rounds, random order
+            random.shuffle(order)
+            for name in order:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                started = time.perf_counter()
+                for _ in range(steps):
+                    fns[name]()
+                walls[name].append(1e3 * (time.perf_counter() - started) / steps)
+        out["wall_ms_median"] = {n: round(float(np.median(w)), 3) for n, w in walls.items()}
+        out["profiled"] = {n: kernel_ms(fn, device, max(3, steps // 4)) for n, fn in fns.items()}
+        conf = torch.rand(rows_n, K, device=device, dtype=torch.float64)
+        width = padded_size(K + 1, runner.widths)
+        tokens = runner.ragged_shapes.choose([rows_n + budget], batch, width)
+        if tokens is not None:
+            graphs = runner._allocation_graphs
+
+            def allocation() -> object:
+                return graphs.run(plan, [K] * rows_n, conf, batch, width, tokens)
+
+            out["allocation_graph_only"] = kernel_ms(allocation, device, steps)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="tiny random shape (CPU smoke)")
+    parser.add_argument("--attention", default="triton", choices=["sdpa", "triton"])
+    parser.add_argument(
+        "--rows", default="1:15,8:8,64:5", help="ROWS:K,... the batches and the k matched"
+    )
+    parser.add_argument("--steps", type=int, default=20, help="steps per timing round")
+    parser.add_argument("--context-len", type=int, default=1024)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    pairs = [(int(r), int(k)) for r, k in (p.split(":") for p in args.rows.split(","))]
+    batches = sorted({r for r, _ in pairs})
+    check = check_args(
+        [
+            "--out", args.out, "--device", args.device, "--batches", ",".join(map(str, batches)),
+            "--context-len", str(args.context_len),
+            *(["--tiny"] if args.tiny else ["--attention", args.attention]),
+        ]
+    )  # fmt: skip
+    if args.device == "cuda" and not torch.cuda.is_available():
+        logger.error("--device cuda: CUDA is not available here (use --device cpu --tiny)")
+        return 2
+    random.seed(0)
+    bench = Bench(check)
+    result: dict[str, Any] = {"command": " ".join(sys.argv), "setup": bench.result["setup"]}
+    result["batches"] = {}
+    for rows_n, k in pairs:
+        logger.info("rows %d, k %d", rows_n, k)
+        result["batches"][str(rows_n)] = run_batch(bench, rows_n, k, args.steps)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for rows_n, entry in result["batches"].items():
+        print(rows_n, entry["wall_ms_median"])
+        for name, prof in entry["profiled"].items():
+            print(" ", name, {k: round(v, 3) for k, v in prof.items() if isinstance(v, float)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
