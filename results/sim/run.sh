@@ -12,8 +12,10 @@ done
   --out "$out/mixed-shift-ragged-8b-min1.json" > "$out/mixed-shift-ragged-8b-min1.txt"
 # The two-phase wait (session 15), narrow draft graphs and two-phase drafts capped at 7
 # (session 16): docs/allocator.md.
+# ... and allocation on the device, calibrated to session 20's H200 measurements.
 for name in mixed-shift-ragged-8b-two-phase-wait mixed-shift-ragged-8b-narrow-draft \
-    mixed-shift-ragged-8b-narrow-draft-cap7; do
+    mixed-shift-ragged-8b-narrow-draft-cap7 mixed-shift-ragged-8b-device \
+    mixed-shift-ragged-8b-device-cap7; do
   .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
     --out "$out/$name.json" > "$out/$name.txt"
 done
