@@ -95,7 +95,9 @@ def kernel_ms(run: Callable[[], object], device: torch.device, steps: int) -> di
     }
 
 
-def run_batch(bench: Bench, rows_n: int, k_match: int, steps: int) -> dict[str, Any]:
+def run_batch(
+    bench: Bench, rows_n: int, k_match: int, steps: int, also: tuple[int, ...] = ()
+) -> dict[str, Any]:
     runner, device = bench.runner, bench.device
     rows = bench.requests(rows_n)
     uniforms = torch.rand(rows_n, 2 * BLOCK + 1)
@@ -110,6 +112,8 @@ def run_batch(bench: Bench, rows_n: int, k_match: int, steps: int) -> dict[str, 
             rows, [K] * rows_n, uniforms, allocate=lambda c: [k_match] * rows_n
         ),
     }
+    for k in also:  # one-phase references at other k: the verify's cost between them
+        fns.setdefault(f"one_phase_k{k}", lambda k=k: runner.step(rows, [k] * rows_n, uniforms))
     out: dict[str, Any] = {"rows": rows_n, "k_match": k_match, "budget": budget}
     with torch.inference_mode():
         verified = runner.step(rows, [K] * rows_n, uniforms, scoring=lambda: plan)
@@ -152,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rows", default="1:15,8:8,64:5", help="ROWS:K,... the batches and the k matched"
     )
+    parser.add_argument(
+        "--also-k",
+        default="7",
+        help="more one-phase k timed at every batch (comma-separated; '' for none): the "
+        "verify's marginal cost per token on the same machine",
+    )
     parser.add_argument("--steps", type=int, default=20, help="steps per timing round")
     parser.add_argument("--context-len", type=int, default=1024)
     args = parser.parse_args(argv)
@@ -174,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     result["batches"] = {}
     for rows_n, k in pairs:
         logger.info("rows %d, k %d", rows_n, k)
-        result["batches"][str(rows_n)] = run_batch(bench, rows_n, k, args.steps)
+        also = tuple(int(x) for x in args.also_k.split(",") if x.strip())
+        result["batches"][str(rows_n)] = run_batch(bench, rows_n, k, args.steps, also)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for rows_n, entry in result["batches"].items():
         print(rows_n, entry["wall_ms_median"])

@@ -18,7 +18,8 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     argv = ["--device", "cpu", "--tiny", "--rows", "4:5", "--steps", "1", "--context-len", "48"]
     assert main([*argv, "--out", str(out)]) == 0
     batch = json.loads(out.read_text())["batches"]["4"]
-    variants = {"one_phase_k5", "one_phase_k15", "two_phase_device", "two_phase_host"}
+    variants = {"one_phase_k5", "one_phase_k7", "one_phase_k15", "two_phase_device"}
+    variants |= {"two_phase_host"}  # (--also-k 7 by default: the verify's cost per token)
     assert set(batch["wall_ms_median"]) == set(batch["profiled"]) == variants
     assert all(ms > 0 for ms in batch["wall_ms_median"].values())
     # the device filled at least the budget's slots (a token bucket may pay for more)
