@@ -30,7 +30,13 @@ from engines.embedded.request import Request
 from engines.embedded.synthetic_profiles import load_profile_set
 from policies.slot_scoring import SlotScoring, allocate
 from policies.types import PositionValues
-from tests.engines.embedded.conftest import BLOCK_SIZE, make_engine, random_prompt, run_all
+from tests.engines.embedded.conftest import (
+    BLOCK_SIZE,
+    greedy_request,
+    make_engine,
+    random_prompt,
+    run_all,
+)
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
 
 N = BLOCK_SIZE - 1
@@ -381,3 +387,41 @@ def test_synthetic_draws_made_ahead_are_the_draws_made_in_place(
     runner, planner, requests = synthetic_run(tiny_pair, seed=7, max_new_tokens=30)
     assert runner.draws_ahead_used == 0
     assert ([r.output_ids for r in requests], [r.accept_lengths for r in requests]) == ahead
+
+
+def test_a_device_steps_scores_reach_its_planner_while_the_next_step_runs(
+    tiny_pair: Pair,
+) -> None:
+    """The planner learns from a device-allocated step once the next step's draft is queued
+    (inside that step, before its own scoring is made), not between the two steps with the
+    device idle; the last step's scores arrive when the engine runs out of rows."""
+    runner = load_runner(*tiny_pair, torch.device("cpu"), 4, 256)
+    engine = Engine(runner, 4, 256)
+    planner = RandomDeviceScoring(3)
+    engine.planner = planner
+    steps_begun = 0
+    step = runner.step
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal steps_begun
+        steps_begun += 1
+        return step(*args, **kwargs)
+
+    runner.step = counting  # type: ignore[method-assign]
+    told_at: list[int] = []
+    scored_on_device = planner.scored_on_device
+
+    def telling(*args: Any) -> None:
+        told_at.append(steps_begun)
+        scored_on_device(*args)
+
+    planner.scored_on_device = telling  # type: ignore[method-assign]
+    requests = [
+        greedy_request(f"d{i}", random_prompt(40 + i), 12, lambda view: 0) for i in range(3)
+    ]
+    run_all(engine, requests)
+    assert len(told_at) == len(planner.scorings) > 3
+    # the n-th device step's scores arrive during step n + 1 (the last one's during a step
+    # that drafts nothing, or once the engine is idle)
+    assert told_at[:-1] == list(range(2, len(told_at) + 1))
+    assert told_at[-1] == min(len(told_at) + 1, steps_begun)
