@@ -43,7 +43,7 @@ logger = logging.getLogger("device_step_gpu")
 K = BLOCK - 1
 
 
-def scoring_for(rows: int, budget: int) -> SlotScoring:
+def fixed_scoring(rows: int, budget: int) -> SlotScoring:
     """vLLM's logistic shape (one table entry): survival falls with position."""
     base = np.tile(np.linspace(2.0, -1.0, K), (rows, 1))
     return SlotScoring(
@@ -102,7 +102,7 @@ def run_batch(
     rows = bench.requests(rows_n)
     uniforms = torch.rand(rows_n, 2 * BLOCK + 1)
     budget = rows_n * k_match
-    plan = scoring_for(rows_n, budget)
+    plan = fixed_scoring(rows_n, budget)
     batch = padded_size(rows_n, runner.batch_sizes)
     fns: dict[str, Callable[[], object]] = {
         f"one_phase_k{k_match}": lambda: runner.step(rows, [k_match] * rows_n, uniforms),
@@ -133,6 +133,7 @@ def run_batch(
                     fns[name]()
                 walls[name].append(1e3 * (time.perf_counter() - started) / steps)
         out["wall_ms_median"] = {n: round(float(np.median(w)), 3) for n, w in walls.items()}
+        out["wall_ms_rounds"] = {n: [round(x, 3) for x in w] for n, w in walls.items()}
         out["profiled"] = {n: kernel_ms(fn, device, max(3, steps // 4)) for n, fn in fns.items()}
         conf = torch.rand(rows_n, K, device=device, dtype=torch.float64)
         width = padded_size(K + 1, runner.widths)

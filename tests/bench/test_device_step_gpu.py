@@ -22,6 +22,7 @@ def test_smoke_run_on_cpu_writes_the_json(tmp_path: Path) -> None:
     variants |= {"two_phase_host"}  # (--also-k 7 by default: the verify's cost per token)
     assert set(batch["wall_ms_median"]) == set(batch["profiled"]) == variants
     assert all(ms > 0 for ms in batch["wall_ms_median"].values())
+    assert all(len(rounds) == 3 for rounds in batch["wall_ms_rounds"].values())  # the spread
     # the device filled at least the budget's slots (a token bucket may pay for more)
     assert 4 + batch["budget"] <= batch["device_verified_tokens"] <= 4 * 16
     assert batch["budget"] == 20 and batch["allocation_graph_only"]["wall_ms"] > 0
