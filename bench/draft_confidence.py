@@ -12,13 +12,17 @@ This is the calibration a synthetic confidence must match (``sim`` confidence mo
         --out bench/results/draft_confidence_demo_cpu.json
 
 ``--prompts``: the JSON ``python -m training.prompts DATA_DIR N OUT`` writes (source -> texts);
-without it, ``--shared-data`` is read directly.
+without it, ``--shared-data`` is read directly. ``--raw FILE.jsonl.gz`` also keeps every step
+whole, one JSON line each: ``{"task", "prompt", "step", "confidence": [every drafted position],
+"accept_length"}`` (positions after the first rejection included: what the joint structure of
+a block's confidences says, ``bench/confidence_joint.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import itertools
 import json
 import platform
@@ -106,7 +110,9 @@ def summarise(rows: list[tuple[int, float, int]], positions: int) -> dict[str, A
     }
 
 
-async def collect(args: argparse.Namespace) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+async def collect(
+    args: argparse.Namespace, raw: list[dict[str, Any]] | None = None
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     engine = AsyncEngine.load(
         args.target, args.draft, device=args.device, max_batch_size=args.batch, max_seq_len=1024
     )
@@ -117,20 +123,33 @@ async def collect(args: argparse.Namespace) -> tuple[dict[str, list[Any]], dict[
     sources = all_sources()
     bar = tqdm(total=len(sources) * args.prompts_per_source, desc="prompts", unit="prompt")
 
-    async def one(task: str, text: str) -> None:
+    async def one(task: str, text: str, prompt: int) -> None:
         ids = _prompt_ids(engine.tokenizer, {"prompt": text})[-args.max_prompt_tokens :]
+        step = 0
         async for event in engine.generate(ids, params, lambda view: ceiling):
             report = event.report
             if report is not None and report.spec_tokens > 0:
                 by_task.setdefault(task, []).extend(
                     outcomes(report.draft_confidence, report.accept_length)
                 )
+                if raw is not None and report.draft_confidence:
+                    raw.append(
+                        {
+                            "task": task,
+                            "prompt": prompt,
+                            "step": step,
+                            "confidence": [round(c, 6) for c in report.draft_confidence],
+                            "accept_length": report.accept_length,
+                        }
+                    )
+                step += 1
         bar.update(1)
 
+    counter = itertools.count()
     try:
         for source in sources:
             texts = load_prompts(source, args.shared_data, args.prompts_per_source, args.prompts)
-            await asyncio.gather(*(one(task_of(source), t) for t in texts))
+            await asyncio.gather(*(one(task_of(source), t, next(counter)) for t in texts))
     finally:
         bar.close()
         await engine.close()
@@ -154,9 +173,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8, help="engine max batch size")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--raw", type=Path, default=None, help="also write every step whole (.jsonl.gz)"
+    )
     args = parser.parse_args()
     started = time.time()
-    by_task, shape = asyncio.run(collect(args))
+    raw: list[dict[str, Any]] | None = [] if args.raw else None
+    by_task, shape = asyncio.run(collect(args, raw))
+    if args.raw and raw is not None:
+        with gzip.open(args.raw, "wt") as f:
+            for line in raw:
+                f.write(json.dumps(line) + "\n")
     positions = shape["spec_tokens"]
     every = [row for rows in by_task.values() for row in rows]
     result = {

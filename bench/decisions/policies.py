@@ -20,7 +20,9 @@ policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase fr
 rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
 draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps
 allocate on the device (``slot_allocation: device``, policies/slot_scoring.py; with
-``-min1`` also at every batch size, ``slots_min_batch: 1``; ``goodput-device-cap<N>`` with
+``-min1`` also at every batch size, ``slots_min_batch: 1``; ``goodput-device-slots`` always
+two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
+the allocator's scoring against vLLM's on the same step; ``goodput-device-cap<N>`` with
 two-phase rows drafting at most N positions: at N = 7 the narrow draft graph, whose LM head
 covers 7 positions, not 15), ``vllm-av``
 its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
@@ -113,6 +115,8 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "auto", allocation="device")
     if name == "goodput-device-min1":
         return _goodput(ctx, "auto", allocation="device", slots_min_batch=1)
+    if name == "goodput-device-slots":
+        return _goodput(ctx, "slots", allocation="device")
     if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
         return _goodput(ctx, "auto", int(name.removeprefix("goodput-cap")))
     cap = name.removeprefix("goodput-device-cap")
@@ -155,6 +159,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-slots",
             "goodput-device",
             "goodput-device-min1",
+            "goodput-device-slots",
             "goodput-cap<N>",
             "goodput-device-cap<N>",
             "vllm-av-device",

@@ -198,7 +198,7 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
         "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded,vllm-av-device,"
-        "goodput-device,goodput-device-min1,goodput-device-cap3",
+        "goodput-device,goodput-device-min1,goodput-device-cap3,goodput-device-slots",
         "--device",
         "cpu",
         "--scale",
@@ -246,6 +246,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "goodput-device",
         "goodput-device-min1",
         "goodput-device-cap3",
+        "goodput-device-slots",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
@@ -330,6 +331,19 @@ def test_a_capped_goodput_verifies_at_most_its_cap_in_two_phase_steps(
     if name.endswith("device-cap3"):  # allocated on the device: no wait for the confidence
         assert all(step[4] == 0 for step in two_phase)
         assert sum(run["device_scored"].values()) > 0
+
+
+def test_goodput_device_slots_allocates_every_large_decode_step_on_the_device(
+    ragged_json: Path,
+) -> None:
+    """``goodput-device-slots``: no chooser; every decode step of at least ``slots_min_batch``
+    rows is two-phase and allocated on the device (no host wait), as vllm-av-device's are."""
+    report = json.loads(ragged_json.read_text())
+    (run,) = [run for run in report["runs"] if run["policy"] == "goodput-device-slots"]
+    steps = [step for phase in run["phases"].values() for step in phase["timeline"]]
+    large = [step for step in steps if step[0] >= 32 and not step[2]]
+    assert large and all(step[5] > 0 and step[4] == 0 for step in large)
+    assert sum(run["device_scored"].values()) > 0
 
 
 def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
