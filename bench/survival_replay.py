@@ -81,7 +81,12 @@ def allocator_scorer(settings: AllocatorSettings) -> Scorer:
         prepared = allocator.prepare_step(rows, len(rows), rates)
         values = allocator._confidence_values([r.draft_confidence for r in rows])
         survival, _ = allocator._calibrated(
-            prepared.tasks, prepared.base_logit, values, prepared.rows_seen, prepared.calibration
+            prepared.tasks,
+            prepared.base_logit,
+            values,
+            prepared.rows_seen,
+            prepared.calibration,
+            prepared.recency,
         )
         allocator.finish_step(prepared, [r.draft_confidence for r in rows])  # what it learns from
         return survival
@@ -181,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     scorers: dict[str, Scorer] = {
         "allocator": allocator_scorer(AllocatorSettings(max_spec_tokens=k)),
         "allocator-no-history": allocator_scorer(
-            AllocatorSettings(max_spec_tokens=k, request_window=1, request_strength=1e9)
+            AllocatorSettings(
+                max_spec_tokens=k, request_window=1, request_strength=1e9, recency_decay=0.0
+            )
+        ),
+        "allocator-no-recency": allocator_scorer(
+            AllocatorSettings(max_spec_tokens=k, recency_decay=0.0)
         ),
         "vllm-av": vllm_scorer(k),
     }

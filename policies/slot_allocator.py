@@ -8,15 +8,22 @@ widest row's, so k is chosen per (request, position) slot. Per step:
    confidence calibration of its task;
 2. score: slot (r, j) survives with probability ``prod_{i<=j} p[r, i]``, where
 
-       logit p[r, i] = logit prior[task_r, i] + offset_r + g[task_r, bin(c[r, i])]
+       logit p[r, i] = logit prior[task_r, i] + b[task_r] x_r + g[task_r, bin(c[r, i])]
 
    ``prior``: the task's per-position conditional acceptance (the goodput policy's online
-   models); ``offset_r``: the request's own history against that prior (log-odds, shrunk
-   toward 0 by ``request_strength`` steps); ``g``: the online calibration of the draft's
-   confidence ``c`` (top-1 draft probability), per task and confidence bin (logit-spaced),
-   forgetting at ``decay`` per step; until a bin has ``prior_strength`` labels it leans on
-   ``cold_confidence_weight x (logit c - the uncalibrated log-odds)`` (half trust in the
-   confidence as a probability). A row without confidence gets g = 0;
+   models); ``x_r``: the request's own recent steps' accepted drafts against what the prior
+   expects of a step of their k (per position of the block, weighted ``recency_decay`` per
+   step of age), whose weight ``b`` per task is learnt online (one Newton step per step on
+   the labelled slots, against the full prediction, from ``recency_weight_start``): on the
+   trained testbed pair a request's last steps predict its next far better than a fixed
+   log-odds offset does (bench/survival_replay.py). With ``recency_decay`` 0 the term is
+   instead ``offset_r``, the request's log-odds against the prior over its last
+   ``request_window`` steps, shrunk toward 0 by ``request_strength`` steps. ``g``: the
+   online calibration of the draft's confidence ``c`` (top-1 draft probability), per task
+   and confidence bin (logit-spaced), forgetting at ``decay`` per step; until a bin has
+   ``prior_strength`` labels it leans on ``cold_confidence_weight x (logit c - the
+   uncalibrated log-odds)`` (half trust in the confidence as a probability). A row without
+   confidence gets g = 0;
 3. budget: every eligible slot sorted best first; the step verifies the ``d`` best with
    ``d* = argmax_d (B + sum of the d best survivals) / cost(B, d)`` (vLLM's rule, over our
    survival), ``cost`` the ragged step time of B rows plus d drafts;
@@ -78,6 +85,14 @@ class AllocatorSettings:
     decay: float = 0.998  # per step: calibration counts forget (follows a drifting workload)
     request_strength: float = 8.0  # verify steps of a request's own history that count half
     request_window: int = 16  # verify steps of a request's own history that count
+    # The request's history as a learnt term b x_r (below) instead of the fixed offset: on
+    # the trained testbed pair (H200) and the demo pair the fixed offset ranked slots worse
+    # than the learnt term, which replaces it (bench/survival_replay.py, docs/allocator.md).
+    recency_decay: float = 0.5  # x_r: weight of each older step (0: the fixed offset instead)
+    recency_ridge: float = 1.0  # curvature added to b's Newton steps (damps the start)
+    # b before it learns: where it settled on the testbed pair, the demo pair and the
+    # synthetic `realistic` set (1.5-3.5 per task, bench/survival_replay.py)
+    recency_weight_start: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_spec_tokens < 1:
@@ -89,6 +104,8 @@ class AllocatorSettings:
             )
         if self.confidence_bins < 1 or not 0 < self.decay <= 1:
             raise ValueError("confidence_bins must be >= 1 and decay in (0, 1]")
+        if not 0 <= self.recency_decay < 1 or self.recency_ridge <= 0:
+            raise ValueError("recency_decay must be in [0, 1) and recency_ridge > 0")
 
 
 @dataclass(frozen=True)
@@ -108,12 +125,14 @@ class PreparedStep:
     capacities: Ints  # [rows] the most each row may verify (0: it did not draft)
     tasks: Ints  # [rows] task index
     base_logit: Floats  # [rows, K] prior and own-history log-odds
+    recency: Floats  # [rows] x_r, the rows' recent acceptance against the prior
     rows_seen: tuple[dict[Hashable, int], list[int]]  # ``_Scored.index`` and ``.seen``
     calibration: tuple[Floats, Floats]  # ``SlotAllocator.calibration()`` after the learning
 
 
 _NO_TASKS = np.zeros(0, dtype=np.int64)
 _NO_LOGITS = np.zeros((0, 1))
+_NO_ROWS = np.zeros(0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,8 @@ class _Scored:
     tasks: Ints  # [rows] task index
     bins: Ints  # [rows, K] confidence bin, -1 without confidence
     base_logit: Floats  # [rows, K] log-odds before calibration
+    logit: Floats  # [rows, K] the calibrated log-odds the slots were scored with
+    recency: Floats  # [rows] x_r
 
 
 class SlotAllocator:
@@ -136,6 +157,8 @@ class SlotAllocator:
         self._labels = np.zeros(shape)  # decayed label count per (task, bin)
         self._hits = np.zeros(shape)  # decayed accepted labels
         self._predicted = np.zeros(shape)  # decayed sum of base predictions
+        self._recency_weight = np.full(len(TASKS), settings.recency_weight_start)  # b per task
+        self._recency_curvature = np.zeros(len(TASKS))  # decayed sum of p (1 - p) x^2
         self._scored: _Scored | None = None
         self._edges = np.linspace(-4.0, 8.0, settings.confidence_bins + 1)[1:-1]
         self._budget_costs = BudgetCosts(cost, settings.max_spec_tokens)
@@ -196,13 +219,16 @@ class SlotAllocator:
         capacities = self._capacities(rows)
         if drafted is not None:
             capacities = np.where(drafted, capacities, 0)
-        tasks, base_logit = self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS)
+        tasks, base_logit, recency = (
+            self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS, _NO_ROWS)
+        )
         return PreparedStep(
             rows,
             batch_size,
             capacities,
             tasks,
             base_logit,
+            recency,
             _rows_seen(rows),
             self.calibration(),
         )
@@ -222,6 +248,7 @@ class SlotAllocator:
             values,
             prepared.rows_seen,
             prepared.calibration,
+            prepared.recency,
         )
         n = len(rows)
         scores = sorted_scores(survival, capacities)
@@ -258,6 +285,7 @@ class SlotAllocator:
             max_log_odds=float(logit(np.array(1.0))),
             budget=budget,
             min_spec_tokens=self.settings.min_spec_tokens,
+            recency=prepared.recency,
         )
 
     def device_scoring(
@@ -272,13 +300,16 @@ class SlotAllocator:
         alone), the scoring the allocator's survival for the device to apply to the fresh
         confidence. Learns nothing (an engine may score a step while the previous one runs
         and drop what it does not use); ``observed`` learns from each step that ran."""
-        tasks, base_logit = self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS)
+        tasks, base_logit, recency = (
+            self._base(rows, rates) if rows else (_NO_TASKS, _NO_LOGITS, _NO_ROWS)
+        )
         prepared = PreparedStep(
             rows,
             batch_size,
             self._capacities(rows),
             tasks,
             base_logit,
+            recency,
             _rows_seen(rows),
             self.calibration(),
         )
@@ -306,8 +337,12 @@ class SlotAllocator:
             return
         ran = np.minimum(np.asarray(spec_tokens, dtype=np.int64), self._k)
         accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64) - 1, 0, ran)
-        bins = self._bins(self._confidence_values(confidence))[1]
-        self._fold(scoring.tasks, bins, scoring.base, ran, accepted)
+        values = self._confidence_values(confidence)
+        recency = scoring.recency if scoring.recency is not None else np.zeros(rows)
+        _, scored = self._calibrated(
+            scoring.tasks, scoring.base, values, ({}, []), self.calibration(), recency
+        )
+        self._fold(scored, ran, accepted)
 
     def _bins(self, confidence: Floats) -> tuple[Floats, Ints]:
         """Log-odds of the confidence [rows, K] (clipped; NaN read as 0.5) and its bins
@@ -346,14 +381,16 @@ class SlotAllocator:
     def _survival(
         self, rows: Sequence[StepRow], rates: Rates, use_confidence: bool
     ) -> tuple[Floats, _Scored]:
-        tasks, base_logit = self._base(rows, rates)
+        tasks, base_logit, recency = self._base(rows, rates)
         values = [r.draft_confidence for r in rows] if use_confidence else []
         confidence = self._confidence_values(values, len(rows))
-        return self._calibrated(tasks, base_logit, confidence, _rows_seen(rows), self.calibration())
+        return self._calibrated(
+            tasks, base_logit, confidence, _rows_seen(rows), self.calibration(), recency
+        )
 
-    def _base(self, rows: Sequence[StepRow], rates: Rates) -> tuple[Ints, Floats]:
-        """[rows] task index and [rows, K] log-odds from the task prior and each request's
-        own history (before the confidence)."""
+    def _base(self, rows: Sequence[StepRow], rates: Rates) -> tuple[Ints, Floats, Floats]:
+        """[rows] task index, [rows, K] log-odds from the task prior and each request's own
+        history (before the confidence), and [rows] the rows' recency feature x_r."""
         k = self._k
         tasks = np.array([TASK_INDEX[r.task] for r in rows], dtype=np.int64)
         priors = np.empty((len(TASKS), k))
@@ -363,7 +400,12 @@ class SlotAllocator:
                 values += [values[-1] if values else 0.5] * (k - len(values))
                 priors[i] = values
         prior_logit = logit(priors)[tasks]
-        return tasks, prior_logit + self._offsets(rows, priors, tasks)[:, None]
+        offsets, recency = self._offsets(rows, priors, tasks)
+        if self.settings.recency_decay > 0:  # the learnt weight replaces the fixed offset
+            shift = self._recency_weight[tasks] * recency
+        else:
+            shift = offsets
+        return tasks, prior_logit + shift[:, None], recency
 
     def _calibrated(
         self,
@@ -372,6 +414,7 @@ class SlotAllocator:
         confidence: Floats,
         rows_seen: tuple[dict[Hashable, int], list[int]],
         calibration: tuple[Floats, Floats],
+        recency: Floats,
     ) -> tuple[Floats, _Scored]:
         """Survival [rows, K] from the base log-odds and the confidence's calibration (on a
         two-phase step's path between draft and verify: the usual case, every slot with a
@@ -386,9 +429,18 @@ class SlotAllocator:
         # uncalibrated prediction, times ``cold_confidence_weight``.
         cold = self.settings.cold_confidence_weight * (confidence_logit - base_logit)
         correction = slot_weight * learnt.ravel()[at] + (1.0 - slot_weight) * cold
-        p = sigmoid(base_logit + (correction if full else np.where(has, correction, 0.0)))
+        calibrated = base_logit + (correction if full else np.where(has, correction, 0.0))
+        p = sigmoid(calibrated)
         index, seen = rows_seen
-        scored = _Scored(index=index, seen=seen, tasks=tasks, bins=bins, base_logit=base_logit)
+        scored = _Scored(
+            index=index,
+            seen=seen,
+            tasks=tasks,
+            bins=bins,
+            base_logit=base_logit,
+            logit=calibrated,
+            recency=recency,
+        )
         survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
         return survival, scored
 
@@ -408,10 +460,13 @@ class SlotAllocator:
                 confidence[i, : len(given)] = given
         return confidence
 
-    def _offsets(self, rows: Sequence[StepRow], priors: Floats, tasks: Ints) -> Floats:
+    def _offsets(
+        self, rows: Sequence[StepRow], priors: Floats, tasks: Ints
+    ) -> tuple[Floats, Floats]:
         """[rows] each request's own log-odds against its task's prior over its last
         ``request_window`` verify steps (accepted drafts against what the prior expected of
-        the positions those steps labelled), shrunk by ``request_strength`` steps."""
+        the positions those steps labelled), shrunk by ``request_strength`` steps; and [rows]
+        x_r (``_recency``; 0 without a drafted step)."""
         window, k = self.settings.request_window, self._k
         # One array build from plain lists (a numpy row assignment per row costs ~10x more).
         recent_lengths: list[Sequence[int]] = []
@@ -432,15 +487,36 @@ class SlotAllocator:
         accepted = np.clip(lengths - 1, 0, ran)
         labelled = np.where(drafted, np.minimum(accepted + 1, ran), 0)
         cumulative = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(priors, axis=1)], 1)
-        expected = cumulative[tasks[:, None], labelled].sum(axis=1)
-        hits = np.where(drafted, accepted, 0).sum(axis=1)
+        expected_by_step = cumulative[tasks[:, None], labelled]
+        hits_by_step = np.where(drafted, accepted, 0)
+        expected = expected_by_step.sum(axis=1)
+        hits = hits_by_step.sum(axis=1)
         trials = labelled.sum(axis=1)
+        survival = np.cumprod(priors, axis=1)
+        mean_run = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(survival, axis=1)], 1)
+        recency = self._recency(hits_by_step, mean_run[tasks[:, None], ran], drafted)
         steps = drafted.sum(axis=1)
         weight = steps / (steps + self.settings.request_strength)
         rate = (hits + 1.0) / (trials + 2.0)
         predicted = (expected + 1.0) / (trials + 2.0)
         offsets: Floats = np.where(trials > 0, weight * (logit(rate) - logit(predicted)), 0.0)
-        return offsets
+        return offsets, recency
+
+    def _recency(self, accepted: Floats, expected: Floats, drafted: Bools) -> Floats:
+        """[rows] x_r from per-step [rows, window] accepted drafts, what the prior expects a
+        step of that k to accept, and whether the step drafted (oldest step first): the
+        recent steps' surplus of accepted drafts over the prior, per drafted position of the
+        block (steps weighted ``recency_decay`` per step of age)."""
+        decay = self.settings.recency_decay
+        if decay <= 0 or accepted.shape[1] == 0:
+            return np.zeros(accepted.shape[0])
+        age = np.arange(accepted.shape[1] - 1, -1, -1, dtype=np.float64)
+        weights = np.where(drafted, decay**age, 0.0)
+        surplus = (accepted - expected) / self._k
+        total = weights.sum(axis=1)
+        mean = (weights * surplus).sum(axis=1) / np.maximum(total, 1e-12)
+        x: Floats = np.where(total > 0, mean, 0.0)
+        return x
 
     def _learn(self, rows: Sequence[StepRow]) -> None:
         scored = self._scored
@@ -451,19 +527,24 @@ class SlotAllocator:
         if not outcomes:
             return
         where, ran, accepted = (np.array(x, dtype=np.int64) for x in zip(*outcomes, strict=True))
-        self._fold(scored.tasks[where], scored.bins[where], scored.base_logit[where], ran, accepted)
+        self._fold(_rows_of(scored, where), ran, accepted)
 
     def _decay(self) -> None:
         decay = self.settings.decay
         self._labels *= decay
         self._hits *= decay
         self._predicted *= decay
+        self._recency_curvature *= decay
 
-    def _fold(self, tasks: Ints, bins: Ints, base_logit: Floats, ran: Ints, accepted: Ints) -> None:
-        """One step's outcomes into the calibration: per row its task, its slots' confidence
-        bins and base log-odds [rows, K], the k it ran and the drafts it accepted."""
+    def _fold(self, scored: _Scored, ran: Ints, accepted: Ints) -> None:
+        """One step's outcomes into the calibration and the recency weights: per scored row
+        its task, its slots' confidence bins, base and calibrated log-odds [rows, K] and x_r,
+        the k it ran and the drafts it accepted."""
+        tasks, bins, base_logit = scored.tasks, scored.bins, scored.base_logit
         positions = np.arange(self._k)[None, :]
         labelled = positions < np.minimum(accepted + 1, ran)[:, None]
+        if self.settings.recency_decay > 0 and labelled.any():
+            self._learn_recency(scored, labelled, positions < accepted[:, None])
         use = labelled & (bins >= 0)
         if not use.any():
             return
@@ -475,3 +556,30 @@ class SlotAllocator:
         self._hits += np.bincount(flat, weights=label, minlength=size).reshape(shape)
         base = sigmoid(base_logit[:, : self._k][use])
         self._predicted += np.bincount(flat, weights=base, minlength=size).reshape(shape)
+
+    def _learn_recency(self, scored: _Scored, labelled: Bools, label: Bools) -> None:
+        """One Newton step per task for b on the step's labelled slots, against the
+        calibrated prediction they were scored with (its curvature decays as the
+        calibration's counts do, plus ``recency_ridge``)."""
+        x = np.broadcast_to(scored.recency[:, None], labelled.shape)[labelled]
+        if not x.any():
+            return
+        tasks = np.broadcast_to(scored.tasks[:, None], labelled.shape)[labelled]
+        p = sigmoid(scored.logit[:, : self._k][labelled])
+        y = label[labelled].astype(np.float64)
+        n = len(TASKS)
+        gradient = np.bincount(tasks, weights=(y - p) * x, minlength=n)
+        self._recency_curvature += np.bincount(tasks, weights=p * (1 - p) * x * x, minlength=n)
+        self._recency_weight += gradient / (self._recency_curvature + self.settings.recency_ridge)
+
+
+def _rows_of(scored: _Scored, where: Ints) -> _Scored:
+    """The scored rows ``where`` (the rows a step's outcomes label)."""
+    return replace(
+        scored,
+        tasks=scored.tasks[where],
+        bins=scored.bins[where],
+        base_logit=scored.base_logit[where],
+        logit=scored.logit[where],
+        recency=scored.recency[where],
+    )

@@ -52,6 +52,9 @@ class SlotScoring:
     max_log_odds: float
     budget: int
     min_spec_tokens: int = 1
+    # [rows] the host's own per-row feature (SlotAllocator's x_r) for its learning from
+    # the step (``observed``); the device does not read it.
+    recency: Floats | None = None
 
     def __post_init__(self) -> None:
         rows, positions = self.base.shape
@@ -155,4 +158,5 @@ def scoring_for(
         tasks=scoring.tasks[index],
         base=scoring.base[index],
         budget=round(scoring.budget * len(index) / max(1, len(made_for))),
+        recency=None if scoring.recency is None else scoring.recency[index],
     )

@@ -100,6 +100,68 @@ def test_a_request_that_keeps_accepting_gets_more_than_its_task_prior() -> None:
     assert ks[0] > ks[1]
 
 
+def _history_run(
+    alloc: SlotAllocator, rates_by_request: dict[str, float], steps: int, device: bool = False
+) -> None:
+    """``steps`` steps of chat requests whose drafts each accept with the request's own rate
+    (no confidence), every row verifying k = 7; on the host (decide_rows, whose learning
+    reads the rows' histories) or the device path (device_scoring, then observed)."""
+    rng = np.random.default_rng(1)
+    rates = rates_of({Task.CHAT: float(np.mean(list(rates_by_request.values())))})
+    history: dict[str, tuple[list[int], list[int]]] = {r: ([], []) for r in rates_by_request}
+    for _ in range(steps):
+        rows = [StepRow(r, Task.CHAT, h[0], h[1], 7) for r, h in history.items()]
+        if device:
+            _, scoring = alloc.device_scoring(rows, len(rows), rates, [None] * len(rows))
+        else:
+            alloc.decide_rows(rows, len(rows), rates)
+        lengths = []
+        for r, (done, ks) in history.items():
+            accepted = int(np.argmin(rng.uniform(size=8) < rates_by_request[r]))
+            done.append(1 + min(accepted, 7))
+            ks.append(7)
+            lengths.append(done[-1])
+        if device:
+            alloc.observed(scoring, [None] * len(rows), [7] * len(rows), lengths)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_the_recency_weight_grows_where_history_predicts_and_not_where_it_does_not(
+    device: bool,
+) -> None:
+    """b starts at 0 here: requests of one task with different rates teach it that a
+    request's recent steps predict its next (b > 0); requests of one rate do not."""
+    chat = TASK_INDEX[Task.CHAT]
+    settings = AllocatorSettings(K, recency_weight_start=0.0)
+    mixed = SlotAllocator(settings, TokenCost(0.01))
+    _history_run(mixed, {f"r{i}": (0.95 if i % 2 else 0.3) for i in range(16)}, 80, device)
+    alike = SlotAllocator(settings, TokenCost(0.01))
+    _history_run(alike, {f"r{i}": 0.6 for i in range(16)}, 80, device)
+    assert mixed._recency_weight[chat] > 1.0
+    assert abs(alike._recency_weight[chat]) < 0.5 * mixed._recency_weight[chat]
+
+
+def test_the_recency_feature_is_the_recent_surplus_over_the_prior() -> None:
+    alloc = allocator()
+    rates = rates_of({Task.CHAT: 0.5})
+    fresh = StepRow("f", Task.CHAT, [], [], K)
+    full = StepRow("g", Task.CHAT, [8] * 3, [7] * 3, K)  # every draft of k = 7 accepted
+    none = StepRow("b", Task.CHAT, [1] * 3, [7] * 3, K)
+    # all, all, then none: the newest step weighs most (weights 1/4, 1/2, 1)
+    turned = StepRow("t", Task.CHAT, [8, 8, 1], [7, 7, 7], K)
+    x = alloc.prepare_step([fresh, full, none, turned], 4, rates).recency
+    expected = sum(0.5**j for j in range(1, 8))  # the prior's mean accepted of k = 7
+    assert x[0] == 0.0
+    assert x[1] == pytest.approx((7 - expected) / K)
+    assert x[2] == pytest.approx(-expected / K)
+    assert x[3] == pytest.approx((0.75 * (7 - expected) - expected) / 1.75 / K)
+    assert x[2] < x[3] < x[1]
+    # recency off: the fixed offset, and x plays no part
+    off = SlotAllocator(AllocatorSettings(K, recency_decay=0.0), TokenCost(0.01))
+    prepared = off.prepare_step([fresh, full], 2, rates)
+    assert prepared.base_logit[1, 0] > prepared.base_logit[0, 0]
+
+
 def test_vllm_av_on_a_ragged_engine_allocates_per_row() -> None:
     class Flat:
         def step_time_s(self, batch_size: int, spec_tokens: int) -> float:
@@ -197,6 +259,7 @@ def test_the_device_scoring_is_the_allocators_own_survival() -> None:
         confidence,
         prepared.rows_seen,
         prepared.calibration,
+        prepared.recency,
     )[0]
     scoring = alloc.slot_scoring(prepared, budget=20)
     assert np.allclose(survival(scoring, confidence), expected, rtol=1e-9, atol=1e-12)
@@ -229,5 +292,7 @@ def test_device_scoring_learns_nothing_and_observed_steps_teach_the_calibration(
     assert scoring_for(scoring, made_for, ["m", "c", "x"]) is scoring
     fewer = scoring_for(scoring, made_for, ["x", "m"])
     assert fewer is not None and np.array_equal(fewer.base, scoring.base[[2, 0]])
+    assert scoring.recency is not None and fewer.recency is not None
+    assert np.array_equal(fewer.recency, scoring.recency[[2, 0]])
     assert fewer.budget == round(scoring.budget * 2 / 3)
     assert scoring_for(scoring, made_for, ["m", "new"]) is None
