@@ -126,8 +126,9 @@ def _paired(
     an A/A twin (``goodput#2``: another instance of goodput in the same blocks) ``aa`` holds
     the twin's ratios over goodput and ``noise_aa`` the largest distance of one of them from 1;
     a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
-    from 1 than that (a difference the A/A pair never showed). ``phases``: the same per
-    phase."""
+    from 1 than that (a difference the A/A pair never showed). ``variants``: each
+    ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way.
+    ``phases``: the same per phase."""
     blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
         block = (run.get("call", 0), run.get("repeat", 0))
@@ -158,7 +159,8 @@ def _paired(
         if aa is not None:
             out["aa"] = aa
             out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
-        for name in dict.fromkeys((best_static, "vllm-av", "dsd-schedule", "no-spec", "oracle")):
+        baselines = (best_static, "vllm-av", "vllm-av-device", "dsd-schedule", "no-spec", "oracle")
+        for name in dict.fromkeys(baselines):
             if name is None or name not in policies:
                 continue
             paired = cell("goodput", name, phase)
@@ -167,6 +169,18 @@ def _paired(
             if aa is not None:
                 paired["outside_aa"] = abs(paired["mean"] - 1.0) > out["noise_aa"]
             out[f"vs_{name}"] = paired
+        # goodput's variants (goodput-device-slots, -cap7, ...) over goodput and over the
+        # closest copy of vLLM, in the same blocks
+        variants: dict[str, Any] = {}
+        for variant in sorted(n for n in policies if n.startswith("goodput-")):
+            against = {
+                f"vs_{name}": cell(variant, name, phase)
+                for name in ("goodput", "vllm-av-device", best_static)
+                if name is not None and name in policies
+            }
+            variants[variant] = {key: v for key, v in against.items() if v is not None}
+        if variants:
+            out["variants"] = variants
         return out
 
     out = compare(None)
