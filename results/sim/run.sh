@@ -19,6 +19,13 @@ for name in mixed-shift-ragged-8b-two-phase-wait mixed-shift-ragged-8b-narrow-dr
   .venv/bin/draftctl simulate --scenario "scenarios/$name.yaml" --no-progress \
     --out "$out/$name.json" > "$out/$name.txt"
 done
+# The files of the ragged scenarios above were made by the allocator with the fixed history
+# offset (before commit 343d992, README "Session 22"); re-running them now gives the learnt
+# recency term's figures, as this file does for the device scenario (allocator 4,016 ->
+# 4,010 tok/s, goodput-auto 3,993 -> 3,989):
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
+  --out "$out/mixed-shift-ragged-8b-device-recency.json" \
+  > "$out/mixed-shift-ragged-8b-device-recency.txt"
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c
