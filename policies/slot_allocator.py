@@ -560,16 +560,19 @@ class SlotAllocator:
     def _learn_recency(self, scored: _Scored, labelled: Bools, label: Bools) -> None:
         """One Newton step per task for b on the step's labelled slots, against the
         calibrated prediction they were scored with (its curvature decays as the
-        calibration's counts do, plus ``recency_ridge``)."""
-        x = np.broadcast_to(scored.recency[:, None], labelled.shape)[labelled]
+        calibration's counts do, plus ``recency_ridge``). x is per row, so the slots are
+        summed per row first."""
+        x = scored.recency
         if not x.any():
             return
-        tasks = np.broadcast_to(scored.tasks[:, None], labelled.shape)[labelled]
-        p = sigmoid(scored.logit[:, : self._k][labelled])
-        y = label[labelled].astype(np.float64)
+        p = sigmoid(scored.logit[:, : self._k])
+        residual = np.where(labelled, label - p, 0.0).sum(axis=1)
+        information = np.where(labelled, p * (1.0 - p), 0.0).sum(axis=1)
         n = len(TASKS)
-        gradient = np.bincount(tasks, weights=(y - p) * x, minlength=n)
-        self._recency_curvature += np.bincount(tasks, weights=p * (1 - p) * x * x, minlength=n)
+        gradient = np.bincount(scored.tasks, weights=residual * x, minlength=n)
+        self._recency_curvature += np.bincount(
+            scored.tasks, weights=information * x * x, minlength=n
+        )
         self._recency_weight += gradient / (self._recency_curvature + self.settings.recency_ridge)
 
 
