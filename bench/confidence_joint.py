@@ -294,6 +294,25 @@ def synthetic_like(run: np.ndarray, k: int, auc_target: float, seed: int) -> np.
     )
 
 
+def add_source_arguments(parser: argparse.ArgumentParser, requests: int, steps: int) -> None:
+    """RAW or ``--synthetic SET`` (with its size and seed), and ``--out``."""
+    parser.add_argument("raw", type=Path, nargs="?", help="bench/draft_confidence.py --raw output")
+    parser.add_argument("--synthetic", default=None, help="a synthetic profile set instead of RAW")
+    parser.add_argument("--requests", type=int, default=requests, help="--synthetic: per task")
+    parser.add_argument("--steps", type=int, default=steps, help="--synthetic: per request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here too")
+
+
+def steps_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Steps:
+    """The steps the arguments name (exactly one source)."""
+    if (args.raw is None) == (args.synthetic is None):
+        parser.error("give RAW (a --raw file of bench/draft_confidence.py) or --synthetic SET")
+    if args.synthetic is not None:
+        return synthetic_steps(args.synthetic, args.requests, args.steps, args.seed)
+    return load(args.raw)
+
+
 def report(name: str, part: dict[str, Any]) -> None:
     s = part["structure"]
     print(
@@ -312,20 +331,10 @@ def report(name: str, part: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("raw", type=Path, nargs="?", help="bench/draft_confidence.py --raw output")
-    parser.add_argument("--synthetic", default=None, help="a synthetic profile set instead of RAW")
-    parser.add_argument("--requests", type=int, default=200, help="--synthetic: per task")
-    parser.add_argument("--steps", type=int, default=30, help="--synthetic: per request")
+    add_source_arguments(parser, requests=200, steps=30)
     parser.add_argument("--auc", type=float, default=None, help="mirror's AUC (default: measured)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if (args.raw is None) == (args.synthetic is None):
-        parser.error("give RAW (a --raw file of bench/draft_confidence.py) or --synthetic SET")
-    if args.synthetic is not None:
-        steps = synthetic_steps(args.synthetic, args.requests, args.steps, args.seed)
-    else:
-        steps = load(args.raw)
+    steps = steps_of(args, parser)
     k = steps.conf.shape[1]
     survive = steps.run[:, None] > np.arange(k)[None, :]
     reached = steps.run[:, None] >= np.arange(k)[None, :]

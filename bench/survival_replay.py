@@ -37,7 +37,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.confidence_joint import MULTIPLES, Steps, load, synthetic_steps  # noqa: E402
+from bench.confidence_joint import (  # noqa: E402
+    MULTIPLES,
+    Steps,
+    add_source_arguments,
+    steps_of,
+)
 from bench.draft_confidence import auc  # noqa: E402
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings  # noqa: E402
 from policies.slot_allocator import AllocatorSettings, SlotAllocator  # noqa: E402
@@ -79,17 +84,7 @@ def allocator_scorer(settings: AllocatorSettings) -> Scorer:
 
     def score(rows: list[StepRow], rates: Callable[[str], Sequence[float]]) -> np.ndarray:
         prepared = allocator.prepare_step(rows, len(rows), rates)
-        values = allocator._confidence_values([r.draft_confidence for r in rows])
-        survival, _ = allocator._calibrated(
-            prepared.tasks,
-            prepared.base_logit,
-            values,
-            prepared.rows_seen,
-            prepared.calibration,
-            prepared.recency,
-        )
-        allocator.finish_step(prepared, [r.draft_confidence for r in rows])  # what it learns from
-        return survival
+        return allocator.score_step(prepared, [r.draft_confidence for r in rows])
 
     return score
 
@@ -168,20 +163,10 @@ def replay(steps: Steps, rows_per_batch: int, scorers: dict[str, Scorer]) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("raw", type=Path, nargs="?", help="bench/draft_confidence.py --raw output")
-    parser.add_argument("--synthetic", default=None, help="a synthetic profile set instead of RAW")
-    parser.add_argument("--requests", type=int, default=128, help="--synthetic: per task")
-    parser.add_argument("--steps", type=int, default=40, help="--synthetic: per request")
-    parser.add_argument("--seed", type=int, default=0)
+    add_source_arguments(parser, requests=128, steps=40)
     parser.add_argument("--rows", type=int, default=64, help="requests that run together")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if (args.raw is None) == (args.synthetic is None):
-        parser.error("give RAW (a --raw file of bench/draft_confidence.py) or --synthetic SET")
-    if args.synthetic is not None:
-        steps = synthetic_steps(args.synthetic, args.requests, args.steps, args.seed)
-    else:
-        steps = load(args.raw)
+    steps = steps_of(args, parser)
     k = steps.conf.shape[1]
     scorers: dict[str, Scorer] = {
         "allocator": allocator_scorer(AllocatorSettings(max_spec_tokens=k)),

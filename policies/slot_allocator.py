@@ -241,15 +241,7 @@ class SlotAllocator:
         rows, batch_size, capacities = prepared.rows, prepared.batch_size, prepared.capacities
         if not rows:
             return RaggedChoice([], "allocator: empty batch")
-        values = self._confidence_values(confidence)
-        survival, self._scored = self._calibrated(
-            prepared.tasks,
-            prepared.base_logit,
-            values,
-            prepared.rows_seen,
-            prepared.calibration,
-            prepared.recency,
-        )
+        survival = self.score_step(prepared, confidence)
         n = len(rows)
         scores = sorted_scores(survival, capacities)
         budget = draft_budget(scores, n, self._costs(batch_size, len(scores)))
@@ -266,6 +258,21 @@ class SlotAllocator:
             f"{gain:.2f}x plain"
         )
         return RaggedChoice([int(c) for c in counts], reason)
+
+    def score_step(
+        self, prepared: PreparedStep, confidence: Sequence[PositionValues | None]
+    ) -> Floats:
+        """Survival [rows, K] of a prepared step's slots from its rows' confidence, remembered
+        for the next step's learning (``finish_step``'s scoring, without the budget)."""
+        survival, self._scored = self._calibrated(
+            prepared.tasks,
+            prepared.base_logit,
+            self._confidence_values(confidence),
+            prepared.rows_seen,
+            prepared.calibration,
+            prepared.recency,
+        )
+        return survival
 
     def slot_scoring(self, prepared: PreparedStep, budget: int) -> SlotScoring:
         """The prepared step's scoring for the device (``policies.slot_scoring``): the same
@@ -393,7 +400,7 @@ class SlotAllocator:
         history (before the confidence), and [rows] the rows' recency feature x_r."""
         k = self._k
         tasks = np.array([TASK_INDEX[r.task] for r in rows], dtype=np.int64)
-        priors = np.empty((len(TASKS), k))
+        priors = np.full((len(TASKS), k), 0.5)  # rows of absent tasks: never read
         for t, i in TASK_INDEX.items():
             if (tasks == i).any():
                 values = list(rates(t))[:k]

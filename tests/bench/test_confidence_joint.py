@@ -79,6 +79,7 @@ def test_a_raw_file_round_trips_and_the_command_writes_its_json(tmp_path: Path) 
     assert set(json.loads(out.read_text())["policies"]) == {
         "allocator",
         "allocator-no-history",
+        "allocator-no-recency",
         "vllm-av",
     }
 
