@@ -13,10 +13,12 @@ synthetic acceptance and drawn confidence, ``bench/confidence_joint.py``'s gener
 requests run ``--rows`` at a time, all advancing one step per round; per round each policy
 scores every (row, position) slot, and the replay verifies its best D slots, D = m x the
 round's surviving slots (m = 0.5, 1, 2: the oracle's budget at m = 1). Reported: surviving
-slots per verified slot (the oracle: 1.0 up to m = 1), summed over rounds, and the pooled AUC
-of the scores against survival. The task priors both start from are the online
-per-task per-position acceptance of the rounds before (what the goodput policy's models give
-the allocator); vLLM's estimator has none.
+slots per verified slot (the oracle: 1.0 up to m = 1), summed over rounds, the pooled AUC of
+the scores against survival, and what the scores promised for the verified slots over what
+survived (calibration in the large: above 1 a budget rule over the scores overbuys, below 1
+it underbuys). The task priors the allocator starts from are the online per-task
+per-position acceptance of the rounds before (what the goodput policy's models give it);
+vLLM's estimator has none.
 
     R=bench/results/draft_confidence_testbed_h200_2026-12-04_raw.jsonl.gz
     .venv/bin/python bench/survival_replay.py $R
@@ -110,6 +112,7 @@ def replay(steps: Steps, rows_per_batch: int, scorers: dict[str, Scorer]) -> dic
     rates = TaskRates(k)
     history: dict[int, tuple[list[int], list[int]]] = {p: ([], []) for p in requests}
     hits = {name: dict.fromkeys(MULTIPLES, 0.0) for name in scorers}
+    predicted = {name: dict.fromkeys(MULTIPLES, 0.0) for name in scorers}
     verified = dict.fromkeys(MULTIPLES, 0.0)
     pooled: dict[str, list[np.ndarray]] = {name: [] for name in scorers}
     labels: list[np.ndarray] = []
@@ -138,9 +141,11 @@ def replay(steps: Steps, rows_per_batch: int, scorers: dict[str, Scorer]) -> dic
                 pooled[name].append(score.ravel())
                 order = np.argsort(-score.ravel(), kind="stable")
                 kept = survive.ravel()[order]
+                believed = score.ravel()[order]
                 for m in MULTIPLES:
                     d = min(len(order), round(m * total))
                     hits[name][m] += float(kept[:d].sum())
+                    predicted[name][m] += float(believed[:d].sum())
             for m in MULTIPLES:
                 verified[m] += min(survive.size, round(m * total))
             for p, i in zip(live, at, strict=True):
@@ -155,6 +160,14 @@ def replay(steps: Steps, rows_per_batch: int, scorers: dict[str, Scorer]) -> dic
             "auc_survival": round(float(auc(np.concatenate(pooled[name]), truth) or 0), 4),
             **{
                 f"survivors_per_slot_at_{m:g}x": round(hits[name][m] / max(verified[m], 1), 4)
+                for m in MULTIPLES
+            },
+            # what the scores promised for those slots, over what survived (1: calibrated;
+            # above 1 a budget rule over these scores buys more slots than pay)
+            **{
+                f"promised_over_survived_at_{m:g}x": round(
+                    predicted[name][m] / max(hits[name][m], 1e-9), 4
+                )
                 for m in MULTIPLES
             },
         }
