@@ -81,6 +81,9 @@ class TaskRates:
         hits += j < run
 
 
+ALLOCATORS: dict[int, SlotAllocator] = {}  # id(scorer) -> its allocator (what it learnt)
+
+
 def allocator_scorer(settings: AllocatorSettings) -> Scorer:
     allocator = SlotAllocator(settings, LinearCost())
 
@@ -88,6 +91,7 @@ def allocator_scorer(settings: AllocatorSettings) -> Scorer:
         prepared = allocator.prepare_step(rows, len(rows), rates)
         return allocator.score_step(prepared, [r.draft_confidence for r in rows])
 
+    ALLOCATORS[id(score)] = allocator
     return score
 
 
@@ -193,13 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "vllm-av": vllm_scorer(k),
     }
+    policies = replay(steps, args.rows, scorers)
+    for name, scorer in scorers.items():
+        learnt = ALLOCATORS.get(id(scorer))
+        if learnt is not None and learnt.settings.recency_decay > 0:
+            weights = learnt.recency_weights()
+            policies[name]["recency_weight_end"] = {t: round(w, 3) for t, w in weights.items()}
     result = {
         "command": " ".join(["python", *sys.argv]),
         "source": (args.synthetic and f"synthetic:{args.synthetic}") or str(args.raw),
         "positions": k,
         "steps": len(steps.run),
         "rows": args.rows,
-        "policies": replay(steps, args.rows, scorers),
+        "policies": policies,
     }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -90,8 +90,8 @@ class AllocatorSettings:
     # than the learnt term, which replaces it (bench/survival_replay.py, docs/allocator.md).
     recency_decay: float = 0.5  # x_r: weight of each older step (0: the fixed offset instead)
     recency_ridge: float = 1.0  # curvature added to b's Newton steps (damps the start)
-    # b before it learns: where it settled on the testbed pair, the demo pair and the
-    # synthetic `realistic` set (1.5-3.5 per task, bench/survival_replay.py)
+    # b before it learns: about where it ends on the testbed pair, the demo pair and the
+    # synthetic `realistic` set (1.0-3.8 per task, bench/results/survival_replay_*.json)
     recency_weight_start: float = 2.0
 
     def __post_init__(self) -> None:
@@ -173,6 +173,11 @@ class SlotAllocator:
         predicted = (self._predicted + 0.5) / (n + 1.0)
         weight = n / (n + self.settings.prior_strength)
         return np.where(n > 0, logit(rate) - logit(predicted), 0.0), weight
+
+    def recency_weights(self) -> dict[str, float]:
+        """The learnt weight b of each task's recency term (``recency_weight_start`` until it
+        learns)."""
+        return {str(t.value): float(self._recency_weight[TASK_INDEX[t]]) for t in TASKS}
 
     # -- one step ----------------------------------------------------------------------------
 

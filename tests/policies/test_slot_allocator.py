@@ -131,14 +131,14 @@ def test_the_recency_weight_grows_where_history_predicts_and_not_where_it_does_n
 ) -> None:
     """b starts at 0 here: requests of one task with different rates teach it that a
     request's recent steps predict its next (b > 0); requests of one rate do not."""
-    chat = TASK_INDEX[Task.CHAT]
     settings = AllocatorSettings(K, recency_weight_start=0.0)
     mixed = SlotAllocator(settings, TokenCost(0.01))
     _history_run(mixed, {f"r{i}": (0.95 if i % 2 else 0.3) for i in range(16)}, 80, device)
     alike = SlotAllocator(settings, TokenCost(0.01))
     _history_run(alike, {f"r{i}": 0.6 for i in range(16)}, 80, device)
-    assert mixed._recency_weight[chat] > 1.0
-    assert abs(alike._recency_weight[chat]) < 0.5 * mixed._recency_weight[chat]
+    learnt, unmoved = mixed.recency_weights(), alike.recency_weights()
+    assert learnt["chat"] > 1.0 and learnt["math"] == learnt["code"] == 0.0  # no rows of theirs
+    assert abs(unmoved["chat"]) < 0.5 * learnt["chat"]
 
 
 def test_the_recency_feature_is_the_recent_surplus_over_the_prior() -> None:
