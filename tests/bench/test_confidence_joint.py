@@ -99,3 +99,15 @@ def test_the_allocators_online_scores_rank_synthetic_slots_better_than_vllms(ste
     )
     assert result["allocator"]["auc_survival"] > result["vllm-av"]["auc_survival"]
     assert result["allocator"]["survivors_per_slot_at_1x"] <= 1.0
+
+
+def test_the_device_path_host_bench_times_both_policies(tmp_path: Path) -> None:
+    from bench.device_path_host import main as host_main
+
+    out = tmp_path / "host.json"
+    assert host_main(["--batch", "8", "--steps", "60", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"goodput", "vllm-av"}
+    for figures in report["policies"].values():
+        assert len(figures["runs"]) == 2
+        assert figures["device_scoring_us_median"] > 0 and figures["observed_us_median"] > 0
