@@ -81,18 +81,20 @@ class TaskRates:
         hits += j < run
 
 
-ALLOCATORS: dict[int, SlotAllocator] = {}  # id(scorer) -> its allocator (what it learnt)
+class AllocatorScorer:
+    """The allocator's survival per step, as an engine's prepare and score would give it;
+    ``allocator`` keeps what it learnt."""
+
+    def __init__(self, settings: AllocatorSettings):
+        self.allocator = SlotAllocator(settings, LinearCost())
+
+    def __call__(self, rows: list[StepRow], rates: Callable[[str], Sequence[float]]) -> np.ndarray:
+        prepared = self.allocator.prepare_step(rows, len(rows), rates)
+        return self.allocator.score_step(prepared, [r.draft_confidence for r in rows])
 
 
-def allocator_scorer(settings: AllocatorSettings) -> Scorer:
-    allocator = SlotAllocator(settings, LinearCost())
-
-    def score(rows: list[StepRow], rates: Callable[[str], Sequence[float]]) -> np.ndarray:
-        prepared = allocator.prepare_step(rows, len(rows), rates)
-        return allocator.score_step(prepared, [r.draft_confidence for r in rows])
-
-    ALLOCATORS[id(score)] = allocator
-    return score
+def allocator_scorer(settings: AllocatorSettings) -> AllocatorScorer:
+    return AllocatorScorer(settings)
 
 
 def vllm_scorer(k: int) -> Scorer:
@@ -199,9 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     policies = replay(steps, args.rows, scorers)
     for name, scorer in scorers.items():
-        learnt = ALLOCATORS.get(id(scorer))
-        if learnt is not None and learnt.settings.recency_decay > 0:
-            weights = learnt.recency_weights()
+        if isinstance(scorer, AllocatorScorer) and scorer.allocator.settings.recency_decay > 0:
+            weights = scorer.allocator.recency_weights()
             policies[name]["recency_weight_end"] = {t: round(w, 3) for t, w in weights.items()}
     result = {
         "command": " ".join(["python", *sys.argv]),

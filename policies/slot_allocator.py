@@ -351,7 +351,7 @@ class SlotAllocator:
         accepted = np.clip(np.asarray(accept_lengths, dtype=np.int64) - 1, 0, ran)
         values = self._confidence_values(confidence)
         recency = scoring.recency if scoring.recency is not None else np.zeros(rows)
-        _, scored = self._calibrated(
+        scored = self._scored_slots(
             scoring.tasks, scoring.base, values, ({}, []), self.calibration(), recency
         )
         self._fold(scored, ran, accepted)
@@ -412,11 +412,7 @@ class SlotAllocator:
                 values += [values[-1] if values else 0.5] * (k - len(values))
                 priors[i] = values
         prior_logit = logit(priors)[tasks]
-        offsets, recency = self._offsets(rows, priors, tasks)
-        if self.settings.recency_decay > 0:  # the learnt weight replaces the fixed offset
-            shift = self._recency_weight[tasks] * recency
-        else:
-            shift = offsets
+        shift, recency = self._history(rows, priors, tasks)
         return tasks, prior_logit + shift[:, None], recency
 
     def _calibrated(
@@ -429,8 +425,22 @@ class SlotAllocator:
         recency: Floats,
     ) -> tuple[Floats, _Scored]:
         """Survival [rows, K] from the base log-odds and the confidence's calibration (on a
-        two-phase step's path between draft and verify: the usual case, every slot with a
-        confidence, skips the masking)."""
+        two-phase step's path between draft and verify), and what was scored."""
+        scored = self._scored_slots(tasks, base_logit, confidence, rows_seen, calibration, recency)
+        survival: Floats = np.cumprod(sigmoid(scored.logit), axis=1, dtype=np.float64)
+        return survival, scored
+
+    def _scored_slots(
+        self,
+        tasks: Ints,
+        base_logit: Floats,
+        confidence: Floats,
+        rows_seen: tuple[dict[Hashable, int], list[int]],
+        calibration: tuple[Floats, Floats],
+        recency: Floats,
+    ) -> _Scored:
+        """The calibrated log-odds [rows, K] of every slot and what learning needs of them
+        (the usual case, every slot with a confidence, skips the masking)."""
         has = ~np.isnan(confidence)
         full = bool(has.all())
         confidence_logit, bins = self._bins(confidence)
@@ -442,9 +452,8 @@ class SlotAllocator:
         cold = self.settings.cold_confidence_weight * (confidence_logit - base_logit)
         correction = slot_weight * learnt.ravel()[at] + (1.0 - slot_weight) * cold
         calibrated = base_logit + (correction if full else np.where(has, correction, 0.0))
-        p = sigmoid(calibrated)
         index, seen = rows_seen
-        scored = _Scored(
+        return _Scored(
             index=index,
             seen=seen,
             tasks=tasks,
@@ -453,8 +462,6 @@ class SlotAllocator:
             logit=calibrated,
             recency=recency,
         )
-        survival: Floats = np.cumprod(p, axis=1, dtype=np.float64)
-        return survival, scored
 
     def _confidence_values(
         self, values: Sequence[PositionValues | None], num_rows: int | None = None
@@ -472,13 +479,15 @@ class SlotAllocator:
                 confidence[i, : len(given)] = given
         return confidence
 
-    def _offsets(
+    def _history(
         self, rows: Sequence[StepRow], priors: Floats, tasks: Ints
     ) -> tuple[Floats, Floats]:
-        """[rows] each request's own log-odds against its task's prior over its last
+        """[rows] each request's own history term in log-odds, and [rows] x_r. With
+        ``recency_decay`` > 0 the term is b x_r (``_recency``; x_r 0 without a drafted step);
+        with 0 it is the request's log-odds against its task's prior over its last
         ``request_window`` verify steps (accepted drafts against what the prior expected of
-        the positions those steps labelled), shrunk by ``request_strength`` steps; and [rows]
-        x_r (``_recency``; 0 without a drafted step)."""
+        the positions those steps labelled), shrunk by ``request_strength`` steps, and x_r
+        is 0. Only the term in use is computed."""
         window, k = self.settings.request_window, self._k
         # One array build from plain lists (a numpy row assignment per row costs ~10x more).
         recent_lengths: list[Sequence[int]] = []
@@ -498,21 +507,22 @@ class SlotAllocator:
         drafted = ran > 0
         accepted = np.clip(lengths - 1, 0, ran)
         labelled = np.where(drafted, np.minimum(accepted + 1, ran), 0)
-        cumulative = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(priors, axis=1)], 1)
-        expected_by_step = cumulative[tasks[:, None], labelled]
         hits_by_step = np.where(drafted, accepted, 0)
-        expected = expected_by_step.sum(axis=1)
+        if self.settings.recency_decay > 0:  # the learnt weight replaces the fixed offset
+            survival = np.cumprod(priors, axis=1)
+            mean_run = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(survival, 1)], 1)
+            recency = self._recency(hits_by_step, mean_run[tasks[:, None], ran], drafted)
+            return self._recency_weight[tasks] * recency, recency
+        cumulative = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(priors, axis=1)], 1)
+        expected = cumulative[tasks[:, None], labelled].sum(axis=1)
         hits = hits_by_step.sum(axis=1)
         trials = labelled.sum(axis=1)
-        survival = np.cumprod(priors, axis=1)
-        mean_run = np.concatenate([np.zeros((len(priors), 1)), np.cumsum(survival, axis=1)], 1)
-        recency = self._recency(hits_by_step, mean_run[tasks[:, None], ran], drafted)
         steps = drafted.sum(axis=1)
         weight = steps / (steps + self.settings.request_strength)
         rate = (hits + 1.0) / (trials + 2.0)
         predicted = (expected + 1.0) / (trials + 2.0)
         offsets: Floats = np.where(trials > 0, weight * (logit(rate) - logit(predicted)), 0.0)
-        return offsets, recency
+        return offsets, np.zeros(len(rows))
 
     def _recency(self, accepted: Floats, expected: Floats, drafted: Bools) -> Floats:
         """[rows] x_r from per-step [rows, window] accepted drafts, what the prior expects a
@@ -520,7 +530,7 @@ class SlotAllocator:
         recent steps' surplus of accepted drafts over the prior, per drafted position of the
         block (steps weighted ``recency_decay`` per step of age)."""
         decay = self.settings.recency_decay
-        if decay <= 0 or accepted.shape[1] == 0:
+        if accepted.shape[1] == 0:
             return np.zeros(accepted.shape[0])
         age = np.arange(accepted.shape[1] - 1, -1, -1, dtype=np.float64)
         weights = np.where(drafted, decay**age, 0.0)
