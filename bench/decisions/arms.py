@@ -27,7 +27,7 @@ from engines.embedded.profiler import measure_cost_table
 from engines.embedded.request import Request
 from engines.embedded.runner import ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
-from engines.embedded.step_profile import batch_sizes_for, profile_steps, widths_for
+from engines.embedded.step_profile import batch_sizes_for, profile_steps, profile_widths
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.synthetic_profiles import load_profile_set
 from policies.costmodel import CostTable
@@ -154,6 +154,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
+        **_table_ms(table, args),
         "global_rates": _rounded(context.global_rates),
     }
     return Arm(engine, context, prompt_for, _device_name(device), info)
@@ -205,6 +206,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
         "block_size": runner.block_size,
         "cost_table": str(table.source),
+        **_table_ms(table, args),
         "measured_rates": _rounded(rates),
         "accept_length_k_max": {t.value: 1 + sum(_cumprod(r)) for t, r in rates.items()},
     }
@@ -302,7 +304,7 @@ def _engine_table(engine: Engine) -> CostTable:
     the goodput policy (``cost_profile``, engines/embedded/step_profile.py): its kernels, its
     verify layout and the draft, where the committed tables are eager SDPA target forwards."""
     batches = batch_sizes_for(MAX_BATCH)
-    widths = widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths)
+    widths = profile_widths(engine)
     started = time.perf_counter()
 
     def point(batch: int, width: int, seconds: float) -> None:
@@ -311,6 +313,21 @@ def _engine_table(engine: Engine) -> CostTable:
     table = profile_steps(engine, batches, widths, on_point=point)
     print(f"profiled the engine's steps in {time.perf_counter() - started:.0f} s", flush=True)
     return replace(table, source="engine steps profiled at start-up (step_profile.py)")
+
+
+def _table_ms(table: CostTable, args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's start-up profile as the results file keeps it (ms per step, by batch size
+    and width); nothing for a committed table."""
+    if args.cost_table != ENGINE_PROFILE:
+        return {}
+    by_batch = {
+        str(batch): {
+            str(width): round(1e3 * seconds, 3)
+            for width, seconds in zip(table.tokens_per_request, row, strict=True)
+        }
+        for batch, row in zip(table.batch_sizes, table.step_time_s, strict=True)
+    }
+    return {"cost_table_ms": by_batch}
 
 
 def _profiled_table(args: argparse.Namespace, runner: ModelRunner, device: torch.device) -> Any:

@@ -8,7 +8,8 @@ forward, sampling and host work included, hence ``includes_draft``) for batch si
 up to ``max_batch_size`` and the widths the policy can choose (1 = drafting off, then the
 padded verify widths up to the block; on an engine that verifies each row at its own width,
 width 2 and every fourth width as well, so that the draft forward's fixed cost sits between
-widths 1 and 2 instead of being spread over the first drafted tokens), a few timed steps each
+widths 1 and 2 instead of being spread over the first drafted tokens, and on a GPU every width,
+whose step time climbs in stairs as its matrix products fill tiles), a few timed steps each
 after an untimed first one. Every drafting step is timed with the whole block's draft logits
 (the runner's ``narrow_drafts`` off): what a two-phase step, which drafts the whole block before
 its rows' k are known, pays at every width. A one-phase step of k <= 7 on CUDA graphs costs
@@ -40,7 +41,7 @@ from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 3  # part of the cache key: a change of method re-measures
+PROFILE_VERSION = 4  # part of the cache key: a change of method re-measures
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
@@ -57,7 +58,10 @@ def batch_sizes_for(max_batch_size: int) -> list[int]:
 
 
 def widths_for(
-    block_size: int, multiple: int = WIDTH_MULTIPLE, per_row_widths: bool = False
+    block_size: int,
+    multiple: int = WIDTH_MULTIPLE,
+    per_row_widths: bool = False,
+    every_width: bool = False,
 ) -> list[int]:
     """1 (drafting off) and every padded verify width up to k = block - 1.
 
@@ -68,12 +72,33 @@ def widths_for(
     8.70 ms at widths 1 / 8 / 16) that priced one of those tokens 20x what one more token past
     width 8 costs, and vLLM's budget rule priced with it verified far fewer drafts
     (bench/results/gpu_decisions_ragged.json, arm synthetic-8b-ragged-triton-engine).
+
+    ``every_width`` (ragged verifies on a GPU, ``profile_widths``): every width 1 .. block. A
+    GPU's verify is not linear in its tokens: its matrix products run in tiles, so the step
+    time climbs in stairs. On the H200 (8B shape, 64 rows, session 22's harness timelines) a
+    step of 385-416 tokens took 1.8 ms more than one of 384 and 448 hardly more than 416; a
+    table of widths 4 and 8 (256 and 512 tokens at 64 rows) drew a straight line over that
+    stair, so both budget rules read a flat price per token and stopped in the dearest spot.
     """
     k_max = max_spec_tokens(block_size)
     widths = {1, *(padded_width(k, multiple) for k in range(1, k_max + 1))}
     if per_row_widths and k_max >= 1:
         widths |= {2, *range(4, k_max + 2, 4)}
+        if every_width:
+            widths |= set(range(1, k_max + 2))
     return sorted(widths)
+
+
+def profile_widths(engine: Engine) -> list[int]:
+    """The widths an engine's start-up profile times (``widths_for``): every width where rows
+    verify at their own widths on a CUDA device, whose step time climbs in stairs."""
+    runner = engine.runner
+    ragged = runner.per_row_widths
+    return widths_for(
+        engine.block_size,
+        per_row_widths=ragged,
+        every_width=ragged and runner.device.type == "cuda",
+    )
 
 
 def profile_steps(
@@ -209,7 +234,7 @@ def cached_or_profiled(
     table = profile_steps(
         engine,
         batch_sizes_for(max_batch_size),
-        widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths),
+        profile_widths(engine),
         on_point=lambda b, w, s: log.info(
             "cost profile: batch %d, width %d: %.2f ms per step", b, w, 1e3 * s
         ),

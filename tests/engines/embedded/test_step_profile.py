@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,10 +20,12 @@ from engines.embedded.step_profile import (
     cache_key,
     cached_or_profiled,
     profile_steps,
+    profile_widths,
     widths_for,
 )
 from engines.step_controller import FixedPolicySource, StepController
 from policies.baselines.ragged_cost import TableRaggedCost
+from policies.baselines.slot_budget import draft_budget
 from policies.costmodel import CostModel, CostTable
 from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec, PolicySpec
@@ -65,6 +68,9 @@ def test_the_grid_covers_every_batch_and_the_widths_the_policy_can_choose() -> N
     # rows at their own widths: k = 1 and every fourth width as well
     assert widths_for(16, per_row_widths=True) == [1, 2, 4, 8, 12, 16]
     assert widths_for(8, per_row_widths=True) == [1, 2, 4, 8]
+    # ... and on a GPU every width (its step time climbs in stairs); padded engines unchanged
+    assert widths_for(16, per_row_widths=True, every_width=True) == list(range(1, 17))
+    assert widths_for(16, every_width=True) == [1, 8, 16]
 
 
 def whole_step_s(batch: float, width: float) -> float:
@@ -97,6 +103,45 @@ def test_a_ragged_profile_prices_drafted_tokens_without_the_draft_forward() -> N
         assert fine.step_time_s(rows, 0) == pytest.approx(whole_step_s(rows, 1))
     old = coarse.step_time_s(1, 4) - coarse.step_time_s(1, 3)
     assert old > 15 * 0.015  # the old grid's price of one more drafted token at batch 1
+
+
+def stair_step_s(batch: float, width: float) -> float:
+    """A GPU's ragged step in s: 25 us a token, 1.8 ms more past 384 tokens (a matrix
+    product's next tile) and 6 ms of draft once a row drafts (about the H200 8B shape at 64
+    rows: 23.3 ms at 384 tokens, 25.2 at 416-448, session 22's harness timelines)."""
+    tokens = batch * width
+    stair = 1.8e-3 if tokens > 384 else 0.0
+    return 0.0075 + 25e-6 * tokens + stair + (6e-3 if width > 1 else 0.0)
+
+
+def test_every_width_shows_the_budget_the_stair_a_coarse_grid_hides() -> None:
+    """64 rows, each with 15 drafts of survival 0.85^j: priced on widths 4 and 8 only (256
+    and 512 tokens) the stair at 384 is a straight line and the budget lands past it, where
+    the step pays the next tile for a few drafts; priced on every width it stops at 384, the
+    best the true step times allow."""
+
+    def budget(widths: list[int]) -> int:
+        times = tuple(tuple(stair_step_s(b, w) for w in widths) for b in (32, 64))
+        cost = TableRaggedCost(
+            CostModel(CostTable((32, 64), tuple(widths), times, includes_draft=True), block_size=16)
+        )
+        survival = np.concatenate([0.85 ** np.arange(1, 16)] * 64)
+        scores = np.sort(survival + np.linspace(0, 1e-6, survival.size))[::-1]
+        costs = np.array([cost.step_time_s(64, d) for d in range(scores.size + 1)])
+        return draft_budget(scores, 64, costs)
+
+    coarse = budget(widths_for(16, per_row_widths=True))
+    fine = budget(widths_for(16, per_row_widths=True, every_width=True))
+    assert 64 + coarse == 448  # the coarse grid buys into the dear tile (5% fewer tok/s)
+    assert 64 + fine == 384  # every width: up to the stair's edge, the true optimum
+
+
+def test_a_cpu_engine_profiles_the_per_row_grid_not_every_width(
+    pair: tuple[Path, Path],
+) -> None:
+    engine = engine_for(pair)
+    expected = widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths)
+    assert profile_widths(engine) == expected
 
 
 def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
