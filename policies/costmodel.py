@@ -52,6 +52,11 @@ class CostTable:
     # True: each time is a whole engine step (draft forward, sampling and host work included,
     # e.g. the embedded engine's start-up profile), so no draft term is added on top.
     includes_draft: bool = False
+    # Whole drafting steps measured at the engine's captured token counts, per batch size:
+    # ((batch, ((tokens, seconds), ...)), ...), both ascending. A GPU's verify climbs in
+    # stairs between the table's widths (its matrix products run in tiles), and a ragged step
+    # runs the smallest captured count >= its tokens; ``TableRaggedCost`` prices with them.
+    token_buckets: tuple[tuple[int, tuple[tuple[int, float], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         _check_axis("batch_sizes", self.batch_sizes)
@@ -66,6 +71,18 @@ class CostTable:
                 raise ValueError(
                     f"step_time_s row for batch {b} must hold {len(self.tokens_per_request)} "
                     "positive times (one per tokens_per_request)"
+                )
+        batches = [b for b, _ in self.token_buckets]
+        if any(b <= a for a, b in itertools.pairwise(batches)):
+            raise ValueError(f"token_buckets batch sizes must be strictly ascending, got {batches}")
+        for b, points in self.token_buckets:
+            tokens = [n for n, _ in points]
+            if not points or any(n <= m for m, n in itertools.pairwise(tokens)):
+                raise ValueError(f"token_buckets of batch {b}: token counts must ascend")
+            if b < 1 or tokens[0] < b or any(t <= 0 for _, t in points):
+                raise ValueError(
+                    f"token_buckets of batch {b}: need batch >= 1, tokens >= the batch and "
+                    "positive times"
                 )
 
     @classmethod
@@ -84,6 +101,10 @@ class CostTable:
             device=str(data.get("device", "")),
             source=source,
             includes_draft=bool(data.get("includes_draft", False)),
+            token_buckets=tuple(
+                (int(b), tuple((int(n), float(t)) for n, t in points))
+                for b, points in data.get("token_buckets", [])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +117,15 @@ class CostTable:
             "tokens_per_request": list(self.tokens_per_request),
             "step_time_s": [list(row) for row in self.step_time_s],
             "includes_draft": self.includes_draft,
+            **(
+                {
+                    "token_buckets": [
+                        [b, [list(p) for p in points]] for b, points in self.token_buckets
+                    ]
+                }
+                if self.token_buckets
+                else {}
+            ),
         }
 
     def time_s(self, batch_size: float, tokens: float) -> float:

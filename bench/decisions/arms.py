@@ -27,7 +27,7 @@ from engines.embedded.profiler import measure_cost_table
 from engines.embedded.request import Request
 from engines.embedded.runner import ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
-from engines.embedded.step_profile import batch_sizes_for, profile_steps, profile_widths
+from engines.embedded.step_profile import profile_engine
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.synthetic_profiles import load_profile_set
 from policies.costmodel import CostTable
@@ -303,14 +303,15 @@ def _engine_table(engine: Engine) -> CostTable:
     """The arm's own engine steps timed at start-up, as the daemon's embedded backend prices
     the goodput policy (``cost_profile``, engines/embedded/step_profile.py): its kernels, its
     verify layout and the draft, where the committed tables are eager SDPA target forwards."""
-    batches = batch_sizes_for(MAX_BATCH)
-    widths = profile_widths(engine)
     started = time.perf_counter()
 
     def point(batch: int, width: int, seconds: float) -> None:
         print(f"  cost profile {batch}x{width}: {1e3 * seconds:.2f} ms", flush=True)
 
-    table = profile_steps(engine, batches, widths, on_point=point)
+    def bucket(batch: int, tokens: int, seconds: float) -> None:
+        print(f"  cost profile {batch} rows, {tokens} tokens: {1e3 * seconds:.2f} ms", flush=True)
+
+    table = profile_engine(engine, MAX_BATCH, on_point=point, on_bucket=bucket)
     print(f"profiled the engine's steps in {time.perf_counter() - started:.0f} s", flush=True)
     return replace(table, source="engine steps profiled at start-up (step_profile.py)")
 
@@ -327,7 +328,11 @@ def _table_ms(table: CostTable, args: argparse.Namespace) -> dict[str, Any]:
         }
         for batch, row in zip(table.batch_sizes, table.step_time_s, strict=True)
     }
-    return {"cost_table_ms": by_batch}
+    buckets = {
+        str(batch): {str(n): round(1e3 * seconds, 3) for n, seconds in points}
+        for batch, points in table.token_buckets
+    }
+    return {"cost_table_ms": by_batch, **({"cost_buckets_ms": buckets} if buckets else {})}
 
 
 def _profiled_table(args: argparse.Namespace, runner: ModelRunner, device: torch.device) -> Any:

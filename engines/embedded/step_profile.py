@@ -8,13 +8,20 @@ forward, sampling and host work included, hence ``includes_draft``) for batch si
 up to ``max_batch_size`` and the widths the policy can choose (1 = drafting off, then the
 padded verify widths up to the block; on an engine that verifies each row at its own width,
 width 2 and every fourth width as well, so that the draft forward's fixed cost sits between
-widths 1 and 2 instead of being spread over the first drafted tokens, and on a GPU every width,
-whose step time climbs in stairs as its matrix products fill tiles), a few timed steps each
+widths 1 and 2 instead of being spread over the first drafted tokens), a few timed steps each
 after an untimed first one. Every drafting step is timed with the whole block's draft logits
 (the runner's ``narrow_drafts`` off): what a two-phase step, which drafts the whole block before
 its rows' k are known, pays at every width. A one-phase step of k <= 7 on CUDA graphs costs
-less (its draft computes 7 positions' logits), which the policy's online fit learns. The
-table is cached by model and device (a hash of both configs, the weight files' sizes and
+less (its draft computes 7 positions' logits), which the policy's online fit learns.
+
+On a GPU's ragged engine the profile also times whole steps at every captured token count the
+two-phase steps of 32 rows or more run (``CostTable.token_buckets``; the rows' k spread so that
+they sum to the count). A GPU's verify climbs in stairs between the table's widths — its
+matrix products run in tiles: on the H200 (8B shape, 64 rows) a step of 385-416 tokens took
+1.8 ms more than one of 384, and 448 hardly more than 416 (session 22's harness timelines) —
+which a line between widths 4 and 8 (256 and 512 tokens) hides; the budget rules that price
+with the table (policies/baselines/ragged_cost.py) then stop just past a stair. The table is
+cached by model and device (a hash of both configs, the weight files' sizes and
 modification times, the device, torch's version and the engine's limits), so a restart reads
 it in milliseconds; the online cost fit then refines it from live steps.
 """
@@ -28,6 +35,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +53,7 @@ PROFILE_VERSION = 4  # part of the cache key: a change of method re-measures
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
+BUCKET_MIN_BATCH = 32  # token buckets profiled from this batch size (two-phase steps' default)
 
 
 def batch_sizes_for(max_batch_size: int) -> list[int]:
@@ -58,10 +67,7 @@ def batch_sizes_for(max_batch_size: int) -> list[int]:
 
 
 def widths_for(
-    block_size: int,
-    multiple: int = WIDTH_MULTIPLE,
-    per_row_widths: bool = False,
-    every_width: bool = False,
+    block_size: int, multiple: int = WIDTH_MULTIPLE, per_row_widths: bool = False
 ) -> list[int]:
     """1 (drafting off) and every padded verify width up to k = block - 1.
 
@@ -73,32 +79,34 @@ def widths_for(
     width 8 costs, and vLLM's budget rule priced with it verified far fewer drafts
     (bench/results/gpu_decisions_ragged.json, arm synthetic-8b-ragged-triton-engine).
 
-    ``every_width`` (ragged verifies on a GPU, ``profile_widths``): every width 1 .. block. A
-    GPU's verify is not linear in its tokens: its matrix products run in tiles, so the step
-    time climbs in stairs. On the H200 (8B shape, 64 rows, session 22's harness timelines) a
-    step of 385-416 tokens took 1.8 ms more than one of 384 and 448 hardly more than 416; a
-    table of widths 4 and 8 (256 and 512 tokens at 64 rows) drew a straight line over that
-    stair, so both budget rules read a flat price per token and stopped in the dearest spot.
     """
     k_max = max_spec_tokens(block_size)
     widths = {1, *(padded_width(k, multiple) for k in range(1, k_max + 1))}
     if per_row_widths and k_max >= 1:
         widths |= {2, *range(4, k_max + 2, 4)}
-        if every_width:
-            widths |= set(range(1, k_max + 2))
     return sorted(widths)
 
 
-def profile_widths(engine: Engine) -> list[int]:
-    """The widths an engine's start-up profile times (``widths_for``): every width where rows
-    verify at their own widths on a CUDA device, whose step time climbs in stairs."""
+def profile_engine(
+    engine: Engine,
+    max_batch_size: int,
+    on_point: Callable[[int, int, float], None] | None = None,
+    on_bucket: Callable[[int, int, float], None] | None = None,
+) -> CostTable:
+    """The engine's start-up profile: whole steps per (batch size, width) (``profile_steps``
+    over ``batch_sizes_for`` and ``widths_for``) and, on a GPU's ragged engine, per captured
+    token count from 32 rows (``profile_token_buckets``)."""
     runner = engine.runner
-    ragged = runner.per_row_widths
-    return widths_for(
-        engine.block_size,
-        per_row_widths=ragged,
-        every_width=ragged and runner.device.type == "cuda",
+    table = profile_steps(
+        engine,
+        batch_sizes_for(max_batch_size),
+        widths_for(engine.block_size, per_row_widths=runner.per_row_widths),
+        on_point=on_point,
     )
+    points = bucket_points(engine)
+    if not points:
+        return table
+    return replace(table, token_buckets=profile_token_buckets(engine, points, on_point=on_bucket))
 
 
 def profile_steps(
@@ -144,24 +152,80 @@ def profile_steps(
     )
 
 
+def bucket_points(engine: Engine, min_batch: int = BUCKET_MIN_BATCH) -> dict[int, list[int]]:
+    """The captured token counts a GPU's ragged engine runs two-phase steps at, per batch
+    size from ``min_batch`` (``RaggedShapes``, the whole block's width; counts below the
+    batch left out): none on an engine without ragged CUDA graphs."""
+    runner = engine.runner
+    shapes = getattr(runner, "ragged_shapes", None)
+    if runner.verify_mode != "ragged" or not runner.use_cuda_graphs or shapes is None:
+        return {}
+    widest = max((w for _, w in shapes.buckets), default=0)
+    return {
+        batch: [n for n in counts if n >= batch]
+        for (batch, width), counts in sorted(shapes.buckets.items())
+        if width == widest and batch >= min_batch and any(n >= batch for n in counts)
+    }
+
+
+def profile_token_buckets(
+    engine: Engine,
+    points: Mapping[int, Sequence[int]],
+    timed_steps: int = TIMED_STEPS,
+    on_point: Callable[[int, int, float], None] | None = None,
+) -> tuple[tuple[int, tuple[tuple[int, float], ...]], ...]:
+    """Median wall time of ``timed_steps`` engine steps of B rows verifying N tokens in all
+    (rows at k = N // B - 1, the first N % B of them one more), for every (B, N) of
+    ``points`` (``bucket_points``): ``CostTable.token_buckets``. The engine must be idle."""
+    if engine.has_work:
+        raise RuntimeError("profile an idle engine: requests are running")
+    vocab = engine.runner.target.shape.vocab_size
+    rng = random.Random(1)
+    planner, engine.planner = engine.planner, None
+    narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
+    out = []
+    try:
+        for batch in sorted(points):
+            measured = []
+            for tokens in sorted(points[batch]):
+                base, extra = divmod(tokens, batch)
+                ks = [base - 1 + (i < extra) for i in range(batch)]
+                seconds = _time_rows(engine, ks, timed_steps, vocab, rng)
+                measured.append((tokens, seconds))
+                if on_point is not None:
+                    on_point(batch, tokens, seconds)
+            out.append((batch, tuple(measured)))
+    finally:
+        engine.planner = planner
+        engine.runner.narrow_drafts = narrow
+    return tuple(out)
+
+
 def _time_point(
     engine: Engine, batch: int, k: int, timed_steps: int, vocab: int, rng: random.Random
 ) -> float:
-    block = engine.block_size
+    return _time_rows(engine, [k] * batch, timed_steps, vocab, rng)
 
-    def fixed(view: RequestView) -> int:
-        return k
+
+def _time_rows(
+    engine: Engine, ks: Sequence[int], timed_steps: int, vocab: int, rng: random.Random
+) -> float:
+    """Median seconds of ``timed_steps`` engine steps of ``len(ks)`` rows, row i at ks[i]."""
+    block, batch = engine.block_size, len(ks)
+
+    def fixed_k(k: int) -> Callable[[RequestView], int]:
+        return lambda view: k
 
     requests = [
         Request(
-            f"profile-{batch}-{k}-{i}",
+            f"profile-{batch}-{sum(ks)}-{i}",
             [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)],
             # Long enough that k is never clamped near the end during the timed steps.
             SamplingParams(max_new_tokens=(timed_steps + 2) * block + 2),
-            fixed,
+            fixed_k(k),
             {"task": "chat"},
         )
-        for i in range(batch)
+        for i, k in enumerate(ks)
     ]
     for request in requests:
         engine.add(request)
@@ -173,7 +237,9 @@ def _time_point(
             _step(engine)
             samples.append(time.perf_counter() - started)
         if len(engine.scheduler.running) != batch:
-            raise RuntimeError(f"profile point {batch}x{k + 1}: a row left early")
+            raise RuntimeError(
+                f"profile point {batch} rows, {sum(ks) + batch} tokens: a row left early"
+            )
         return statistics.median(samples)
     finally:
         for request in requests:
@@ -231,12 +297,14 @@ def cached_or_profiled(
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring the unreadable cost profile %s (%s); measuring again", path, exc)
     started = time.perf_counter()
-    table = profile_steps(
+    table = profile_engine(
         engine,
-        batch_sizes_for(max_batch_size),
-        profile_widths(engine),
+        max_batch_size,
         on_point=lambda b, w, s: log.info(
             "cost profile: batch %d, width %d: %.2f ms per step", b, w, 1e3 * s
+        ),
+        on_bucket=lambda b, n, s: log.info(
+            "cost profile: batch %d, %d tokens: %.2f ms per step", b, n, 1e3 * s
         ),
     )
     took_s = time.perf_counter() - started

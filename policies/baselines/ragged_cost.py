@@ -6,10 +6,21 @@ over the rows. ``TableRaggedCost`` gives that from our profiled table: B rows of
 1 + d / B tokens each, unpadded (bilinear in the table), plus the draft forward when d > 0,
 with the cost model's fitted factor and host overhead at B (as ``CostSnapshot`` applies them to
 padded steps). Fixed once built, as vLLM's profile is.
+
+Where the table holds whole steps measured at the engine's captured token counts
+(``CostTable.token_buckets``, the embedded engine's start-up profile on a GPU), a step of B
+rows and N = B + d tokens is priced at the captured count it runs, N' (the smallest measured
+one >= N at the batch bucket B' >= B its graph pads to): the table's B-row step of N' tokens,
+times the measured over the table's time at (B', N'). The table's line between two widths
+hides the stairs a GPU's tiled matrix products climb (H200, 8B, 64 rows: 1.8 ms from 384 to
+416 tokens, hardly more to 448), so a budget priced on it stops just past a stair, where a
+step pays a whole tile for a few drafts; priced per count it stops at a stair's edge unless
+the drafts past it pay for the tile.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Protocol
 
 import numpy as np
@@ -47,10 +58,35 @@ class TableRaggedCost:
     def __init__(self, model: CostModel):
         self._model = model
         self._snapshot = model.snapshot()
+        table = model.table
+        # per bucketed batch: ascending token counts, and measured over the table's time there
+        self._buckets: list[tuple[int, list[int], list[float]]] = [
+            (
+                batch,
+                [n for n, _ in points],
+                [t / table.time_s(batch, n / batch) for n, t in points],
+            )
+            for batch, points in table.token_buckets
+        ]
 
     def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
         batch = max(1, batch_size)
-        width = 1.0 + num_draft_tokens / batch
+        tokens = float(batch + num_draft_tokens)
         drafting = 1.0 if num_draft_tokens > 0 else 0.0
-        base = self._model.base_step_time_s(batch, width, drafting)
-        return base * self._snapshot.correction(batch) + self._snapshot.overhead_s(batch)
+        ratio = 1.0
+        if drafting:
+            tokens, ratio = self._bucket(batch, batch + num_draft_tokens)
+        base = self._model.base_step_time_s(batch, tokens / batch, drafting)
+        return base * ratio * self._snapshot.correction(batch) + self._snapshot.overhead_s(batch)
+
+    def _bucket(self, batch: int, tokens: int) -> tuple[float, float]:
+        """The captured token count a drafting step of ``batch`` rows and ``tokens`` tokens
+        runs, and the measured over the table's time there (``tokens`` and 1.0 unmeasured:
+        no bucketed batch >= ``batch``, or more tokens than its largest count)."""
+        for bucket_batch, counts, ratios in self._buckets:
+            if bucket_batch >= batch:
+                at = bisect.bisect_left(counts, tokens)
+                if at == len(counts):
+                    break
+                return float(counts[at]), ratios[at]
+        return float(tokens), 1.0

@@ -17,10 +17,12 @@ from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 from engines.embedded.step_profile import (
     batch_sizes_for,
+    bucket_points,
     cache_key,
     cached_or_profiled,
+    profile_engine,
     profile_steps,
-    profile_widths,
+    profile_token_buckets,
     widths_for,
 )
 from engines.step_controller import FixedPolicySource, StepController
@@ -68,9 +70,6 @@ def test_the_grid_covers_every_batch_and_the_widths_the_policy_can_choose() -> N
     # rows at their own widths: k = 1 and every fourth width as well
     assert widths_for(16, per_row_widths=True) == [1, 2, 4, 8, 12, 16]
     assert widths_for(8, per_row_widths=True) == [1, 2, 4, 8]
-    # ... and on a GPU every width (its step time climbs in stairs); padded engines unchanged
-    assert widths_for(16, per_row_widths=True, every_width=True) == list(range(1, 17))
-    assert widths_for(16, every_width=True) == [1, 8, 16]
 
 
 def whole_step_s(batch: float, width: float) -> float:
@@ -114,34 +113,85 @@ def stair_step_s(batch: float, width: float) -> float:
     return 0.0075 + 25e-6 * tokens + stair + (6e-3 if width > 1 else 0.0)
 
 
-def test_every_width_shows_the_budget_the_stair_a_coarse_grid_hides() -> None:
-    """64 rows, each with 15 drafts of survival 0.85^j: priced on widths 4 and 8 only (256
-    and 512 tokens) the stair at 384 is a straight line and the budget lands past it, where
-    the step pays the next tile for a few drafts; priced on every width it stops at 384, the
-    best the true step times allow."""
+def stair_cost(buckets: bool) -> TableRaggedCost:
+    """The stair priced by the per-row grid (widths 1, 2, 4, 8, 12, 16), with or without
+    whole steps measured at the captured token counts of 64 rows (every 32 from 256 to 512,
+    then every 64, as ``RaggedShapes`` captures them)."""
+    widths = widths_for(16, per_row_widths=True)
+    times = tuple(tuple(stair_step_s(b, w) for w in widths) for b in (32, 64))
+    counts = [*range(256, 512, 32), *range(512, 1025, 64)]
+    measured = ((64, tuple((n, stair_step_s(64, n / 64)) for n in counts)),)
+    table = CostTable(
+        (32, 64),
+        tuple(widths),
+        times,
+        includes_draft=True,
+        token_buckets=measured if buckets else (),
+    )
+    return TableRaggedCost(CostModel(table, block_size=16))
 
-    def budget(widths: list[int]) -> int:
-        times = tuple(tuple(stair_step_s(b, w) for w in widths) for b in (32, 64))
-        cost = TableRaggedCost(
-            CostModel(CostTable((32, 64), tuple(widths), times, includes_draft=True), block_size=16)
-        )
+
+def test_token_buckets_show_the_budget_the_stair_a_line_between_widths_hides() -> None:
+    """64 rows, each with 15 drafts of survival 0.85^j: priced on the widths' line (256 and
+    512 tokens) the stair at 384 is a slope and the budget lands past it, where the step pays
+    the next tile for a few drafts (5% fewer tokens a second); priced at the captured counts
+    it stops at 384, the best the true step times allow."""
+
+    def budget(cost: TableRaggedCost) -> int:
         survival = np.concatenate([0.85 ** np.arange(1, 16)] * 64)
         scores = np.sort(survival + np.linspace(0, 1e-6, survival.size))[::-1]
         costs = np.array([cost.step_time_s(64, d) for d in range(scores.size + 1)])
         return draft_budget(scores, 64, costs)
 
-    coarse = budget(widths_for(16, per_row_widths=True))
-    fine = budget(widths_for(16, per_row_widths=True, every_width=True))
-    assert 64 + coarse == 448  # the coarse grid buys into the dear tile (5% fewer tok/s)
-    assert 64 + fine == 384  # every width: up to the stair's edge, the true optimum
+    assert 64 + budget(stair_cost(False)) == 448
+    assert 64 + budget(stair_cost(True)) == 384
 
 
-def test_a_cpu_engine_profiles_the_per_row_grid_not_every_width(
+def test_a_step_is_priced_at_the_captured_count_it_runs() -> None:
+    cost = stair_cost(True)
+    # 64 rows: a step runs the smallest measured count >= its tokens, at its measured time
+    assert cost.step_time_s(64, 320) == pytest.approx(stair_step_s(64, 6))
+    assert cost.step_time_s(64, 321) == pytest.approx(stair_step_s(64, 416 / 64))
+    assert cost.step_time_s(64, 350) == cost.step_time_s(64, 352)
+    # fewer rows pad to the 64-row graph: the table's 48-row step at the count, scaled alike
+    line = TableRaggedCost(CostModel(stair_cost(False)._model.table, block_size=16))
+    ratio = stair_step_s(64, 416 / 64) / line.step_time_s(64, 416 - 64)
+    assert cost.step_time_s(48, 400 - 48) == pytest.approx(line.step_time_s(48, 416 - 48) * ratio)
+    # past the largest count, without drafts, or with no bucketed batch above: the line
+    assert cost.step_time_s(64, 1100) == pytest.approx(line.step_time_s(64, 1100))
+    assert cost.step_time_s(64, 0) == pytest.approx(line.step_time_s(64, 0))
+    assert cost.step_time_s(80, 400) == pytest.approx(line.step_time_s(80, 400))
+
+
+def test_token_buckets_round_trip_and_are_checked() -> None:
+    table = stair_cost(True)._model.table
+    again = CostTable.from_dict(table.to_dict())
+    assert again.token_buckets == table.token_buckets
+    assert "token_buckets" not in stair_cost(False)._model.table.to_dict()
+    with pytest.raises(ValueError, match="must ascend"):
+        CostTable(
+            (1, 2), (1, 2), ((1.0, 2.0), (1.0, 2.0)), token_buckets=((2, ((8, 1.0), (4, 1.0))),)
+        )
+    with pytest.raises(ValueError, match="tokens >= the batch"):
+        CostTable((1, 2), (1, 2), ((1.0, 2.0), (1.0, 2.0)), token_buckets=((8, ((4, 1.0),)),))
+
+
+def test_a_cpu_engine_has_no_token_buckets_and_explicit_points_time_mixed_rows(
     pair: tuple[Path, Path],
 ) -> None:
     engine = engine_for(pair)
-    expected = widths_for(engine.block_size, per_row_widths=engine.runner.per_row_widths)
-    assert profile_widths(engine) == expected
+    before = greedy(engine_for(pair), 15)
+    assert bucket_points(engine) == {}  # no ragged CUDA graphs
+    table = profile_engine(engine, 2)
+    assert table.token_buckets == ()
+    seen: list[tuple[int, int]] = []
+    measured = profile_token_buckets(
+        engine, {2: [3, 5]}, timed_steps=1, on_point=lambda b, n, s: seen.append((b, n))
+    )
+    assert seen == [(2, 3), (2, 5)]  # rows at k 1 and 0, then 2 and 1
+    assert [n for n, _ in measured[0][1]] == [3, 5] and all(t > 0 for _, t in measured[0][1])
+    assert not engine.has_work and engine.planner is None
+    assert greedy(engine, 15) == before
 
 
 def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
