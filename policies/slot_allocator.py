@@ -29,7 +29,10 @@ widest row's, so k is chosen per (request, position) slot. Per step:
    survival), ``cost`` the ragged step time of B rows plus d drafts;
 4. bounds: a row given 0 < k < ``min_spec_tokens`` is raised to the minimum when its first
    ``min_spec_tokens`` slots survive on average at least as well as the step's marginal slot,
-   else dropped to 0 (drafting off, its draft context still updated by the engine).
+   else dropped to 0 (drafting off, its draft context still updated by the engine); raises
+   that overfill the budget give back the worst slots past the minimum of other rows (or
+   are dropped), as the device allocates (``slot_scoring.bound_counts``): a step carried past
+   its budget runs the next captured token count, on a GPU a whole matrix tile dearer.
 
 Pure and deterministic: numpy over [rows, K] arrays, no clock, no I/O. The prior comes from
 the caller (``rates(task)``), so the same object serves the embedded engine and the simulator.
@@ -53,7 +56,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
-from policies.slot_scoring import SlotScoring
+from policies.slot_scoring import SlotScoring, bound_counts
 from policies.types import TASK_INDEX, TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
@@ -243,15 +246,18 @@ class SlotAllocator:
     ) -> RaggedChoice:
         """k per row of a prepared step from its rows' draft confidence (per row, its drafted
         positions; None or empty: none)."""
-        rows, batch_size, capacities = prepared.rows, prepared.batch_size, prepared.capacities
+        return self._finish(prepared, confidence)[0]
+
+    def _finish(
+        self, prepared: PreparedStep, confidence: Sequence[PositionValues | None]
+    ) -> tuple[RaggedChoice, int]:
+        """``finish_step``'s choice and the budget it allocated."""
+        rows, batch_size = prepared.rows, prepared.batch_size
         if not rows:
-            return RaggedChoice([], "allocator: empty batch")
+            return RaggedChoice([], "allocator: empty batch"), 0
         survival = self.score_step(prepared, confidence)
+        counts, budget = self._allocated(survival, prepared)
         n = len(rows)
-        scores = sorted_scores(survival, capacities)
-        budget = draft_budget(scores, n, self._costs(batch_size, len(scores)))
-        counts = allocate_slots(survival, capacities, budget)
-        counts = self._bounded(counts, survival, capacities, scores, budget)
         drafts = int(counts.sum())
         expected = float(np.where(eligible(survival, counts), survival, 0.0).sum())
         gain = (n + expected) / self._cost.step_time_s(batch_size, drafts)
@@ -262,7 +268,7 @@ class SlotAllocator:
             f"(k {int(counts.min())}-{int(counts.max())}), est {expected:.1f} accepted, "
             f"{gain:.2f}x plain"
         )
-        return RaggedChoice([int(c) for c in counts], reason)
+        return RaggedChoice([int(c) for c in counts], reason), budget
 
     def score_step(
         self, prepared: PreparedStep, confidence: Sequence[PositionValues | None]
@@ -326,9 +332,11 @@ class SlotAllocator:
             self.calibration(),
         )
         kept = self._scored
-        choice = self.finish_step(prepared, confidence)
+        choice, budget = self._finish(prepared, confidence)
         self._scored = kept  # (``finish_step`` remembers for the host path's learning)
-        scoring = self.slot_scoring(prepared, sum(choice.spec_tokens))
+        # The budget, not the bounded allocation's total: the device fills every slot of the
+        # token count the budget rounds up to, bounds within it.
+        scoring = self.slot_scoring(prepared, budget)
         return replace(choice, reason=f"{choice.reason} (device)"), scoring
 
     def observed(
@@ -367,21 +375,20 @@ class SlotAllocator:
             bins = np.where(has, bins, -1)
         return confidence_logit, bins
 
-    def _bounded(
-        self, counts: Ints, survival: Floats, capacities: Ints, scores: Floats, budget: int
-    ) -> Ints:
-        """k in {0} U [min, capacity]: short rows go up to the minimum or down to 0."""
+    def _allocated(self, survival: Floats, prepared: PreparedStep) -> tuple[Ints, int]:
+        """k per row and the budget (draft slots the step pays for) of a scored step: the
+        budget's best slots, then k in {0} U [min, capacity] within the budget (short rows
+        raised to the minimum or dropped to 0, ``slot_scoring.bound_counts``, as the device
+        allocates): a raise past the budget would carry the step into the next captured token
+        count, a whole matrix tile dearer on a GPU."""
+        capacities = prepared.capacities
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(
+            scores, len(prepared.rows), self._costs(prepared.batch_size, len(scores))
+        )
+        counts = allocate_slots(survival, capacities, budget)
         low = self.settings.min_spec_tokens
-        short = np.flatnonzero((counts > 0) & (counts < low))
-        if short.size == 0:
-            return counts
-        marginal = scores[budget - 1] if budget > 0 else 1.0
-        out = counts.copy()
-        for r in short:
-            width = min(low, int(capacities[r]))
-            keep = survival[r, :width].mean() >= marginal
-            out[r] = width if keep else 0
-        return out
+        return bound_counts(survival, capacities, counts, budget, low), budget
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
         return self._budget_costs(batch_size, max_drafts)

@@ -107,11 +107,19 @@ def allocate(scoring: SlotScoring, confidence: Floats, slots: int) -> Ints:
        there survive on average at least as well as the last slot admitted, else dropped to 0;
     3. if the raises overfill ``slots``, the worst slots past ``min`` of any row are given back
        (a later position before an earlier one at equal survival); if that cannot make room,
-       the raised rows drop to 0 instead."""
+       the raised rows whose first slots survive worst drop to 0 first (earlier rows first
+       at equal survival), as few as make room, and the rest is given back as before."""
     s = survival(scoring, confidence)
     caps = scoring.capacities
     counts = allocate_slots(s, caps, slots)
-    low = scoring.min_spec_tokens
+    return bound_counts(s, caps, counts, slots, scoring.min_spec_tokens)
+
+
+def bound_counts(s: Floats, caps: Ints, counts: Ints, slots: int, low: int) -> Ints:
+    """Steps 2 and 3 of ``allocate`` on ``counts``, the ``slots`` best eligible slots of
+    survival ``s`` [rows, K]: rows given 0 < k < ``low`` raised or dropped, and the step kept
+    within ``slots`` (the host allocator's bounds too, so that a raise never pushes a step
+    past the token count its budget paid for)."""
     if low <= 1:
         return counts
     mask = eligible(s, caps)
@@ -127,9 +135,16 @@ def allocate(scoring: SlotScoring, confidence: Floats, slots: int) -> Ints:
     if excess <= 0:
         return bounded
     removable = (positions >= low) & (positions < bounded[:, None])
-    if int(removable.sum()) < excess:
-        fallback: Ints = np.where(raised, 0, bounded)
-        return fallback
+    short_of = excess - int(removable.sum())
+    if short_of > 0:  # drop the raised rows of the worst heads, as few as make room
+        order = np.argsort(np.where(raised, head, np.inf), kind="stable")
+        freed = np.cumsum(np.where(raised, width, 0)[order])
+        dropped = np.zeros(len(order), dtype=np.bool_)
+        dropped[order] = (freed - np.where(raised, width, 0)[order]) < short_of
+        bounded = np.where(dropped & raised, 0, bounded)
+        excess = int(bounded.sum()) - max(0, slots)
+        if excess <= 0:
+            return bounded
     # Lowest survival first; equal ones latest (row-major) first, so rows keep prefixes.
     flat = np.where(removable, s, np.inf).ravel()[::-1]
     order = np.argsort(flat, kind="stable")[:excess]

@@ -122,18 +122,23 @@ class DeviceScoring:
         short = (counts > 0) & (counts < low)
         raised = short & (head >= marginal)
         bounded = torch.where(short, torch.where(raised, width, 0), counts)
-        excess = bounded.sum() - slots
         removable = (pos >= low) & (pos < bounded[:, None])
+        # Short of room even with every removable slot back: the raised rows of the worst
+        # heads drop to 0 first (earlier rows first at equal heads), as few as make room.
+        short_of = bounded.sum() - slots - removable.sum()
+        raised_width = torch.where(raised, width, 0)
+        by_head = torch.sort(torch.where(raised, head, torch.inf), stable=True).indices
+        freed = torch.cumsum(raised_width[by_head], dim=0) - raised_width[by_head]
+        dropped = torch.zeros_like(raised).scatter_(0, by_head, freed < short_of) & raised
+        bounded = torch.where(dropped, 0, bounded)
+        excess = bounded.sum() - slots
         # Lowest survival first; equal ones latest (row-major) first, so rows keep prefixes.
         backwards = torch.where(removable, s, torch.inf).flatten().flip(0)
         order = torch.sort(backwards, stable=True).indices
         drop_rank = torch.empty_like(order).scatter_(0, order, every)
         removed = (drop_rank.flip(0).view(rows, positions) < excess) & removable
         trimmed = bounded - removed.sum(dim=1)
-        fits = excess <= 0
-        enough = removable.sum() >= excess
-        fallback = torch.where(raised, 0, bounded)
-        return torch.where(fits, bounded, torch.where(enough, trimmed, fallback))
+        return torch.where(excess <= 0, bounded, trimmed)
 
 
 def ragged_index(lengths: torch.Tensor, batch: int, width: int, num_tokens: int) -> torch.Tensor:

@@ -425,3 +425,47 @@ def test_a_device_steps_scores_reach_its_planner_while_the_next_step_runs(
     # that drafts nothing, or once the engine is idle)
     assert told_at[:-1] == list(range(2, len(told_at) + 1))
     assert told_at[-1] == min(len(told_at) + 1, steps_begun)
+
+
+def test_raises_that_cannot_all_fit_drop_the_worst_heads_first() -> None:
+    """When the raised rows overfill the step and the slots past the minimum cannot make
+    room, only as many raised rows drop to 0 as make room, those of the worst first slots
+    (before: all of them), on the host and on the device alike: a raised row is never
+    dropped while the step has room for it, nor kept while one of a better head drops."""
+    from policies.baselines.slot_budget import allocate_slots, eligible
+    from policies.slot_scoring import survival
+
+    rng = np.random.default_rng(3)
+    dropped_raises = kept_some = 0
+    for trial in range(300):
+        rows, positions, low = int(rng.integers(3, 20)), 15, 4
+        scoring = random_scoring(rng, rows, positions, low=low)
+        confidence = rng.uniform(0, 1, (rows, positions))
+        slots = int(rng.integers(1, rows * 3))
+        expected = allocate(scoring, confidence, slots)
+        scored = DeviceScoring.upload(scoring, [positions] * rows, torch.device("cpu"))
+        got = scored.allocate(torch.from_numpy(confidence), slots).numpy()
+        assert np.array_equal(got, expected), (trial, slots, got, expected)
+        assert got.sum() <= slots
+        caps = scoring.capacities
+        s = survival(scoring, confidence)
+        width = np.minimum(low, caps)
+        head = np.array([s[r, : width[r]].mean() if width[r] else 0.0 for r in range(rows)])
+        mask = eligible(s, caps)
+        take = min(slots, int(mask.sum()))
+        marginal = np.sort(s[mask])[::-1][take - 1] if take > 0 else 1.0
+        first = allocate_slots(s, caps, slots)
+        raised = (first > 0) & (first < low) & (head >= marginal)
+        dropped = raised & (got == 0)
+        if not dropped.any():
+            continue
+        dropped_raises += 1
+        # the kept raises head the dropped ones
+        assert not (raised & (got > 0) & (head < head[dropped].max())).any(), trial
+        # ... and the step keeps at least what dropping every raise kept
+        short = (first > 0) & (first < low)
+        every = np.where(short, 0, first)
+        every_sum = int(every.sum()) - max(0, int(every.sum()) - slots)
+        assert got.sum() >= min(every_sum, slots), trial
+        kept_some += int(((got > 0) & raised).any())
+    assert dropped_raises >= 10 and kept_some >= 5  # the cases arose
