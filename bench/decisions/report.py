@@ -242,6 +242,27 @@ def read_report(path: Path) -> dict[str, Any]:
     return report
 
 
+# What each call measured of its engine at start-up (its cost profile): kept per call, not
+# part of what makes two calls one arm.
+_MEASURED = ("cost_table_ms", "cost_buckets_ms")
+
+
+def _setup(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report["arm_info"].items() if k not in _MEASURED}
+
+
+def _profiles(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each call's start-up cost profile (ms by batch size and width, and by batch size and
+    token count), where the calls measured one."""
+    if not any(key in r["arm_info"] for r in group for key in _MEASURED):
+        return {}
+    return {
+        "cost_profile_ms_by_call": [
+            {key: r["arm_info"][key] for key in _MEASURED if key in r["arm_info"]} for r in group
+        ]
+    }
+
+
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """The results file from one JSON per arm (each arm's own command kept with it). Several
     files of one arm (calls that added repeats of the same requests) pool their runs; they must
@@ -265,7 +286,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     for arm, group in reports.items():
         first = group[0]
         for other in group[1:]:
-            if other["phases"] != first["phases"] or other["arm_info"] != first["arm_info"]:
+            if other["phases"] != first["phases"] or _setup(other) != _setup(first):
                 raise ValueError(f"arm {arm}: the files differ in phases or arm; cannot pool")
         runs = [
             {**run, "call": call} for call, report in enumerate(group) for run in report["runs"]
@@ -279,6 +300,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
             "policies": summary["policies"],
             "ratios": summary["ratios"],
             **({"exactness": first["exactness"]} if "exactness" in first else {}),
+            **_profiles(group),
         }
     commands = "; ".join(a["command"] for a in arms.values())
     (engine,) = engines

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from bench.confidence_joint import Steps, evaluate, load, structure, synthetic_steps
 from bench.confidence_joint import main as joint_main
-from bench.survival_replay import allocator_scorer, replay, vllm_scorer
+from bench.survival_replay import TaskRates, allocator_scorer, replay, vllm_scorer
 from bench.survival_replay import main as replay_main
 from policies.slot_allocator import AllocatorSettings
+from policies.types import StepRow
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +102,158 @@ def test_the_allocators_online_scores_rank_synthetic_slots_better_than_vllms(ste
     )
     assert result["allocator"]["auc_survival"] > result["vllm-av"]["auc_survival"]
     assert result["allocator"]["survivors_per_slot_at_1x"] <= 1.0
+
+
+def test_censored_task_rates_count_only_the_positions_a_verify_labels() -> None:
+    rates = TaskRates(7)
+    rates.observe_censored("math", 5, 2)  # verified 2 of a run of 5: both accepted
+    assert rates.trials["math"].tolist() == [1, 1, 0, 0, 0, 0, 0]
+    assert rates.hits["math"].tolist() == [1, 1, 0, 0, 0, 0, 0]
+    rates.observe_censored("math", 1, 4)  # the first rejection at position 1 is labelled
+    assert rates.trials["math"].tolist() == [2, 2, 0, 0, 0, 0, 0]
+    assert rates.hits["math"].tolist() == [2, 1, 0, 0, 0, 0, 0]
+    rates.observe_censored("math", 3, 0)  # drafting off: nothing
+    assert rates.trials["math"].sum() == 4
+    wide, censored = TaskRates(7), TaskRates(7)
+    for run in range(8):
+        wide.observe("code", run)
+        censored.observe_censored("code", run, 7)
+    assert (wide.trials["code"] == censored.trials["code"]).all()
+    assert (wide.hits["code"] == censored.hits["code"]).all()
+
+
+def test_closed_loop_histories_record_only_the_allocated_slots() -> None:
+    """Round 0: request 0 runs 5, request 1 runs 0, so D = 5 at 1x; the scorer ranks
+    request 1's first three slots above request 0's first two, so request 0 verifies k = 2
+    (accept length 3, spec_tokens 2) and request 1 k = 3 (accept length 1). Open loop
+    records k = 7 and the whole run."""
+    k = 7
+    steps = Steps(
+        np.full((4, k), 0.5),
+        np.array([5, 1, 0, 2]),
+        np.array([0, 0, 1, 1]),
+        np.array(["math", "math", "code", "code"]),
+    )
+    fixed: dict[Hashable, list[float]] = {
+        0: [0.6, 0.5, 0.05, 0.04, 0.03, 0.02, 0.01],
+        1: [0.9, 0.8, 0.7, 0.01, 0.01, 0.01, 0.0],
+    }
+
+    def run(closed: bool) -> tuple[list[dict[Hashable, tuple[list[int], list[int]]]], Any]:
+        seen: list[dict[Hashable, tuple[list[int], list[int]]]] = []
+
+        def scorer(rows: list[StepRow], rates: Any) -> np.ndarray:
+            seen.append({r.row_id: (list(r.accept_lengths), list(r.spec_tokens)) for r in rows})
+            return np.array([fixed[r.row_id] for r in rows])
+
+        return seen, replay(steps, 2, {"fixed": scorer}, closed_loop=closed)
+
+    seen, result = run(closed=True)
+    assert seen[0] == {0: ([], []), 1: ([], [])}
+    assert seen[1] == {0: ([3], [2]), 1: ([1], [3])}
+    # round 1: runs 1 and 2, D = 3, all request 1's (k = 3, accepts 2), request 0 k = 0
+    assert result["fixed"]["accepted_per_round"] == (2 + 2) / 2
+    assert result["fixed"]["verified_per_round"] == (5 + 3) / 2
+    assert result["oracle"]["verified_per_round"] == (5 + 3) / 2
+    seen, result = run(closed=False)
+    assert seen[1] == {0: ([6], [k]), 1: ([1], [k])}
+    assert "accepted_per_round" not in result["fixed"] and "oracle" not in result
+
+
+def test_pipelined_scores_on_the_device_path_with_the_histories_a_round_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    steps = synthetic_steps("realistic", requests=2, steps=4, seed=0)
+    k = steps.conf.shape[1]
+    allocator, vllm = allocator_scorer(AllocatorSettings(max_spec_tokens=k)), vllm_scorer(k)
+    events: list[str] = []
+    calls: dict[str, list[tuple[list[StepRow], object]]] = {"allocator": [], "vllm-av": []}
+    observed: list[tuple[list[int], list[int]]] = []
+
+    def spy(name: str, device_scoring: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(rows: list[StepRow], batch_size: int, *args: Any) -> Any:
+            snapshot = [
+                r._replace(accept_lengths=list(r.accept_lengths), spec_tokens=list(r.spec_tokens))
+                for r in rows
+            ]
+            calls[name].append((snapshot, args[-1] if args else None))
+            events.append(f"{name}:score")
+            return device_scoring(rows, batch_size, *args)
+
+        return wrapped
+
+    def host_path(*args: object) -> None:
+        raise AssertionError("the pipelined replay scores on the device path")
+
+    real_observed = allocator.allocator.observed
+
+    def spy_observed(
+        scoring: Any, confidence: Any, spec_tokens: list[int], accept_lengths: list[int]
+    ) -> None:
+        events.append("allocator:observed")
+        observed.append((list(spec_tokens), list(accept_lengths)))
+        real_observed(scoring, confidence, spec_tokens, accept_lengths)
+
+    monkeypatch.setattr(
+        allocator.allocator, "device_scoring", spy("allocator", allocator.allocator.device_scoring)
+    )
+    monkeypatch.setattr(allocator.allocator, "observed", spy_observed)
+    monkeypatch.setattr(allocator.allocator, "prepare_step", host_path)
+    monkeypatch.setattr(vllm.policy, "device_scoring", spy("vllm-av", vllm.policy.device_scoring))
+    monkeypatch.setattr(vllm.policy, "_learn", host_path)
+    result = replay(steps, 6, {"allocator": allocator, "vllm-av": vllm}, pipelined=True)
+    assert "accepted_per_round" in result["allocator"]
+    # one group of 6 requests, 4 rounds; round t's scoring is made before round t - 1's
+    # outcome is learnt, and the last round's outcome is learnt at the end
+    allocator_events = [e for e in events if e.startswith("allocator")]
+    assert allocator_events == [
+        "allocator:score",
+        "allocator:score",
+        "allocator:observed",
+        "allocator:score",
+        "allocator:observed",
+        "allocator:score",
+        "allocator:observed",
+        "allocator:observed",
+    ]
+    first = [np.flatnonzero(steps.prompt == p)[0] for p in range(6)]
+    for name in ("allocator", "vllm-av"):
+        assert len(calls[name]) == 4
+        for t, (rows, previous) in enumerate(calls[name]):
+            # the histories lack round t - 1: round t - 2's is the newest
+            assert all(len(r.accept_lengths) == len(r.spec_tokens) == max(0, t - 1) for r in rows)
+            # the budget reads the confidence of round t - 1
+            given = previous if name == "allocator" else [r.draft_confidence for r in rows]
+            assert given is not None
+            for r, c in zip(rows, given, strict=True):
+                if t == 0:
+                    assert c is None
+                else:
+                    assert np.array_equal(c, steps.conf[first[int(r.row_id)] + t - 1])
+    # the stale history of round 2 holds round 0's censored outcome as the device ran it
+    spec_tokens, accept_lengths = observed[0]
+    rows = calls["allocator"][2][0]
+    assert [r.spec_tokens[0] for r in rows] == spec_tokens
+    assert [r.accept_lengths[0] for r in rows] == accept_lengths
+    runs = steps.run[first]
+    assert accept_lengths == (np.minimum(runs, spec_tokens) + 1).tolist()
+    assert sum(spec_tokens) == int(runs.sum())  # D = the round's survivors at 1x
+
+
+@pytest.mark.parametrize("mode", ["--closed-loop", "--pipelined"])
+def test_the_replay_command_runs_closed_loop_and_pipelined(tmp_path: Path, mode: str) -> None:
+    out = tmp_path / "replay.json"
+    argv = ["--synthetic", "realistic", "--requests", "3", "--steps", "4", "--rows", "5"]
+    assert replay_main([*argv, mode, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["mode"] == mode.removeprefix("--")
+    policies = report["policies"]
+    oracle = policies.pop("oracle")
+    assert set(policies) == {"allocator", "allocator-no-history", "allocator-no-recency", "vllm-av"}
+    for figures in policies.values():
+        assert 0 < figures["accepted_per_round"] <= figures["verified_per_round"]
+        assert figures["verified_per_round"] == oracle["verified_per_round"]
+        assert figures["survivors_per_slot_at_1x"] <= 1.0
 
 
 def test_the_device_path_host_bench_times_both_policies(tmp_path: Path) -> None:

@@ -655,3 +655,27 @@ def test_vllm_av_on_the_device_scores_the_next_step_while_this_one_runs() -> Non
     third = planner.slot_scoring(joined, [], [15] * 4)
     assert planner.scored_late == 1 and third.base.shape[0] == 4
     assert len(observed) == 2
+
+
+def test_calls_pool_across_their_own_cost_profiles_and_keep_each(
+    arm_json: Path, tmp_path: Path
+) -> None:
+    """Each call of an engine-profiled arm measures its own start-up profile (it differs by
+    machine and run): calls still pool, and the arm keeps every call's profile; any other
+    difference in the arm's setup still refuses to pool."""
+    report = json.loads(arm_json.read_text())
+    calls = []
+    for i, profile in enumerate(({"1": {"1": 7.0}}, {"1": {"1": 7.5}})):
+        call = dict(report, arm_info={**report["arm_info"], "cost_table_ms": profile})
+        path = tmp_path / f"call{i}.json"
+        path.write_text(json.dumps(call))
+        calls.append(str(path))
+    merged = tmp_path / "merged.json"
+    assert main(["--merge", *calls, "--out", str(merged)]) == 0
+    arm = json.loads(merged.read_text())["arms"]["synthetic-tiny"]
+    assert arm["calls"] == 2
+    assert [c["cost_table_ms"]["1"]["1"] for c in arm["cost_profile_ms_by_call"]] == [7.0, 7.5]
+    other = dict(report, arm_info={**report["arm_info"], "block_size": 8})
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="cannot pool"):
+        main(["--merge", calls[0], str(tmp_path / "other.json"), "--out", str(merged)])
