@@ -34,7 +34,10 @@ engine does:
   multiple are still scored against the true runs (the replay knows every slot's survival);
   only the histories and the learning are censored at the m = 1 allocation. Added per
   policy: ``accepted_per_round`` and ``verified_per_round`` at m = 1 (the mean over rounds of
-  sum_r min(run_r, k_r) and of sum_r k_r; ``oracle``: verifying the survivors alone).
+  sum_r min(run_r, k_r) and of sum_r k_r; ``oracle``: verifying the survivors alone), and
+  ``allocator-min4``: the allocator as the goodput policy bounds its rows by default (k in
+  {0} U [4, K] within the D slots, ``slot_scoring.bound_counts``), which only the m = 1
+  allocation and so the accepted drafts per round show (the other policies take any k).
 - ``--pipelined`` (implies ``--closed-loop``): the device path. Round t is scored while
   round t - 1 runs: each policy's ``device_scoring`` sees the rows' histories and the task
   priors only up to round t - 2 (the newest entry missing) and the rows' confidence of round
@@ -74,7 +77,7 @@ from bench.confidence_joint import (  # noqa: E402
 from bench.draft_confidence import auc  # noqa: E402
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings  # noqa: E402
 from policies.slot_allocator import AllocatorSettings, SlotAllocator  # noqa: E402
-from policies.slot_scoring import SlotScoring, survival  # noqa: E402
+from policies.slot_scoring import SlotScoring, bound_counts, survival  # noqa: E402
 from policies.types import PositionValues, StepRow, Task  # noqa: E402
 
 Rates = Callable[[str], Sequence[float]]
@@ -157,8 +160,11 @@ class AllocatorScorer:
     (``__call__``), or as its device path would (``scoring``, ``observed``); ``allocator``
     keeps what it learnt."""
 
-    def __init__(self, settings: AllocatorSettings):
+    def __init__(self, settings: AllocatorSettings, bounded: bool = False):
         self.allocator = SlotAllocator(settings, LinearCost())
+        # closed loop: the bound its rows' k keep (``settings.min_spec_tokens`` when
+        # ``bounded``; else 1: any k, as every other policy here)
+        self.min_spec_tokens = settings.min_spec_tokens if bounded else 1
 
     def __call__(self, rows: list[StepRow], rates: Rates) -> np.ndarray:
         prepared = self.allocator.prepare_step(rows, len(rows), rates)
@@ -306,7 +312,12 @@ def replay(
                     hits[name][m] += float(kept[:d].sum())
                     predicted[name][m] += float(believed[:d].sum())
                 if closed_loop:  # each row verifies its slots among the policy's D best at 1x
-                    ks = allocated(order, min(len(order), total), len(live), k)
+                    slots = min(len(order), total)
+                    ks = allocated(order, slots, len(live), k)
+                    low = getattr(scorer, "min_spec_tokens", 1)
+                    if low > 1:  # k in {0} U [low, K] within the D slots, as the engine bounds
+                        caps = np.full(len(live), k, dtype=np.int64)
+                        ks = bound_counts(score, caps, ks, slots, low)
                 else:
                     ks = np.full(len(live), k, dtype=np.int64)
                 accepted_1x[name] += int(np.minimum(runs, ks).sum())
@@ -387,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "vllm-av": vllm_scorer(k),
     }
+    if args.closed_loop or args.pipelined:
+        # the allocator as the goodput policy bounds it by default: k in {0} U [4, K]
+        scorers["allocator-min4"] = AllocatorScorer(
+            AllocatorSettings(max_spec_tokens=k, min_spec_tokens=min(4, k)), bounded=True
+        )
     policies = replay(
         steps, args.rows, scorers, closed_loop=args.closed_loop, pipelined=args.pipelined
     )

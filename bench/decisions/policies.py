@@ -22,7 +22,9 @@ draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase
 allocate on the device (``slot_allocation: device``, policies/slot_scoring.py; with
 ``-min1`` also at every batch size, ``slots_min_batch: 1``; ``goodput-device-slots`` always
 two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
-the allocator's scoring against vLLM's on the same step; ``goodput-device-cap<N>`` with
+the allocator's scoring against vLLM's on the same step; any goodput policy with ``-kmin<N>``
+appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4
+for experiments"; vLLM's baseline takes any k); ``goodput-device-cap<N>`` with
 two-phase rows drafting at most N positions: at N = 7 the narrow draft graph, whose LM head
 covers 7 positions, not 15), ``vllm-av``
 its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.decisions.planners import (
@@ -76,6 +78,8 @@ class Context:
     synthetic: SyntheticAcceptance | None
     seed: int
     verify_mode: VerifyMode = "padded"  # the engine's; "ragged" picks the per-row policies
+    # the goodput policies' min_spec_tokens (``-kmin<N>``); None: the policy file's default
+    min_spec_tokens: int | None = None
 
     def cost(self) -> StepCost:
         """The cost table as the goodput policy prices it before it learns anything."""
@@ -102,6 +106,9 @@ class Built:
 
 def build(name: str, ctx: Context) -> Built:
     """The named policy (see the module docstring)."""
+    base, kmin, low = name.rpartition("-kmin")
+    if kmin and base.startswith("goodput") and low.isdigit() and int(low) >= 1:
+        return build(base, replace(ctx, min_spec_tokens=int(low)))
     block_max = max_spec_tokens(ctx.block_size)
     ragged = ctx.verify_mode == "ragged"
     if name == "no-spec" or name.startswith("static-k"):
@@ -162,6 +169,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-device-slots",
             "goodput-cap<N>",
             "goodput-device-cap<N>",
+            "goodput...-kmin<N>",
             "vllm-av-device",
             "oracle",
         )
@@ -196,7 +204,8 @@ def _goodput(
             update["slots_min_batch"] = slots_min_batch
         goodput = GoodputSpec.model_validate(goodput.model_dump() | update)
     models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
-    spec = PolicySpec(kind="goodput", goodput=goodput)
+    bounds = {} if ctx.min_spec_tokens is None else {"min_spec_tokens": ctx.min_spec_tokens}
+    spec = PolicySpec(kind="goodput", goodput=goodput, **bounds)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)
     ragged = ctx.verify_mode == "ragged"
     controller = StepController(source, ctx.block_size, random.Random(ctx.seed), ragged=ragged)

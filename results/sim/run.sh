@@ -26,6 +26,14 @@ done
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
   --out "$out/mixed-shift-ragged-8b-device-recency.json" \
   > "$out/mixed-shift-ragged-8b-device-recency.txt"
+# Session 23: the allocator's bounds kept within its budget (allocator 4,010 -> 3,992 tok/s on
+# this smooth table, which has no GPU stairs), and the same scenario with min_spec_tokens 1
+# (allocator 4,039, vllm-av 4,038; README "Session 23"):
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
+  --out "$out/mixed-shift-ragged-8b-device-s23.json" > "$out/mixed-shift-ragged-8b-device-s23.txt"
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device-kmin1.yaml \
+  --no-progress --out "$out/mixed-shift-ragged-8b-device-kmin1.json" \
+  > "$out/mixed-shift-ragged-8b-device-kmin1.txt"
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c

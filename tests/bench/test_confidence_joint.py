@@ -249,11 +249,14 @@ def test_the_replay_command_runs_closed_loop_and_pipelined(tmp_path: Path, mode:
     assert report["mode"] == mode.removeprefix("--")
     policies = report["policies"]
     oracle = policies.pop("oracle")
+    bounded = policies.pop("allocator-min4")  # k in {0} U [4, K]: may leave slots unused
     assert set(policies) == {"allocator", "allocator-no-history", "allocator-no-recency", "vllm-av"}
     for figures in policies.values():
         assert 0 < figures["accepted_per_round"] <= figures["verified_per_round"]
         assert figures["verified_per_round"] == oracle["verified_per_round"]
         assert figures["survivors_per_slot_at_1x"] <= 1.0
+    assert bounded["accepted_per_round"] <= bounded["verified_per_round"]
+    assert bounded["verified_per_round"] <= oracle["verified_per_round"]
 
 
 def test_the_device_path_host_bench_times_both_policies(tmp_path: Path) -> None:
@@ -266,3 +269,27 @@ def test_the_device_path_host_bench_times_both_policies(tmp_path: Path) -> None:
     for figures in report["policies"].values():
         assert len(figures["runs"]) == 2
         assert figures["device_scoring_us_median"] > 0 and figures["observed_us_median"] > 0
+
+
+def test_a_bounded_allocator_verifies_zero_or_at_least_its_minimum(steps: Steps) -> None:
+    """Closed loop, ``allocator-min4``: every row's k is 0 or >= 4 (the goodput policy's
+    default bounds, within the round's D slots); the unbounded allocator takes any k."""
+    from bench.survival_replay import AllocatorScorer
+
+    k = steps.conf.shape[1]
+    seen: dict[str, list[int]] = {"bounded": [], "any": []}
+
+    class Spy(AllocatorScorer):
+        def __init__(self, name: str, bounded: bool):
+            super().__init__(AllocatorSettings(max_spec_tokens=k), bounded=bounded)
+            self.name = name
+
+        def __call__(self, rows, rates):  # type: ignore[no-untyped-def]
+            for r in rows:
+                if r.spec_tokens:
+                    seen[self.name].append(r.spec_tokens[-1])
+            return super().__call__(rows, rates)
+
+    replay(steps, 6, {"b": Spy("bounded", True), "a": Spy("any", False)}, closed_loop=True)
+    assert seen["bounded"] and all(x == 0 or x >= 4 for x in seen["bounded"])
+    assert any(0 < x < 4 for x in seen["any"])

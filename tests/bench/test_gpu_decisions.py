@@ -679,3 +679,27 @@ def test_calls_pool_across_their_own_cost_profiles_and_keep_each(
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="cannot pool"):
         main(["--merge", calls[0], str(tmp_path / "other.json"), "--out", str(merged)])
+
+
+def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
+    """``-kmin<N>`` after a goodput policy: the policy file's ``min_spec_tokens`` N (issue 16:
+    "min may be set below 4 for experiments"); the rest of the name builds as before, and
+    other policies do not take it."""
+    from bench.decisions.policies import Context, build
+    from engines.step_controller import StepController
+    from policies.costmodel import CostTable
+    from policies.model import GoodputSpec
+
+    table = CostTable((1, 8), (1, 16), ((0.01, 0.012), (0.012, 0.02)), includes_draft=True)
+    context = Context(16, 8, table, GoodputSpec(), {}, {}, None, 0, "ragged")
+    for name, low in (("goodput-device-slots-kmin1", 1), ("goodput-kmin2", 2), ("goodput", 4)):
+        built = build(name, context)
+        assert isinstance(built.planner, StepController)
+        active = built.planner._source.active()
+        assert active.spec.bounds_for(16) == (low, 15), name
+        assert active.spec.goodput.step_mode == ("slots" if "slots" in name else "auto")
+    # goodput-device-min1 stays slots_min_batch 1, not a bound
+    min1 = build("goodput-device-min1", context).planner._source.active().spec
+    assert min1.min_spec_tokens == 4 and min1.goodput.slots_min_batch == 1
+    with pytest.raises(ValueError, match="known are"):
+        build("vllm-av-kmin1", context)

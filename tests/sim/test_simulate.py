@@ -89,3 +89,16 @@ def test_bad_scenario_names_key_and_line(
         load_scenario(bad)
     assert main(["simulate", "--scenario", str(bad), "--no-progress"]) == 2
     assert main(["simulate", "--scenario", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_every_committed_scenario_loads() -> None:
+    """The scenario files the results in results/sim/ come from parse and validate (the
+    kmin1 variant of issue 16 lowers the policies' minimum k and changes nothing else)."""
+    names = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+    assert names
+    for name in names:
+        load_scenario(SCENARIOS / f"{name}.yaml")
+    base = load_scenario(SCENARIOS / "mixed-shift-ragged-8b-device.yaml")
+    kmin1 = load_scenario(SCENARIOS / "mixed-shift-ragged-8b-device-kmin1.yaml")
+    assert (base.policies.min_spec_tokens, kmin1.policies.min_spec_tokens) == (4, 1)
+    assert kmin1.cost == base.cost and kmin1.phases == base.phases
