@@ -36,7 +36,7 @@ engine does:
   policy: ``accepted_per_round`` and ``verified_per_round`` at m = 1 (the mean over rounds of
   sum_r min(run_r, k_r) and of sum_r k_r; ``oracle``: verifying the survivors alone), and
   ``allocator-min4``: the allocator as the goodput policy bounds its rows by default (k in
-  {0} U [4, K] within the D slots, ``slot_scoring.bound_counts``), which only the m = 1
+  {0} U [4, K] within the D slots, ``slot_scoring.bounded_allocation``), which only the m = 1
   allocation and so the accepted drafts per round show (the other policies take any k).
 - ``--pipelined`` (implies ``--closed-loop``): the device path. Round t is scored while
   round t - 1 runs: each policy's ``device_scoring`` sees the rows' histories and the task
@@ -77,7 +77,7 @@ from bench.confidence_joint import (  # noqa: E402
 from bench.draft_confidence import auc  # noqa: E402
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings  # noqa: E402
 from policies.slot_allocator import AllocatorSettings, SlotAllocator  # noqa: E402
-from policies.slot_scoring import SlotScoring, bound_counts, survival  # noqa: E402
+from policies.slot_scoring import SlotScoring, bounded_allocation, survival  # noqa: E402
 from policies.types import PositionValues, StepRow, Task  # noqa: E402
 
 Rates = Callable[[str], Sequence[float]]
@@ -317,7 +317,7 @@ def replay(
                     low = getattr(scorer, "min_spec_tokens", 1)
                     if low > 1:  # k in {0} U [low, K] within the D slots, as the engine bounds
                         caps = np.full(len(live), k, dtype=np.int64)
-                        ks = bound_counts(score, caps, ks, slots, low)
+                        ks = bounded_allocation(score, caps, slots, low)
                 else:
                     ks = np.full(len(live), k, dtype=np.int64)
                 accepted_1x[name] += int(np.minimum(runs, ks).sum())

@@ -27,12 +27,11 @@ widest row's, so k is chosen per (request, position) slot. Per step:
 3. budget: every eligible slot sorted best first; the step verifies the ``d`` best with
    ``d* = argmax_d (B + sum of the d best survivals) / cost(B, d)`` (vLLM's rule, over our
    survival), ``cost`` the ragged step time of B rows plus d drafts;
-4. bounds: a row given 0 < k < ``min_spec_tokens`` is raised to the minimum when its first
-   ``min_spec_tokens`` slots survive on average at least as well as the step's marginal slot,
-   else dropped to 0 (drafting off, its draft context still updated by the engine); raises
-   that overfill the budget give back the worst slots past the minimum of other rows (or
-   are dropped), as the device allocates (``slot_scoring.bound_counts``): a step carried past
-   its budget runs the next captured token count, on a GPU a whole matrix tile dearer.
+4. bounds: each row's k in {0} U [``min_spec_tokens``, capacity] (0: drafting off, its draft
+   context still updated by the engine), the budget's d slots spent to maximise the expected
+   accepted drafts under that bound (``slot_scoring.bounded_allocation``: a price per slot,
+   then the rest to the rows already verifying), as the device allocates; never past the
+   budget, whose token count is all a step pays for (past it, on a GPU, a matrix tile more).
 
 Pure and deterministic: numpy over [rows, K] arrays, no clock, no I/O. The prior comes from
 the caller (``rates(task)``), so the same object serves the embedded engine and the simulator.
@@ -56,7 +55,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
-from policies.slot_scoring import SlotScoring, bound_counts
+from policies.slot_scoring import SlotScoring, bounded_allocation
 from policies.types import TASK_INDEX, TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
@@ -377,18 +376,18 @@ class SlotAllocator:
 
     def _allocated(self, survival: Floats, prepared: PreparedStep) -> tuple[Ints, int]:
         """k per row and the budget (draft slots the step pays for) of a scored step: the
-        budget's best slots, then k in {0} U [min, capacity] within the budget (short rows
-        raised to the minimum or dropped to 0, ``slot_scoring.bound_counts``, as the device
-        allocates): a raise past the budget would carry the step into the next captured token
-        count, a whole matrix tile dearer on a GPU."""
+        budget rule's d over the scores, then d slots spent within k in {0} U [min, capacity]
+        (``slot_scoring.bounded_allocation``, as the device allocates): never past d, whose
+        token count is all the step pays for."""
         capacities = prepared.capacities
         scores = sorted_scores(survival, capacities)
         budget = draft_budget(
             scores, len(prepared.rows), self._costs(prepared.batch_size, len(scores))
         )
-        counts = allocate_slots(survival, capacities, budget)
         low = self.settings.min_spec_tokens
-        return bound_counts(survival, capacities, counts, budget, low), budget
+        if low <= 1:
+            return allocate_slots(survival, capacities, budget), budget
+        return bounded_allocation(survival, capacities, budget, low), budget
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
         return self._budget_costs(batch_size, max_drafts)

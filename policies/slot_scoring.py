@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from policies.baselines.slot_budget import Floats, Ints, allocate_slots, eligible
+from policies.baselines.slot_budget import Bools, Floats, Ints, allocate_slots
 
 
 @dataclass(frozen=True)
@@ -97,61 +97,108 @@ def survival(scoring: SlotScoring, confidence: Floats) -> Floats:
     return result
 
 
+# The prices per slot ``bounded_allocation`` tries (one batched evaluation, host and device
+# alike): survival probabilities lie in [0, 1].
+PRICES: Floats = np.arange(1, 129, dtype=np.float64) / 128.0
+
+
 def allocate(scoring: SlotScoring, confidence: Floats, slots: int) -> Ints:
     """k per row when the step verifies at most ``slots`` draft slots (what its token bucket
-    pays for beyond each row's own token):
-
-    1. the ``slots`` best eligible slots by survival, equal scores in row-major order (vLLM's
-       stable sort key), so each row gets a prefix of its block;
-    2. a row given 0 < k < min is raised to ``min(min, capacity)`` when its first slots up to
-       there survive on average at least as well as the last slot admitted, else dropped to 0;
-    3. if the raises overfill ``slots``, the worst slots past ``min`` of any row are given back
-       (a later position before an earlier one at equal survival); if that cannot make room,
-       the raised rows whose first slots survive worst drop to 0 first (earlier rows first
-       at equal survival), as few as make room, and the rest is given back as before."""
+    pays for beyond each row's own token), ``min_spec_tokens`` 1: the ``slots`` best eligible
+    slots by survival, equal scores in row-major order (vLLM's stable sort key), so each row
+    gets a prefix of its block; a higher minimum: ``bounded_allocation``."""
     s = survival(scoring, confidence)
     caps = scoring.capacities
-    counts = allocate_slots(s, caps, slots)
-    return bound_counts(s, caps, counts, slots, scoring.min_spec_tokens)
+    if scoring.min_spec_tokens <= 1:
+        return allocate_slots(s, caps, slots)
+    return bounded_allocation(s, caps, slots, scoring.min_spec_tokens)
 
 
-def bound_counts(s: Floats, caps: Ints, counts: Ints, slots: int, low: int) -> Ints:
-    """Steps 2 and 3 of ``allocate`` on ``counts``, the ``slots`` best eligible slots of
-    survival ``s`` [rows, K]: rows given 0 < k < ``low`` raised or dropped, and the step kept
-    within ``slots`` (the host allocator's bounds too, so that a raise never pushes a step
-    past the token count its budget paid for)."""
-    if low <= 1:
-        return counts
-    mask = eligible(s, caps)
-    take = min(max(0, slots), int(mask.sum()))
-    marginal = np.sort(s[mask])[::-1][take - 1] if take > 0 else 1.0
-    width = np.minimum(low, caps)
-    positions = np.arange(s.shape[1])[None, :]
-    head = np.where(positions < width[:, None], s, 0.0).sum(axis=1) / np.maximum(width, 1)
-    short = (counts > 0) & (counts < low)
-    raised = short & (head >= marginal)
-    bounded: Ints = np.where(short, np.where(raised, width, 0), counts)
-    excess = int(bounded.sum()) - max(0, slots)
-    if excess <= 0:
-        return bounded
-    removable = (positions >= low) & (positions < bounded[:, None])
-    short_of = excess - int(removable.sum())
-    if short_of > 0:  # drop the raised rows of the worst heads, as few as make room
-        order = np.argsort(np.where(raised, head, np.inf), kind="stable")
-        freed = np.cumsum(np.where(raised, width, 0)[order])
-        dropped = np.zeros(len(order), dtype=np.bool_)
-        dropped[order] = (freed - np.where(raised, width, 0)[order]) < short_of
-        bounded = np.where(dropped & raised, 0, bounded)
-        excess = int(bounded.sum()) - max(0, slots)
-        if excess <= 0:
-            return bounded
-    # Lowest survival first; equal ones latest (row-major) first, so rows keep prefixes.
-    flat = np.where(removable, s, np.inf).ravel()[::-1]
-    order = np.argsort(flat, kind="stable")[:excess]
-    removed = np.zeros(flat.size, dtype=np.bool_)
-    removed[flat.size - 1 - order] = True
-    trimmed: Ints = bounded - removed.reshape(s.shape).sum(axis=1)
-    return trimmed
+def bounded_allocation(s: Floats, caps: Ints, slots: int, low: int) -> Ints:
+    """k per row in {0} U [min(low, cap), cap], at most ``slots`` in all, for the most expected
+    accepted drafts sum_r sum_{j < k_r} s[r, j] (s [rows, K] non-increasing along a row). A
+    Lagrangian relaxation: each row's best k at a price per slot (its drafts' survival minus
+    the price times k; equal values: the smaller k), at the lowest of ``PRICES`` whose picks
+    fit; and, from the picks of the next lower price, which overrun, two repairs — drop the
+    rows of the least survival per slot first, as few as make room, or the one row that makes
+    room at the least loss. Each of the three then gives the slots left over to the rows it
+    verifies, best survival first (row-major at equal survival), then opens rows at their
+    minimum while what is left allows (``OPENINGS``, the best first); the best of the three
+    is kept (the first at equal value). A row is never opened short of the minimum. Within
+    3% of the best allocation on small steps (brute force, tests). Raising and dropping rows
+    of the budget's best slots, the rule before, left most of a scarce budget idle."""
+    rows, positions = s.shape
+    slots = max(0, slots)
+    pos = np.arange(positions)
+    inside = pos[None, :] < caps[:, None]
+    gains = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(inside, s, 0.0), axis=1)], 1)
+    ks = np.arange(positions + 1)
+    least = np.minimum(low, caps)[:, None]
+    allowed = (ks[None, :] == 0) | ((ks[None, :] >= least) & (ks[None, :] <= caps[:, None]))
+    value = gains[None, :, :] - PRICES[:, None, None] * ks[None, None, :]
+    picks = np.where(allowed[None, :, :], value, -np.inf).argmax(axis=2)  # [prices, rows]
+    first = int(np.argmax(picks.sum(axis=1) <= slots))  # the last price (1.0) picks no row
+    over_picks = picks[max(first - 1, 0)]
+    over = int(over_picks.sum()) - slots
+    held = gains[np.arange(rows), over_picks]
+    drafting = over_picks > 0
+    # the least survival per slot first, as few rows as make room
+    density = np.where(drafting, held / np.maximum(over_picks, 1), np.inf)
+    order = np.argsort(density, kind="stable")
+    before = np.cumsum(over_picks[order]) - over_picks[order]
+    cut = np.zeros(rows, dtype=np.bool_)
+    cut[order] = before < over
+    sparest = np.where(cut & drafting, 0, over_picks)
+    # the one row that makes room at the least loss (else as above)
+    covers = drafting & (over_picks >= over)
+    one = np.arange(rows) == int(np.argmin(np.where(covers, held, np.inf)))
+    cheapest = np.where(one & covers, 0, over_picks) if covers.any() else sparest
+    best_counts, best_value = None, -np.inf
+    minimum = np.minimum(low, caps)
+    for counts in (picks[first], sparest, cheapest):
+        filled = _filled(s, inside, counts.astype(np.int64), slots)
+        filled = _opened(gains, minimum, filled, slots)
+        got = float(gains[np.arange(rows), filled].sum())
+        if (
+            got > best_value + EQUAL_WITHIN
+        ):  # (equal within rounding: the earlier, as on the device)
+            best_counts, best_value = filled, got
+    assert best_counts is not None
+    return best_counts
+
+
+# Rows ``bounded_allocation`` may still open with the slots its fill leaves (one at a time).
+OPENINGS = 4
+EQUAL_WITHIN = 1e-9  # expected drafts within this are equal (host and device sum in other orders)
+
+
+def _opened(gains: Floats, minimum: Ints, counts: Ints, slots: int) -> Ints:
+    """``counts`` with up to ``OPENINGS`` rows at 0 opened at their minimum while the slots
+    left allow, the row of the most expected accepted drafts first (the first at equal)."""
+    rows = len(counts)
+    out = counts.copy()
+    for _ in range(OPENINGS):
+        room = slots - int(out.sum())
+        fits = (out == 0) & (minimum > 0) & (minimum <= room)
+        worth = np.where(fits, gains[np.arange(rows), minimum], -np.inf)
+        best = int(np.argmax(worth))
+        if fits[best]:
+            out[best] = minimum[best]
+    return out
+
+
+def _filled(s: Floats, inside: Bools, counts: Ints, slots: int) -> Ints:
+    """``counts`` plus the slots left over (of ``slots``), to the rows already verifying, best
+    survival first, row-major at equal survival."""
+    rows, positions = s.shape
+    room = slots - int(counts.sum())
+    more = inside & (np.arange(positions)[None, :] >= counts[:, None]) & (counts[:, None] > 0)
+    flat = np.where(more, s, -np.inf).ravel()
+    rank = np.empty(flat.size, dtype=np.int64)
+    rank[np.argsort(-flat, kind="stable")] = np.arange(flat.size)
+    taken = (rank.reshape(rows, positions) < min(room, int(more.sum()))) & more
+    filled: Ints = counts + taken.sum(axis=1)
+    return filled
 
 
 def scoring_for(

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engines.embedded.cuda_graphs import keep_allocator_cache
-from policies.slot_scoring import SlotScoring
+from policies.slot_scoring import EQUAL_WITHIN, OPENINGS, PRICES, SlotScoring
 
 logger = logging.getLogger(__name__)
 
@@ -99,46 +99,94 @@ class DeviceScoring:
         may be a 0-dim device tensor (a captured graph's)."""
         slots = max(0, slots) if isinstance(slots, int) else torch.clamp(slots, min=0)
         s = self.survival(confidence)
+        if self.min_spec_tokens > 1:
+            return self._bounded(s, slots)
         rows, positions = s.shape
         pos = torch.arange(positions, device=s.device)[None, :]
         caps = self.capacities
         mask = pos < caps[:, None]
         flat = torch.where(mask, s, -torch.inf).flatten()
-        values, order = torch.sort(flat, descending=True, stable=True)
+        order = torch.sort(flat, descending=True, stable=True).indices
         every = torch.arange(order.numel(), device=s.device)
         rank = torch.empty_like(order).scatter_(0, order, every)
         selected = (rank.view(rows, positions) < slots) & mask
-        counts = selected.sum(dim=1)
-        low = self.min_spec_tokens
-        if low <= 1:
-            return counts
-        total = mask.sum()
-        take = total.clamp(max=slots) if isinstance(slots, int) else torch.minimum(total, slots)
-        # (gather, not ``values[t]``: indexing with a 0-dim tensor reads it on the host)
-        last = values.gather(0, torch.clamp(take - 1, min=0).view(1)).squeeze(0)
-        marginal = torch.where(take > 0, last, torch.ones_like(last))
-        width = torch.clamp(caps, max=low)
-        head = torch.where(pos < width[:, None], s, 0.0).sum(dim=1) / width.clamp(min=1)
-        short = (counts > 0) & (counts < low)
-        raised = short & (head >= marginal)
-        bounded = torch.where(short, torch.where(raised, width, 0), counts)
-        removable = (pos >= low) & (pos < bounded[:, None])
-        # Short of room even with every removable slot back: the raised rows of the worst
-        # heads drop to 0 first (earlier rows first at equal heads), as few as make room.
-        short_of = bounded.sum() - slots - removable.sum()
-        raised_width = torch.where(raised, width, 0)
-        by_head = torch.sort(torch.where(raised, head, torch.inf), stable=True).indices
-        freed = torch.cumsum(raised_width[by_head], dim=0) - raised_width[by_head]
-        dropped = torch.zeros_like(raised).scatter_(0, by_head, freed < short_of) & raised
-        bounded = torch.where(dropped, 0, bounded)
-        excess = bounded.sum() - slots
-        # Lowest survival first; equal ones latest (row-major) first, so rows keep prefixes.
-        backwards = torch.where(removable, s, torch.inf).flatten().flip(0)
-        order = torch.sort(backwards, stable=True).indices
-        drop_rank = torch.empty_like(order).scatter_(0, order, every)
-        removed = (drop_rank.flip(0).view(rows, positions) < excess) & removable
-        trimmed = bounded - removed.sum(dim=1)
-        return torch.where(excess <= 0, bounded, trimmed)
+        return selected.sum(dim=1)
+
+    def _bounded(self, s: torch.Tensor, slots: int | torch.Tensor) -> torch.Tensor:
+        """``policies.slot_scoring.bounded_allocation`` on the device (the same prices,
+        repairs, fill and openings, one batched evaluation each, no host sync)."""
+        rows, positions = s.shape
+        device = s.device
+        caps = self.capacities
+        pos = torch.arange(positions, device=device)
+        inside = pos[None, :] < caps[:, None]
+        zero = torch.zeros(rows, 1, dtype=s.dtype, device=device)
+        gains = torch.cat([zero, torch.cumsum(torch.where(inside, s, 0.0), dim=1)], dim=1)
+        ks = torch.arange(positions + 1, device=device)
+        minimum = torch.clamp(caps, max=self.min_spec_tokens)
+        allowed = (ks[None, :] == 0) | (
+            (ks[None, :] >= minimum[:, None]) & (ks[None, :] <= caps[:, None])
+        )
+        # (made on the device, no copy: this runs inside a captured graph; k / 128 is exact)
+        prices = torch.arange(1, len(PRICES) + 1, dtype=torch.float64, device=device) / 128.0
+        value = gains[None, :, :] - prices[:, None, None] * ks[None, None, :]
+        picks = torch.where(allowed[None, :, :], value, -torch.inf).argmax(dim=2)
+        first = (picks.sum(dim=1) <= slots).to(torch.uint8).argmax()
+        fitting = picks.gather(0, first.view(1, 1).expand(1, rows))[0]
+        below = torch.clamp(first - 1, min=0)
+        over_picks = picks.gather(0, below.view(1, 1).expand(1, rows))[0]
+        over = over_picks.sum() - slots
+        held = gains.gather(1, over_picks[:, None])[:, 0]
+        drafting = over_picks > 0
+        density = torch.where(drafting, held / torch.clamp(over_picks, min=1), torch.inf)
+        order = torch.sort(density, stable=True).indices
+        ordered = over_picks[order]
+        cut = torch.zeros_like(drafting).scatter_(
+            0, order, torch.cumsum(ordered, 0) - ordered < over
+        )
+        sparest = torch.where(cut & drafting, 0, over_picks)
+        covers = drafting & (over_picks >= over)
+        one = torch.arange(rows, device=device) == torch.where(covers, held, torch.inf).argmin()
+        cheapest = torch.where(covers.any(), torch.where(one & covers, 0, over_picks), sparest)
+        done = []
+        for counts in (fitting, sparest, cheapest):
+            filled = self._opened(gains, minimum, self._filled(s, inside, counts, slots), slots)
+            done.append(filled)
+        stacked = torch.stack(done)
+        values = gains.gather(1, stacked.T).sum(dim=0)
+        pick = (values >= values.max() - EQUAL_WITHIN).to(torch.uint8).argmax()
+        return stacked.gather(0, pick.view(1, 1).expand(1, rows))[0]
+
+    @staticmethod
+    def _filled(
+        s: torch.Tensor, inside: torch.Tensor, counts: torch.Tensor, slots: int | torch.Tensor
+    ) -> torch.Tensor:
+        rows, positions = s.shape
+        device = s.device
+        room = slots - counts.sum()
+        pos = torch.arange(positions, device=device)
+        more = inside & (pos[None, :] >= counts[:, None]) & (counts[:, None] > 0)
+        flat = torch.where(more, s, -torch.inf).flatten()
+        order = torch.sort(flat, descending=True, stable=True).indices
+        every = torch.arange(order.numel(), device=device)
+        rank = torch.empty_like(order).scatter_(0, order, every)
+        taken = (rank.view(rows, positions) < torch.minimum(room, more.sum())) & more
+        return counts + taken.sum(dim=1)
+
+    @staticmethod
+    def _opened(
+        gains: torch.Tensor, minimum: torch.Tensor, counts: torch.Tensor, slots: int | torch.Tensor
+    ) -> torch.Tensor:
+        rows = counts.shape[0]
+        index = torch.arange(rows, device=counts.device)
+        worth_all = gains.gather(1, minimum[:, None])[:, 0]
+        out = counts
+        for _ in range(OPENINGS):
+            room = slots - out.sum()
+            fits = (out == 0) & (minimum > 0) & (minimum <= room)
+            best = torch.where(fits, worth_all, -torch.inf).argmax()
+            out = torch.where((index == best) & fits, minimum, out)
+        return out
 
 
 def ragged_index(lengths: torch.Tensor, batch: int, width: int, num_tokens: int) -> torch.Tensor:

@@ -427,45 +427,45 @@ def test_a_device_steps_scores_reach_its_planner_while_the_next_step_runs(
     assert told_at[-1] == min(len(told_at) + 1, steps_begun)
 
 
-def test_raises_that_cannot_all_fit_drop_the_worst_heads_first() -> None:
-    """When the raised rows overfill the step and the slots past the minimum cannot make
-    room, only as many raised rows drop to 0 as make room, those of the worst first slots
-    (before: all of them), on the host and on the device alike: a raised row is never
-    dropped while the step has room for it, nor kept while one of a better head drops."""
-    from policies.baselines.slot_budget import allocate_slots, eligible
-    from policies.slot_scoring import survival
+def _value(s: np.ndarray, ks: np.ndarray) -> float:
+    return float(sum(s[r, :k].sum() for r, k in enumerate(ks)))
 
-    rng = np.random.default_rng(3)
-    dropped_raises = kept_some = 0
-    for trial in range(300):
-        rows, positions, low = int(rng.integers(3, 20)), 15, 4
-        scoring = random_scoring(rng, rows, positions, low=low)
-        confidence = rng.uniform(0, 1, (rows, positions))
-        slots = int(rng.integers(1, rows * 3))
-        expected = allocate(scoring, confidence, slots)
-        scored = DeviceScoring.upload(scoring, [positions] * rows, torch.device("cpu"))
-        got = scored.allocate(torch.from_numpy(confidence), slots).numpy()
-        assert np.array_equal(got, expected), (trial, slots, got, expected)
-        assert got.sum() <= slots
-        caps = scoring.capacities
-        s = survival(scoring, confidence)
-        width = np.minimum(low, caps)
-        head = np.array([s[r, : width[r]].mean() if width[r] else 0.0 for r in range(rows)])
-        mask = eligible(s, caps)
-        take = min(slots, int(mask.sum()))
-        marginal = np.sort(s[mask])[::-1][take - 1] if take > 0 else 1.0
-        first = allocate_slots(s, caps, slots)
-        raised = (first > 0) & (first < low) & (head >= marginal)
-        dropped = raised & (got == 0)
-        if not dropped.any():
-            continue
-        dropped_raises += 1
-        # the kept raises head the dropped ones
-        assert not (raised & (got > 0) & (head < head[dropped].max())).any(), trial
-        # ... and the step keeps at least what dropping every raise kept
-        short = (first > 0) & (first < low)
-        every = np.where(short, 0, first)
-        every_sum = int(every.sum()) - max(0, int(every.sum()) - slots)
-        assert got.sum() >= min(every_sum, slots), trial
-        kept_some += int(((got > 0) & raised).any())
-    assert dropped_raises >= 10 and kept_some >= 5  # the cases arose
+
+def test_the_bounded_allocation_is_close_to_the_best_under_its_bound() -> None:
+    """k in {0} U [min(low, cap), cap], within ``slots``, against every allowed allocation of
+    small steps (brute force): the prices, repairs, fill and openings reach >= 99% of the best
+    expected accepted drafts on average, never below 85%."""
+    import itertools
+
+    from policies.slot_scoring import bounded_allocation
+
+    rng = np.random.default_rng(5)
+    ratios = []
+    for trial in range(150):
+        rows, positions, low = int(rng.integers(2, 5)), int(rng.integers(4, 7)), 3
+        s = np.cumprod(rng.uniform(0.2, 0.98, (rows, positions)), axis=1)
+        caps = rng.integers(0, positions + 1, rows)
+        slots = int(rng.integers(0, rows * positions))
+        got = bounded_allocation(s, caps, slots, low)
+        allowed = [[0, *range(min(low, int(c)) or 1, int(c) + 1)] if c else [0] for c in caps]
+        assert int(got.sum()) <= slots, trial
+        assert all(k in a for k, a in zip(got.tolist(), allowed, strict=True)), trial
+        best = max(
+            _value(s, np.array(ks)) for ks in itertools.product(*allowed) if sum(ks) <= slots
+        )
+        ratios.append(_value(s, got) / best if best > 0 else 1.0)
+    assert np.mean(ratios) >= 0.99 and min(ratios) >= 0.85, (np.mean(ratios), min(ratios))
+
+
+def test_a_scarce_budget_is_spent_on_whole_rows_not_left_idle() -> None:
+    """64 rows, 38 slots, every row's first slot likely and its first four much less so: the
+    budget's best slots are 38 first slots; raising or dropping them row by row verified a
+    handful of rows and left most slots idle. Priced per slot, ~9 rows get 4 and the step
+    spends its slots."""
+    from policies.slot_scoring import bounded_allocation
+
+    rng = np.random.default_rng(2)
+    p = np.column_stack([rng.uniform(0.6, 0.9, 64), rng.uniform(0.3, 0.6, (64, 14))])
+    s = np.cumprod(p, axis=1)
+    got = bounded_allocation(s, np.full(64, 15), 38, 4)
+    assert got.sum() >= 36 and set(got.tolist()) <= {0, *range(4, 16)}
