@@ -148,11 +148,13 @@ class DeviceScoring:
         covers = drafting & (over_picks >= over)
         one = torch.arange(rows, device=device) == torch.where(covers, held, torch.inf).argmin()
         cheapest = torch.where(covers.any(), torch.where(one & covers, 0, over_picks), sparest)
-        done = []
-        for counts in (fitting, sparest, cheapest):
-            filled = self._opened(gains, minimum, self._filled(s, inside, counts, slots), slots)
-            done.append(filled)
-        stacked = torch.stack(done)
+        # the three candidates side by side [3, rows]: one batched fill and openings
+        stacked = self._opened(
+            gains,
+            minimum,
+            self._filled(s, inside, torch.stack([fitting, sparest, cheapest]), slots),
+            slots,
+        )
         values = gains.gather(1, stacked.T).sum(dim=0)
         pick = (values >= values.max() - EQUAL_WITHIN).to(torch.uint8).argmax()
         return stacked.gather(0, pick.view(1, 1).expand(1, rows))[0]
@@ -161,31 +163,35 @@ class DeviceScoring:
     def _filled(
         s: torch.Tensor, inside: torch.Tensor, counts: torch.Tensor, slots: int | torch.Tensor
     ) -> torch.Tensor:
+        """``slot_scoring._filled`` of each candidate [n, rows]."""
         rows, positions = s.shape
         device = s.device
-        room = slots - counts.sum()
+        n = counts.shape[0]
+        room = slots - counts.sum(dim=1, keepdim=True)  # [n, 1]
         pos = torch.arange(positions, device=device)
-        more = inside & (pos[None, :] >= counts[:, None]) & (counts[:, None] > 0)
-        flat = torch.where(more, s, -torch.inf).flatten()
-        order = torch.sort(flat, descending=True, stable=True).indices
-        every = torch.arange(order.numel(), device=device)
-        rank = torch.empty_like(order).scatter_(0, order, every)
-        taken = (rank.view(rows, positions) < torch.minimum(room, more.sum())) & more
-        return counts + taken.sum(dim=1)
+        more = inside[None] & (pos[None, None, :] >= counts[:, :, None]) & (counts[:, :, None] > 0)
+        flat = torch.where(more, s[None], -torch.inf).view(n, rows * positions)
+        order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+        every = torch.arange(rows * positions, device=device).expand(n, -1)
+        rank = torch.empty_like(order).scatter_(1, order, every)
+        room = torch.minimum(room, more.view(n, -1).sum(dim=1, keepdim=True))
+        taken = (rank < room).view(n, rows, positions) & more
+        return counts + taken.sum(dim=2)
 
     @staticmethod
     def _opened(
         gains: torch.Tensor, minimum: torch.Tensor, counts: torch.Tensor, slots: int | torch.Tensor
     ) -> torch.Tensor:
-        rows = counts.shape[0]
+        """``slot_scoring._opened`` of each candidate [n, rows]."""
+        rows = counts.shape[1]
         index = torch.arange(rows, device=counts.device)
-        worth_all = gains.gather(1, minimum[:, None])[:, 0]
+        worth = gains.gather(1, minimum[:, None])[:, 0]
         out = counts
         for _ in range(OPENINGS):
-            room = slots - out.sum()
+            room = slots - out.sum(dim=1, keepdim=True)
             fits = (out == 0) & (minimum > 0) & (minimum <= room)
-            best = torch.where(fits, worth_all, -torch.inf).argmax()
-            out = torch.where((index == best) & fits, minimum, out)
+            best = torch.where(fits, worth, -torch.inf).argmax(dim=1, keepdim=True)
+            out = torch.where((index[None, :] == best) & fits, minimum, out)
         return out
 
 
