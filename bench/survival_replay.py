@@ -155,7 +155,23 @@ def allocated(order: np.ndarray, slots: int, rows: int, k: int) -> np.ndarray:
     return np.bincount(order[:slots] // k, minlength=rows).astype(np.int64)
 
 
-class AllocatorScorer:
+class _Learns:
+    """A scorer's device-path learning: its policy's own ``observed``."""
+
+    def _learner(self) -> Any:
+        raise NotImplementedError
+
+    def observed(
+        self,
+        scoring: SlotScoring,
+        confidence: Sequence[PositionValues],
+        spec_tokens: Sequence[int],
+        accept_lengths: Sequence[int],
+    ) -> None:
+        self._learner().observed(scoring, confidence, spec_tokens, accept_lengths)
+
+
+class AllocatorScorer(_Learns):
     """The allocator's survival per step, as an engine's prepare and score would give it
     (``__call__``), or as its device path would (``scoring``, ``observed``); ``allocator``
     keeps what it learnt."""
@@ -175,21 +191,15 @@ class AllocatorScorer:
     ) -> SlotScoring:
         return self.allocator.device_scoring(rows, len(rows), rates, previous)[1]
 
-    def observed(
-        self,
-        scoring: SlotScoring,
-        confidence: Sequence[PositionValues],
-        spec_tokens: Sequence[int],
-        accept_lengths: Sequence[int],
-    ) -> None:
-        self.allocator.observed(scoring, confidence, spec_tokens, accept_lengths)
+    def _learner(self) -> Any:
+        return self.allocator
 
 
 def allocator_scorer(settings: AllocatorSettings) -> AllocatorScorer:
     return AllocatorScorer(settings)
 
 
-class VllmScorer:
+class VllmScorer(_Learns):
     """vLLM's estimator per step, on the host path (``__call__``: learn, then score every
     slot) or its device path (``scoring``, ``observed``); ``policy`` keeps what it learnt."""
 
@@ -210,14 +220,8 @@ class VllmScorer:
         earlier = [r._replace(draft_confidence=c) for r, c in zip(rows, previous, strict=True)]
         return self.policy.device_scoring(earlier, len(rows))[1]
 
-    def observed(
-        self,
-        scoring: SlotScoring,
-        confidence: Sequence[PositionValues],
-        spec_tokens: Sequence[int],
-        accept_lengths: Sequence[int],
-    ) -> None:
-        self.policy.observed(scoring, confidence, spec_tokens, accept_lengths)
+    def _learner(self) -> Any:
+        return self.policy
 
 
 def vllm_scorer(k: int) -> VllmScorer:
