@@ -153,18 +153,14 @@ def bounded_allocation(s: Floats, caps: Ints, slots: int, low: int) -> Ints:
     covers = drafting & (over_picks >= over)
     one = np.arange(rows) == int(np.argmin(np.where(covers, held, np.inf)))
     cheapest = np.where(one & covers, 0, over_picks) if covers.any() else sparest
-    best_counts, best_value = None, -np.inf
     minimum = np.minimum(low, caps)
-    for counts in (picks[first], sparest, cheapest):
-        filled = _filled(s, inside, counts.astype(np.int64), slots)
-        filled = _opened(gains, minimum, filled, slots)
-        got = float(gains[np.arange(rows), filled].sum())
-        if (
-            got > best_value + EQUAL_WITHIN
-        ):  # (equal within rounding: the earlier, as on the device)
-            best_counts, best_value = filled, got
-    assert best_counts is not None
-    return best_counts
+    done = [
+        _opened(gains, minimum, _filled(s, inside, counts.astype(np.int64), slots), slots)
+        for counts in (picks[first], sparest, cheapest)
+    ]
+    values = np.array([gains[np.arange(rows), filled].sum() for filled in done])
+    # the first within rounding of the best, as on the device (their sums' orders differ)
+    return done[int(np.argmax(values >= values.max() - EQUAL_WITHIN))]
 
 
 # Rows ``bounded_allocation`` may still open with the slots its fill leaves (one at a time).
