@@ -17,20 +17,19 @@ then each row's k comes from its draft confidence): ``goodput`` runs the goodput
 allocation, policies/slot_allocator.py, emits more per second on this engine: measured,
 policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase from
 ``slots_min_batch`` rows; not run by default), ``goodput-cap<N>`` ``goodput`` whose two-phase
-rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow
-draft graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps
-allocate on the device (``slot_allocation: device``, policies/slot_scoring.py; with
-``-min1`` also at every batch size, ``slots_min_batch: 1``; ``goodput-device-slots`` always
+rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow draft
+graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps allocate on
+the device (``slot_allocation: device``, policies/slot_scoring.py; with ``-min<N>`` from N
+rows, ``slots_min_batch: N``; ``-min1``: at every batch size); ``goodput-device-slots`` always
 two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
 the allocator's scoring against vLLM's on the same step; any goodput policy with ``-kmin<N>``
-appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4
-for experiments"; vLLM's baseline takes any k); ``goodput-device-cap<N>`` with
-two-phase rows drafting at most N positions: at N = 7 the narrow draft graph, whose LM head
-covers 7 positions, not 15), ``vllm-av``
-its own per-row allocation (``decide_rows``) on the host, ``vllm-av-device`` the same
-allocated on the device as vLLM does (its budget from the previous step's confidence, the
-allocation from the fresh one, no sync); the ``oracle`` verifies each row's drawn run. The
-fixed policies and ``dsd-schedule`` are the same on both engines.
+appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4 for
+experiments"; vLLM's baseline takes any k); ``goodput-device-cap<N>`` with two-phase rows
+drafting at most N positions: at N = 7 the narrow draft graph, whose LM head covers 7
+positions, not 15), ``vllm-av`` its own per-row allocation (``decide_rows``) on the host,
+``vllm-av-device`` the same allocated on the device as vLLM does (its budget from the previous
+step's confidence, the allocation from the fresh one, no sync); the ``oracle`` verifies each
+row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both engines.
 """
 
 from __future__ import annotations
@@ -120,8 +119,9 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "slots")
     if name == "goodput-device":
         return _goodput(ctx, "auto", allocation="device")
-    if name == "goodput-device-min1":
-        return _goodput(ctx, "auto", allocation="device", slots_min_batch=1)
+    rows = name.removeprefix("goodput-device-min")
+    if name.startswith("goodput-device-min") and rows.isdigit() and int(rows) >= 1:
+        return _goodput(ctx, "auto", allocation="device", slots_min_batch=int(rows))
     if name == "goodput-device-slots":
         return _goodput(ctx, "slots", allocation="device")
     if name.startswith("goodput-cap") and name.removeprefix("goodput-cap").isdigit():
@@ -165,7 +165,7 @@ def build(name: str, ctx: Context) -> Built:
         extra = (
             "goodput-slots",
             "goodput-device",
-            "goodput-device-min1",
+            "goodput-device-min<N>",
             "goodput-device-slots",
             "goodput-cap<N>",
             "goodput-device-cap<N>",
@@ -191,7 +191,7 @@ def _goodput(
     (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows). ``draft_cap``
     (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``).
     ``allocation`` (``goodput-device``: "device"): where two-phase steps allocate
-    (``slot_allocation``); ``slots_min_batch`` (``goodput-device-min1``: 1, so the auto
+    (``slot_allocation``); ``slots_min_batch`` (``goodput-device-min<N>``: N, e.g. 1, so the auto
     chooser measures both modes at every batch size, not from 32 rows): the policy's own."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":

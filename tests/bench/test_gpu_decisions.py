@@ -701,5 +701,9 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     # goodput-device-min1 stays slots_min_batch 1, not a bound
     min1 = build("goodput-device-min1", context).planner._source.active().spec
     assert min1.min_spec_tokens == 4 and min1.goodput.slots_min_batch == 1
+    min8 = build("goodput-device-min8", context).planner._source.active().spec
+    assert min8.goodput.slots_min_batch == 8 and min8.goodput.slot_allocation == "device"
+    with pytest.raises(ValueError, match="known are"):
+        build("goodput-device-min0", context)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-kmin1", context)
