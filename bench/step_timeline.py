@@ -1,0 +1,197 @@
+"""Where each policy's time went, step by step: the GPU-decisions harness's raw calls binned.
+
+Every run of ``bench/gpu_decisions.py`` keeps, per phase, one timeline entry per engine step
+(``bench/decisions/driver.py``): rows, widest k, whether a request was admitted (a prefill
+shared the step), step ms, ms waited for a two-phase step's host allocation, its allocation
+ms, tokens verified (sum of k + rows) and tokens emitted. This tool pools the runs of each
+policy over the given raw files (``.json`` or ``.json.gz``) and prints, per phase:
+
+- per row bucket (1, 2, 4, ... rows, rounded up to a power of two) and admitted or not: steps
+  per run, seconds per run and tokens emitted per ms: which kind of step a policy wins or
+  loses on;
+- for the full-batch decode steps (the phase's concurrency, nothing admitted): the mean step
+  ms, wait and allocation ms, tokens verified and emitted, and the same per verified-token
+  count (counts with at least ``--min-steps`` steps), so that policies compare at equal
+  token counts (equal step graphs): how well each picks the slots at one cost.
+
+    G=bench/results/gpu_decisions/synthetic-8b-ragged-triton-warm-priced_2026-12-04
+    .venv/bin/python bench/step_timeline.py ${G}m*.json.gz \\
+      --out bench/results/step_timeline_priced_2026-12-04.json
+
+Pure reading: seconds on a laptop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+# timeline entry fields (bench/decisions/driver.py)
+ROWS, KMAX, ADMITTED, MS, WAIT_MS, ALLOC_MS, VERIFIED, EMITTED = range(8)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """One raw harness call (``.json`` or ``.json.gz``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        data: dict[str, Any] = json.load(handle)
+    if "runs" not in data:
+        raise ValueError(f"{path}: not a raw gpu_decisions call (no 'runs'; a merged file?)")
+    return data
+
+
+def bucket(rows: int) -> int:
+    """Rows rounded up to a power of two."""
+    return 1 if rows <= 1 else 1 << (rows - 1).bit_length()
+
+
+def summarise(calls: Iterable[dict[str, Any]], min_steps: int = 20) -> dict[str, Any]:
+    """Per phase and policy: the row buckets and the full-batch decode steps (module doc)."""
+    concurrency: dict[str, int] = {}
+    # phase -> policy -> list of runs' timelines
+    timelines: dict[str, dict[str, list[list[list[float]]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for call in calls:
+        for phase in call.get("phases", []):
+            concurrency[phase["name"]] = int(phase["concurrency"])
+        for run in call["runs"]:
+            for name, phase in run["phases"].items():
+                timelines[name][run["policy"]].append(phase["timeline"])
+    out: dict[str, Any] = {}
+    for phase_name, by_policy in timelines.items():
+        full = concurrency.get(phase_name)
+        phase_out: dict[str, Any] = {}
+        for policy, runs in sorted(by_policy.items()):
+            phase_out[policy] = _policy(runs, full, min_steps)
+        out[phase_name] = {"concurrency": full, "policies": phase_out}
+    return out
+
+
+def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> dict[str, Any]:
+    n = len(runs)
+    cells: dict[tuple[int, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    steps = [entry for timeline in runs for entry in timeline]
+    for entry in steps:
+        cell = cells[(bucket(int(entry[ROWS])), bool(entry[ADMITTED]))]
+        cell[0] += 1
+        cell[1] += entry[MS]
+        cell[2] += entry[EMITTED]
+    buckets = [
+        {
+            "rows": rows,
+            "admitted": admitted,
+            "steps_per_run": round(count / n, 1),
+            "s_per_run": round(ms / n / 1e3, 3),
+            "emitted_per_ms": round(emitted / ms, 3) if ms else None,
+        }
+        for (rows, admitted), (count, ms, emitted) in sorted(cells.items())
+    ]
+    total_ms = sum(entry[MS] for entry in steps)
+    result: dict[str, Any] = {
+        "runs": n,
+        "s_per_run": round(total_ms / n / 1e3, 3),
+        "emitted_per_ms": round(sum(e[EMITTED] for e in steps) / total_ms, 3) if total_ms else None,
+        "buckets": buckets,
+    }
+    decode = [e for e in steps if full is not None and e[ROWS] == full and not e[ADMITTED]]
+    if decode:
+        by_tokens: dict[int, list[list[float]]] = defaultdict(list)
+        for entry in decode:
+            by_tokens[int(entry[VERIFIED])].append(entry)
+        result["full_decode"] = {
+            **_means(decode),
+            "by_verified_tokens": {
+                str(tokens): _means(entries)
+                for tokens, entries in sorted(by_tokens.items())
+                if len(entries) >= min_steps
+            },
+        }
+    return result
+
+
+def _means(entries: Sequence[Sequence[float]]) -> dict[str, float]:
+    count = len(entries)
+    ms = sum(e[MS] for e in entries)
+    return {
+        "steps": count,
+        "ms": round(ms / count, 3),
+        "wait_ms": round(sum(e[WAIT_MS] for e in entries) / count, 3),
+        "alloc_ms": round(sum(e[ALLOC_MS] for e in entries) / count, 3),
+        "verified": round(sum(e[VERIFIED] for e in entries) / count, 1),
+        "emitted": round(sum(e[EMITTED] for e in entries) / count, 1),
+        "emitted_per_ms": round(sum(e[EMITTED] for e in entries) / ms, 3),
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The summary as text, one block per phase."""
+    lines: list[str] = []
+    for phase, data in summary.items():
+        lines.append(f"== {phase} (concurrency {data['concurrency']})")
+        for policy, info in data["policies"].items():
+            lines.append(
+                f"{policy}: {info['runs']} runs, {info['s_per_run']:.2f} s a run, "
+                f"{info['emitted_per_ms']} emitted/ms"
+            )
+            for cell in info["buckets"]:
+                tag = "admitted" if cell["admitted"] else "decode"
+                lines.append(
+                    f"  {cell['rows']:>4} rows {tag:8s} {cell['steps_per_run']:>7} steps "
+                    f"{cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
+                )
+            decode = info.get("full_decode")
+            if decode:
+                lines.append(
+                    f"  full decode: {decode['steps']} steps, {decode['ms']} ms "
+                    f"(wait {decode['wait_ms']}, alloc {decode['alloc_ms']}), "
+                    f"{decode['verified']} verified, {decode['emitted']} emitted, "
+                    f"{decode['emitted_per_ms']} emitted/ms"
+                )
+                for tokens, cell in decode["by_verified_tokens"].items():
+                    lines.append(
+                        f"    at {tokens} tokens: {cell['steps']} steps, {cell['ms']} ms, "
+                        f"{cell['emitted']} emitted, {cell['emitted_per_ms']} emitted/ms"
+                    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("calls", nargs="+", type=Path, help="raw gpu_decisions calls")
+    parser.add_argument("--out", type=Path, help="also write the summary as JSON here")
+    parser.add_argument(
+        "--min-steps",
+        type=int,
+        default=20,
+        help="token counts with fewer full-batch decode steps are left out (default 20)",
+    )
+    args = parser.parse_args(argv)
+    if args.min_steps < 1:
+        parser.error("--min-steps must be >= 1")
+    try:
+        calls = [load(path) for path in args.calls]
+    except (OSError, ValueError) as exc:
+        print(f"step_timeline: {exc}", file=sys.stderr)
+        return 2
+    summary = summarise(calls, args.min_steps)
+    print(render(summary))
+    if args.out:
+        record = {
+            "command": "python bench/step_timeline.py "
+            + " ".join(str(path) for path in args.calls)
+            + f" --min-steps {args.min_steps}",
+            "phases": summary,
+        }
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""bench/step_timeline.py: the harness's per-step timelines binned per policy."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.step_timeline import bucket, main, summarise
+
+
+def _call() -> dict[str, object]:
+    # entries: rows, kmax, admitted, ms, wait_ms, alloc_ms, verified, emitted
+    full_a = [[4, 7, 0, 10.0, 0.0, 0.0, 32, 20]] * 3 + [[4, 7, 1, 20.0, 0.0, 0.0, 32, 10]]
+    full_b = [[4, 5, 0, 8.0, 0.5, 1.0, 24, 16]] * 2 + [[3, 5, 0, 6.0, 0.0, 0.0, 18, 9]]
+    return {
+        "phases": [{"name": "busy", "concurrency": 4, "num_requests": 8, "mix": {}}],
+        "runs": [
+            {"policy": "a", "phases": {"busy": {"timeline": full_a}}},
+            {"policy": "a", "phases": {"busy": {"timeline": full_a}}},
+            {"policy": "b", "phases": {"busy": {"timeline": full_b}}},
+        ],
+    }
+
+
+def test_buckets_round_rows_up_to_a_power_of_two() -> None:
+    assert [bucket(r) for r in (0, 1, 2, 3, 4, 5, 33, 64)] == [1, 1, 2, 4, 4, 8, 64, 64]
+
+
+def test_policies_pool_their_runs_per_row_bucket_and_token_count() -> None:
+    summary = summarise([_call()], min_steps=2)["busy"]
+    assert summary["concurrency"] == 4
+    a = summary["policies"]["a"]
+    assert a["runs"] == 2 and a["s_per_run"] == pytest.approx(0.05)
+    decode, admitted = a["buckets"]
+    assert (decode["rows"], decode["admitted"], decode["steps_per_run"]) == (4, False, 3.0)
+    assert decode["emitted_per_ms"] == pytest.approx(2.0)
+    assert admitted["admitted"] and admitted["emitted_per_ms"] == pytest.approx(0.5)
+    # full decode: the phase's concurrency, nothing admitted
+    assert a["full_decode"]["steps"] == 6 and a["full_decode"]["emitted"] == 20.0
+    b = summary["policies"]["b"]["full_decode"]
+    assert b["steps"] == 2 and b["wait_ms"] == 0.5 and b["alloc_ms"] == 1.0
+    assert list(b["by_verified_tokens"]) == ["24"]
+    # a token count under --min-steps is left out
+    assert (
+        summarise([_call()], min_steps=3)["busy"]["policies"]["b"]["full_decode"][
+            "by_verified_tokens"
+        ]
+        == {}
+    )
+
+
+def test_cli_reads_gzip_writes_json_and_refuses_a_merged_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tmp_path / "call.json.gz"
+    with gzip.open(raw, "wt") as handle:
+        json.dump(_call(), handle)
+    out = tmp_path / "summary.json"
+    assert main([str(raw), "--out", str(out), "--min-steps", "1"]) == 0
+    assert "== busy (concurrency 4)" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["phases"]["busy"]["policies"]["b"]["runs"] == 1
+    assert "--min-steps 1" in record["command"]
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps({"arms": {}}))
+    assert main([str(merged)]) == 2
+    assert "not a raw gpu_decisions call" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json")]) == 2
