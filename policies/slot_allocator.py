@@ -26,7 +26,10 @@ widest row's, so k is chosen per (request, position) slot. Per step:
    confidence gets g = 0;
 3. budget: every eligible slot sorted best first; the step verifies the ``d`` best with
    ``d* = argmax_d (B + sum of the d best survivals) / cost(B, d)`` (vLLM's rule, over our
-   survival), ``cost`` the ragged step time of B rows plus d drafts;
+   survival), ``cost`` the ragged step time of B rows plus d drafts; under the bounds below
+   (a minimum above 1) the sum is what d slots can earn within them
+   (``slot_scoring.bounded_budget``: the bounded allocation's price sweep), since a row of
+   one to three good slots cannot spend them;
 4. bounds: each row's k in {0} U [``min_spec_tokens``, capacity] (0: drafting off, its draft
    context still updated by the engine), the budget's d slots spent to maximise the expected
    accepted drafts under that bound (``slot_scoring.bounded_allocation``: a price per slot,
@@ -55,7 +58,7 @@ from policies.baselines.slot_budget import (
     eligible,
     sorted_scores,
 )
-from policies.slot_scoring import SlotScoring, bounded_allocation
+from policies.slot_scoring import SlotScoring, bounded_budget
 from policies.types import TASK_INDEX, TASKS, PositionValues, StepRow, Task
 
 Rates = Callable[[Task], Sequence[float]]
@@ -376,18 +379,20 @@ class SlotAllocator:
 
     def _allocated(self, survival: Floats, prepared: PreparedStep) -> tuple[Ints, int]:
         """k per row and the budget (draft slots the step pays for) of a scored step: the
-        budget rule's d over the scores, then d slots spent within k in {0} U [min, capacity]
+        budget rule's d, then d slots spent within k in {0} U [min, capacity]
         (``slot_scoring.bounded_allocation``, as the device allocates): never past d, whose
-        token count is all the step pays for."""
+        token count is all the step pays for. Under a minimum above 1 the rule weighs what
+        the bound lets d slots earn (``slot_scoring.bounded_budget``), not the unbounded
+        sorted survivals."""
         capacities = prepared.capacities
         scores = sorted_scores(survival, capacities)
-        budget = draft_budget(
-            scores, len(prepared.rows), self._costs(prepared.batch_size, len(scores))
-        )
+        costs = self._costs(prepared.batch_size, len(scores))
         low = self.settings.min_spec_tokens
         if low <= 1:
+            budget = draft_budget(scores, len(prepared.rows), costs)
             return allocate_slots(survival, capacities, budget), budget
-        return bounded_allocation(survival, capacities, budget, low), budget
+        counts, budget = bounded_budget(survival, capacities, low, len(prepared.rows), costs)
+        return counts, budget
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
         return self._budget_costs(batch_size, max_drafts)

@@ -127,8 +127,38 @@ def bounded_allocation(s: Floats, caps: Ints, slots: int, low: int) -> Ints:
     is kept (the first at equal value). A row is never opened short of the minimum. Within
     3% of the best allocation on small steps (brute force, tests). Raising and dropping rows
     of the budget's best slots, the rule before, left most of a scarce budget idle."""
+    return _bounded(s, caps, slots, low, *_priced(s, caps, low))
+
+
+def bounded_budget(
+    s: Floats, caps: Ints, low: int, num_sampling: int, costs: Floats
+) -> tuple[Ints, int]:
+    """The draft slots a bounded step pays for and their allocation: vLLM's rule
+    ``argmax_d (n + V(d)) / cost(d)`` (``slot_budget.draft_budget``) over ``V(d)``, the
+    expected accepted drafts of ``d`` slots *under the bound* k in {0} U [min(low, cap), cap],
+    not over the unbounded sorted survivals, which promise slots the bound cannot spend
+    (rows of one to three good slots). ``V`` is read off ``bounded_allocation``'s own price
+    sweep (each price's picks: a point of the bounded value's concave hull; linear between
+    them, flat past the last), so the choice costs one sweep; ``costs[d]`` the step time with
+    d drafts (len = the eligible slots + 1). Returns (k per row, d) with the allocation of d
+    as ``bounded_allocation`` makes it."""
+    gains, picks = _priced(s, caps, low)
+    totals = picks.sum(axis=1)
+    worth = gains[np.arange(s.shape[0])[None, :], picks].sum(axis=1)
+    order = np.argsort(totals, kind="stable")
+    xs, keep = np.unique(totals[order], return_index=True)
+    # at equal totals the most value (prices at one total give the same picks' sums)
+    ys = np.maximum.reduceat(worth[order], keep) if len(keep) else np.zeros(0)
+    d = np.arange(len(costs), dtype=np.float64)
+    value = np.interp(d, np.concatenate(([0.0], xs)), np.concatenate(([0.0], ys)))
+    slots = int(np.argmax((num_sampling + value) / costs))
+    return _bounded(s, caps, slots, low, gains, picks), slots
+
+
+def _priced(s: Floats, caps: Ints, low: int) -> tuple[Floats, Ints]:
+    """Per row the expected accepted drafts of each k (``gains`` [rows, K + 1]) and each
+    price's best k per row (``picks`` [prices, rows]; equal values: the smaller k)."""
     rows, positions = s.shape
-    slots = max(0, slots)
     pos = np.arange(positions)
     inside = pos[None, :] < caps[:, None]
     gains = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(inside, s, 0.0), axis=1)], 1)
@@ -136,7 +166,15 @@ def bounded_allocation(s: Floats, caps: Ints, slots: int, low: int) -> Ints:
     least = np.minimum(low, caps)[:, None]
     allowed = (ks[None, :] == 0) | ((ks[None, :] >= least) & (ks[None, :] <= caps[:, None]))
     value = gains[None, :, :] - PRICES[:, None, None] * ks[None, None, :]
-    picks = np.where(allowed[None, :, :], value, -np.inf).argmax(axis=2)  # [prices, rows]
+    picks: Ints = np.where(allowed[None, :, :], value, -np.inf).argmax(axis=2)
+    return gains, picks
+
+
+def _bounded(s: Floats, caps: Ints, slots: int, low: int, gains: Floats, picks: Ints) -> Ints:
+    """``bounded_allocation`` from its price sweep (``_priced``)."""
+    rows, positions = s.shape
+    slots = max(0, slots)
+    inside = np.arange(positions)[None, :] < caps[:, None]
     first = int(np.argmax(picks.sum(axis=1) <= slots))  # the last price (1.0) picks no row
     over_picks = picks[max(first - 1, 0)]
     over = int(over_picks.sum()) - slots

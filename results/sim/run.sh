@@ -34,6 +34,10 @@ done
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device-kmin1.yaml \
   --no-progress --out "$out/mixed-shift-ragged-8b-device-kmin1.json" \
   > "$out/mixed-shift-ragged-8b-device-kmin1.txt"
+# Session 24: the bounded allocator's budget rule weighs what the bound can spend
+# (slot_scoring.bounded_budget): allocator 3,992 -> 4,018 tok/s (README "Session 24"):
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
+  --out "$out/mixed-shift-ragged-8b-device-s24.json" > "$out/mixed-shift-ragged-8b-device-s24.txt"
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c

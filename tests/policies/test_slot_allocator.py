@@ -305,7 +305,7 @@ def test_bounds_never_carry_a_step_past_its_budget() -> None:
     and the device's budget was the raised total: on the H200 (session 23, 64 rows) every
     step of goodput's device allocation then ran 416 tokens, a matrix tile dearer than 384."""
     from policies.baselines.slot_budget import allocate_slots, draft_budget, sorted_scores
-    from policies.slot_scoring import allocate
+    from policies.slot_scoring import allocate, bounded_budget
 
     rng = np.random.default_rng(7)
     rates = rates_of({Task.MATH: 0.9, Task.CHAT: 0.5, Task.CODE: 0.7})
@@ -321,9 +321,11 @@ def test_bounds_never_carry_a_step_past_its_budget() -> None:
         confidence = [r.draft_confidence for r in rows]
         survival = alloc.score_step(prepared, confidence)
         scores = sorted_scores(survival, prepared.capacities)
-        budget = draft_budget(scores, 12, alloc._costs(12, len(scores)))
-        unbounded = allocate_slots(survival, prepared.capacities, budget)
+        costs = alloc._costs(12, len(scores))
+        unbounded = allocate_slots(survival, prepared.capacities, draft_budget(scores, 12, costs))
         raised += int(((unbounded > 0) & (unbounded < 4)).any())
+        # the budget the bounds can spend (slot_scoring.bounded_budget)
+        _, budget = bounded_budget(survival, prepared.capacities, 4, 12, costs)
         counts = alloc.finish_step(prepared, confidence).spec_tokens
         assert sum(counts) <= budget, trial
         assert all(k == 0 or k >= 4 for k in counts), trial
@@ -332,3 +334,37 @@ def test_bounds_never_carry_a_step_past_its_budget() -> None:
         device = allocate(scoring, np.array(confidence), scoring.budget)
         assert list(device) == counts, trial  # the host's bounds are the device's
     assert raised >= 5  # the case arose
+
+
+def test_the_bounded_budget_weighs_what_the_bound_can_spend() -> None:
+    """Under k in {0} U [4, K] the budget rule over the unbounded sorted survivals counts slots
+    the bound cannot spend (rows of one to three good slots) and so buys too few; weighing the
+    bounded allocation's own value (``bounded_budget``) reaches the best step rate over every
+    d (each d allocated by ``bounded_allocation``) within 1%, on steps whose costs climb in
+    stairs as a GPU's do."""
+    from policies.baselines.slot_budget import draft_budget, sorted_scores
+    from policies.slot_scoring import bounded_allocation, bounded_budget
+
+    rng = np.random.default_rng(3)
+    rows, positions = 16, 15
+    caps = np.full(rows, positions)
+    costs = 0.01 + 2e-5 * np.ceil((rows + np.arange(rows * positions + 1)) / 32) * 32
+    new, old = [], []
+    for trial in range(8):
+        p = rng.uniform(0.2, 0.95, (rows, positions))
+        p[:, 0] = rng.uniform(0.5, 0.95, rows)
+        p[rng.uniform(0, 1, rows) < 0.5, 1:] *= 0.6  # rows whose first slot alone is good
+        s = np.cumprod(p, axis=1)
+
+        def rate(d: int, s: np.ndarray = s) -> float:
+            ks = bounded_allocation(s, caps, d, 4)
+            return (rows + float(np.where(np.arange(positions) < ks[:, None], s, 0).sum())) / (
+                costs[d]
+            )
+
+        best = max(rate(d) for d in range(len(costs)))
+        counts, budget = bounded_budget(s, caps, 4, rows, costs)
+        assert np.array_equal(counts, bounded_allocation(s, caps, budget, 4)), trial
+        new.append(rate(budget) / best)
+        old.append(rate(draft_budget(sorted_scores(s, caps), rows, costs)) / best)
+    assert np.mean(new) >= 0.99 and np.mean(new) > np.mean(old), (new, old)
