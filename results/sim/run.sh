@@ -38,6 +38,10 @@ done
 # (slot_scoring.bounded_budget): allocator 3,992 -> 4,018 tok/s (README "Session 24"):
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
   --out "$out/mixed-shift-ragged-8b-device-s24.json" > "$out/mixed-shift-ragged-8b-device-s24.txt"
+# and with two-phase steps from 8 rows (goodput-auto 3,997 -> 4,006; c8-chat 3,169 -> 3,195):
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device-min8.yaml \
+  --no-progress --out "$out/mixed-shift-ragged-8b-device-min8.json" \
+  > "$out/mixed-shift-ragged-8b-device-min8.txt"
 for task in math code chat; do
   for c in 1 8 64; do
     name=steady-$task-c$c
