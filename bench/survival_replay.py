@@ -50,6 +50,7 @@ engine does:
     .venv/bin/python bench/survival_replay.py --synthetic realistic
     .venv/bin/python bench/survival_replay.py --synthetic realistic --closed-loop
     .venv/bin/python bench/survival_replay.py --synthetic realistic --pipelined
+    .venv/bin/python bench/survival_replay.py --synthetic realistic --pipelined --interleave
 
 Each run takes seconds (a 2-core CPU: under 20 s for either source in any mode).
 """
@@ -228,6 +229,18 @@ def vllm_scorer(k: int) -> VllmScorer:
     return VllmScorer(k)
 
 
+def interleaved(requests: Sequence[int], tasks: Sequence[str]) -> list[int]:
+    """``requests`` round-robin across their ``tasks`` (tasks in first-seen order, each
+    task's requests in the given order)."""
+    queues: dict[str, list[int]] = {}
+    for request, task in zip(requests, tasks, strict=True):
+        queues.setdefault(task, []).append(request)
+    out: list[int] = []
+    for i in range(max((len(q) for q in queues.values()), default=0)):
+        out.extend(q[i] for q in queues.values() if i < len(q))
+    return out
+
+
 def replay(
     steps: Steps,
     rows_per_batch: int,
@@ -235,9 +248,12 @@ def replay(
     *,
     closed_loop: bool = False,
     pipelined: bool = False,
+    interleave: bool = False,
 ) -> dict[str, Any]:
     """Each policy's figures (the module docstring); ``pipelined`` implies ``closed_loop``
-    and needs ``DeviceScorer`` scorers."""
+    and needs ``DeviceScorer`` scorers. ``interleave``: requests taken round-robin across
+    tasks, so each batch mixes them (by default in the source's order: a synthetic source
+    lists each task's requests together, so its batches hold one task each)."""
     closed_loop = closed_loop or pipelined
     if pipelined:
         lacking = [name for name, s in scorers.items() if not isinstance(s, DeviceScorer)]
@@ -248,6 +264,8 @@ def replay(
     for i, p in enumerate(steps.prompt.tolist()):
         by_request.setdefault(p, []).append(i)
     requests = sorted(by_request)
+    if interleave:
+        requests = interleaved(requests, [str(steps.task[by_request[p][0]]) for p in requests])
     # per policy: its own task priors and its requests' histories (open loop: all alike)
     rates = {name: TaskRates(k) for name in scorers}
     history: dict[str, dict[int, History]] = {
@@ -387,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="closed loop on the device path: each round scored from the histories a round late",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="batches mix the tasks (requests round-robin across tasks), as a mixed trace's do",
+    )
     args = parser.parse_args(argv)
     steps = steps_of(args, parser)
     k = steps.conf.shape[1]
@@ -408,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
             AllocatorSettings(max_spec_tokens=k, min_spec_tokens=min(4, k)), bounded=True
         )
     policies = replay(
-        steps, args.rows, scorers, closed_loop=args.closed_loop, pipelined=args.pipelined
+        steps,
+        args.rows,
+        scorers,
+        closed_loop=args.closed_loop,
+        pipelined=args.pipelined,
+        interleave=args.interleave,
     )
     for name, scorer in scorers.items():
         if isinstance(scorer, AllocatorScorer) and scorer.allocator.settings.recency_decay > 0:
@@ -420,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "positions": k,
         "steps": len(steps.run),
         "rows": args.rows,
+        "interleaved": args.interleave,
     }
     if args.closed_loop or args.pipelined:
         result["mode"] = "pipelined" if args.pipelined else "closed-loop"

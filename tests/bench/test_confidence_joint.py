@@ -14,7 +14,7 @@ import pytest
 
 from bench.confidence_joint import Steps, evaluate, load, structure, synthetic_steps
 from bench.confidence_joint import main as joint_main
-from bench.survival_replay import TaskRates, allocator_scorer, replay, vllm_scorer
+from bench.survival_replay import TaskRates, allocator_scorer, interleaved, replay, vllm_scorer
 from bench.survival_replay import main as replay_main
 from policies.slot_allocator import AllocatorSettings
 from policies.types import StepRow
@@ -293,3 +293,13 @@ def test_a_bounded_allocator_verifies_zero_or_at_least_its_minimum(steps: Steps)
     replay(steps, 6, {"b": Spy("bounded", True), "a": Spy("any", False)}, closed_loop=True)
     assert seen["bounded"] and all(x == 0 or x >= 4 for x in seen["bounded"])
     assert any(0 < x < 4 for x in seen["any"])
+
+
+def test_interleaved_batches_mix_the_tasks(tmp_path: Path) -> None:
+    assert interleaved([0, 1, 2, 3, 4], ["a", "a", "a", "b", "c"]) == [0, 3, 4, 1, 2]
+    out = tmp_path / "replay.json"
+    argv = ["--synthetic", "realistic", "--requests", "4", "--steps", "3", "--rows", "6"]
+    assert replay_main([*argv, "--closed-loop", "--interleave", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["interleaved"] is True
+    assert 0 < report["policies"]["allocator"]["accepted_per_round"]
