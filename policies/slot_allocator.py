@@ -385,14 +385,15 @@ class SlotAllocator:
         the bound lets d slots earn (``slot_scoring.bounded_budget``), not the unbounded
         sorted survivals."""
         capacities = prepared.capacities
-        scores = sorted_scores(survival, capacities)
-        costs = self._costs(prepared.batch_size, len(scores))
-        low = self.settings.min_spec_tokens
+        rows, low = len(prepared.rows), self.settings.min_spec_tokens
         if low <= 1:
-            budget = draft_budget(scores, len(prepared.rows), costs)
+            scores = sorted_scores(survival, capacities)
+            budget = draft_budget(scores, rows, self._costs(prepared.batch_size, len(scores)))
             return allocate_slots(survival, capacities, budget), budget
-        counts, budget = bounded_budget(survival, capacities, low, len(prepared.rows), costs)
-        return counts, budget
+        slots = int(eligible(survival, capacities).sum())
+        return bounded_budget(
+            survival, capacities, low, rows, self._costs(prepared.batch_size, slots)
+        )
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:
         return self._budget_costs(batch_size, max_drafts)

@@ -148,7 +148,7 @@ def bounded_budget(
     order = np.argsort(totals, kind="stable")
     xs, keep = np.unique(totals[order], return_index=True)
     # at equal totals the most value (prices at one total give the same picks' sums)
-    ys = np.maximum.reduceat(worth[order], keep) if len(keep) else np.zeros(0)
+    ys = np.maximum.reduceat(worth[order], keep)
     d = np.arange(len(costs), dtype=np.float64)
     value = np.interp(d, np.concatenate(([0.0], xs)), np.concatenate(([0.0], ys)))
     slots = int(np.argmax((num_sampling + value) / costs))
