@@ -86,6 +86,10 @@ def start(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> d
         "capture_s": capture,
         "capture_parts_s": setup["capture_parts_s"],
         "graphs_compiled": dynamo.get("stats", {}).get("unique_graphs", 0),
+        # where the start's seconds went: torch.compile's own timers, and the engine's Triton
+        # kernels compiled at their first launch per specialisation (CUDA only)
+        "compile_time_s": setup.get("compile_time_s", {}),
+        "triton_jit": setup.get("triton_jit", {}),
         "fxgraph_cache_hit": inductor.get("fxgraph_cache_hit", 0),
         "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
         "num_graphs": setup["num_graphs"],

@@ -18,7 +18,10 @@ same caches and weights), random K/V in the caches below ``--context-len``, then
 3. two-phase steps (the goodput policy's ``step_mode: slots``): whole steps one- and
    two-phase at the same verified k, and the two-phase step's parts on the host clock (to the
    allocation: the draft and the confidence's copy; the allocation; the verify after it);
-4. start-up: capture seconds and graph counts, padded and ragged, and GPU memory;
+4. start-up: capture seconds and graph counts, padded and ragged, and GPU memory; where a
+   first start's time goes: dynamo's and inductor's own timers (``compile_time_s``) and
+   the Triton kernels launched from Python (the engine's attention kernels: ``triton_jit``,
+   per kernel its launches, the launches that compiled a specialisation and their seconds);
 5. pruning: the engine's start-up timing of every graph (``runner.keep_faster_ragged``; this
    runner is built without it so that sections 1-3 see every bucket): per (B, W) the largest
    token bucket that stays ragged, and each graph's replay in ms.
@@ -120,6 +123,89 @@ def _dynamo_compiles() -> dict[str, dict[str, int]]:
     return {group: {k: int(v) for k, v in values.items()} for group, values in counters.items()}
 
 
+def _compiled_count(fn: Any) -> int | None:
+    """Specialisations a Triton ``JITFunction`` holds (its per-device kernel caches), or None
+    where this Triton keeps them elsewhere."""
+    caches = getattr(fn, "device_caches", None)
+    if isinstance(caches, dict):
+        return sum(len(entry[0]) for entry in caches.values())
+    old = getattr(fn, "cache", None)
+    if isinstance(old, dict):
+        return sum(len(entry) for entry in old.values() if isinstance(entry, dict))
+    return None
+
+
+class JitLaunchTimer:
+    """Times every launch of a Triton kernel made from Python (``JITFunction.run``: the
+    engine's own attention kernels; inductor's kernels launch through their own launcher and
+    are in ``compile_time_s``) while installed, and counts the launches that compiled a new
+    specialisation (its kernel cache grew; where the cache cannot be read, a launch over
+    ``slow_s``). A compile happens on the host inside the launch, so its seconds are start-up."""
+
+    def __init__(self, slow_s: float = 0.02) -> None:
+        self.slow_s = slow_s
+        self.kernels: dict[str, dict[str, float]] = {}
+        self._original: Any = None
+
+    def install(self) -> bool:
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return False
+        original = JITFunction.run
+        timer = self
+
+        def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            before = _compiled_count(fn)
+            started = time.perf_counter()
+            out = original(fn, *args, **kwargs)
+            spent = time.perf_counter() - started
+            after = _compiled_count(fn)
+            compiled = (
+                after > before
+                if before is not None and after is not None
+                else (spent > timer.slow_s)
+            )
+            name = getattr(getattr(fn, "fn", None), "__name__", None) or repr(fn)
+            entry = timer.kernels.setdefault(
+                name, {"launches": 0, "compiles": 0, "compile_s": 0.0, "launch_s": 0.0}
+            )
+            entry["launches"] += 1
+            if compiled:
+                entry["compiles"] += 1
+                entry["compile_s"] += spent
+            else:
+                entry["launch_s"] += spent
+            return out
+
+        self._original = original
+        JITFunction.run = run
+        return True
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            from triton.runtime.jit import JITFunction
+
+            JITFunction.run = self._original
+            self._original = None
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {k: round(v, 3) if isinstance(v, float) else v for k, v in entry.items()}
+            for name, entry in sorted(self.kernels.items())
+        }
+
+
+def _compile_time_s() -> dict[str, float]:
+    """Seconds per timed stage of torch.compile in this process (dynamo's ``dynamo_timed``
+    metrics: tracing, inductor's compile, its async kernel compiles), summed over graphs."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {name: round(sum(values), 3) for name, values in compilation_time_metrics.items()}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -147,23 +233,29 @@ class Bench:
         max_batch = max(args.batches)
         max_seq_len = args.context_len + 2 * BLOCK
         torch.manual_seed(args.seed)
+        jit = JitLaunchTimer()
+        timing_jit = device.type == "cuda" and jit.install()
         started = time.perf_counter()
         target, draft = build_models(shape, spec, device, dtype, max_seq_len + 2 * BLOCK)
         built_s = time.perf_counter() - started
-        runner = ModelRunner(
-            target,
-            draft,
-            device,
-            dtype,
-            max_batch,
-            max_seq_len,
-            use_cuda_graphs=True,
-            compile_forwards=args.compile,
-            compile_scope=args.compile_scope,
-            attention=args.attention,
-            verify_mode="ragged",
-            prune_ragged=False,  # every bucket measured here; section 5 prunes as the engine does
-        )
+        try:
+            runner = ModelRunner(
+                target,
+                draft,
+                device,
+                dtype,
+                max_batch,
+                max_seq_len,
+                use_cuda_graphs=True,
+                compile_forwards=args.compile,
+                compile_scope=args.compile_scope,
+                attention=args.attention,
+                verify_mode="ragged",
+                # every bucket measured here; section 5 prunes as the engine does
+                prune_ragged=False,
+            )
+        finally:
+            jit.uninstall()
         for cache in (runner.target_cache, runner.draft_cache):  # a context to attend to
             cache.k.normal_()
             cache.v.normal_()
@@ -191,6 +283,9 @@ class Bench:
         }
         if args.compile:
             self.result["setup"]["dynamo"] = _dynamo_compiles()
+            self.result["setup"]["compile_time_s"] = _compile_time_s()
+        if timing_jit:
+            self.result["setup"]["triton_jit"] = jit.summary()
         if device.type == "cuda":
             self.result["setup"]["gpu_memory_gb"] = {
                 "allocated": round(torch.cuda.memory_allocated(device) / 1e9, 2),

@@ -14,6 +14,13 @@ split the program normalises and writes the output itself). Splits are chosen fr
 shapes so that small batches still fill the GPU; splits past a row's position exit at once.
 The mask is the engine's: key j is visible to column c of row b iff ``j <= positions[b, c]``.
 
+Triton compiles a kernel once per set of ``tl.constexpr`` values (and integer-argument
+classes) at its first launch, on the host. The split count varies with the batch size, so it
+is a runtime argument (``do_not_specialize``; only "one split or more" is a constant): as a
+constant it made every batch bucket its own kernel, 62 compiles of ~0.57 s each, 35 s of a
+99 s first start on the H200 8B shape (``bench/results/first_start_h200_2026-12-04s25.json``,
+``triton_jit``).
+
 ``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
 (dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the
 partial buffers come from the graph's pool). Triton is imported on first use, so CPU-only
@@ -55,7 +62,7 @@ def _kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def split_kernel(
         q_ptr,
         k_ptr,
@@ -82,10 +89,11 @@ def _kernels() -> tuple[Any, Any]:
         num_keys,
         keys_per_split,
         scale,
+        splits,
         kv_heads: tl.constexpr,
         num_queries: tl.constexpr,
         width: tl.constexpr,
-        splits: tl.constexpr,
+        single: tl.constexpr,
         head_dim: tl.constexpr,
         block_m: tl.constexpr,
         block_w: tl.constexpr,
@@ -148,7 +156,7 @@ def _kernels() -> tuple[Any, Any]:
             )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
-        if splits == 1:  # the whole row in this program: normalise and write the output
+        if single:  # the whole row in this program (one split): normalise and write
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(
                 out_ptr + out_rows[:, None] + offs_d[None, :],
@@ -161,7 +169,7 @@ def _kernels() -> tuple[Any, Any]:
             tl.store(ml_ptr + (part + offs_m) * 2, m_i)
             tl.store(ml_ptr + (part + offs_m) * 2 + 1, l_i)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def merge_kernel(
         o_ptr,
         ml_ptr,
@@ -171,10 +179,10 @@ def _kernels() -> tuple[Any, Any]:
         soh,
         som,
         stb,
+        splits,
         kv_heads: tl.constexpr,
         num_queries: tl.constexpr,
         width: tl.constexpr,
-        splits: tl.constexpr,
         head_dim: tl.constexpr,
         block_m: tl.constexpr,
         packed: tl.constexpr,
@@ -273,10 +281,11 @@ def _launch(
         num_keys,
         keys_per_split,
         1.0 / math.sqrt(head_dim),
+        splits,
         kv_heads=kv_heads,
         num_queries=num_queries,
         width=width,
-        splits=splits,
+        single=splits == 1,
         head_dim=head_dim,
         block_m=block_m,
         block_w=_next_pow2(width, 1),
@@ -294,10 +303,10 @@ def _launch(
             tokens,
             *out_strides,
             tokens.stride(0),
+            splits,
             kv_heads=kv_heads,
             num_queries=num_queries,
             width=width,
-            splits=splits,
             head_dim=head_dim,
             block_m=block_m,
             packed=packed,

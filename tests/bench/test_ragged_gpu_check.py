@@ -62,7 +62,7 @@ def test_the_compile_counters_name_the_graphs_compiled() -> None:
     compiled afresh for a second shape shows as a second graph."""
     import torch
 
-    from bench.ragged_gpu_check import _dynamo_compiles
+    from bench.ragged_gpu_check import _compile_time_s, _dynamo_compiles
 
     torch._dynamo.reset()
     before = _dynamo_compiles().get("stats", {}).get("unique_graphs", 0)
@@ -72,3 +72,36 @@ def test_the_compile_counters_name_the_graphs_compiled() -> None:
     counts = _dynamo_compiles()
     assert counts["stats"]["unique_graphs"] - before == 2
     assert all(isinstance(v, int) for group in counts.values() for v in group.values())
+    seconds = _compile_time_s()  # where a first start's time went: compile stages, summed
+    assert seconds and all(v >= 0 for v in seconds.values()) and max(seconds.values()) > 0
+
+
+def test_the_jit_timer_counts_the_launches_that_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launches through ``JITFunction.run`` are timed while the timer is installed; a launch
+    that grew the kernel's cache (a new specialisation) counts as a compile, the others as
+    launches; uninstalling restores Triton's own ``run``."""
+    jit = pytest.importorskip("triton.runtime.jit")
+    from bench.ragged_gpu_check import JitLaunchTimer
+
+    def original(fn: object, *args: object, **kwargs: object) -> str:
+        cache = fn.device_caches[0][0]  # type: ignore[attr-defined]
+        cache.setdefault(kwargs["width"], object())  # a new width compiles once
+        return "launched"
+
+    monkeypatch.setattr(jit.JITFunction, "run", original)
+
+    def split_kernel() -> None: ...
+
+    kernel = jit.JITFunction.__new__(jit.JITFunction)
+    kernel.fn = split_kernel
+    kernel.device_caches = {0: ({}, None, None, None, None)}
+    timer = JitLaunchTimer()
+    assert timer.install()
+    for width in (1, 2, 1, 1, 2, 4):
+        assert kernel.run(width=width) == "launched"
+    timer.uninstall()
+    assert jit.JITFunction.run is original
+    kernel.run(width=8)  # not timed
+    entry = timer.summary()["split_kernel"]
+    assert (entry["launches"], entry["compiles"]) == (6, 3)
+    assert entry["compile_s"] >= 0 and entry["launch_s"] >= 0

@@ -154,6 +154,12 @@ def test_triton_attention_matches_the_dense_mask_and_reads_only_the_used_keys() 
     one = decode_attention.grouped_decode_attention(grouped_q, k_cache, v_cache, positions, 1)
     one = one.view(batch, kv_heads, group, width, dim).permute(0, 3, 1, 2, 4)
     torch.testing.assert_close(one.reshape(batch, width, -1), want)  # one split, written directly
+    for most in (2, 3):  # the split count is a runtime argument: one kernel for every count > 1
+        some = decode_attention.grouped_decode_attention(
+            grouped_q, k_cache, v_cache, positions, most
+        )
+        some = some.view(batch, kv_heads, group, width, dim).permute(0, 3, 1, 2, 4)
+        torch.testing.assert_close(some.reshape(batch, width, -1), want)
     # The packed path: queries scattered into the grouped layout, outputs gathered back.
     lengths = [2, 4, 1]
     index = ragged_index(lengths, batch, width, num_tokens=9)
