@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def start(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> d
         "fxgraph_cache_hit": inductor.get("fxgraph_cache_hit", 0),
         "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
         "num_graphs": setup["num_graphs"],
+        "attention_compiled_ahead": setup.get("attention_compiled_ahead", 0),
         "device": setup["device"],
         "torch": setup["torch"],
     }
@@ -139,6 +141,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_tree,
         help="NAME=PATH of a code tree to start (repeatable; default: this checkout as 'this')",
     )
+    parser.add_argument(
+        "--args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="extra ragged_gpu_check.py arguments for tree NAME (repeatable), e.g. "
+        "--tree ahead=. --tree serial=. --args serial=--no-compile-ahead: an A/B of one tree",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="first starts per tree")
     parser.add_argument(
         "--restart", action="store_true", help="after each first start, a restart on its cache"
@@ -178,6 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     names = [name for name, _ in args.tree]
     if len(set(names)) != len(names):
         parser.error(f"--tree names must differ: {names}")
+    args.tree_args = {}
+    for text in args.args:
+        name, sep, extra_args = text.partition("=")
+        if not sep or name not in names:
+            parser.error(f"--args {text!r}: use NAME=ARGS with NAME one of the trees {names}")
+        args.tree_args[name] = args.tree_args.get(name, []) + shlex.split(extra_args)
     return args
 
 
@@ -201,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "trees": {name: str(tree) for name, tree in args.tree},
         "check_arguments": check_args,
+        "tree_arguments": args.tree_args,
         "order": [f"{name}#{repeat}" for name, _, repeat in plan],
         "runs": [],
         "skipped": [],
@@ -219,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             kinds = ["first", "restart"] if args.restart else ["first"]
             for kind in kinds:
                 try:
-                    run = start(tree, Path(cache), check_args, args.timeout_s)
+                    tree_args = check_args + args.tree_args.get(name, [])
+                    run = start(tree, Path(cache), tree_args, args.timeout_s)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     print(f"{name}#{repeat} {kind} failed: {exc}", file=sys.stderr, flush=True)
                     result["failed"].append({"run": f"{name}#{repeat}", "kind": kind})

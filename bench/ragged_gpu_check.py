@@ -253,6 +253,7 @@ class Bench:
                 verify_mode="ragged",
                 # every bucket measured here; section 5 prunes as the engine does
                 prune_ragged=False,
+                compile_attention_ahead=not args.no_compile_ahead,
             )
         finally:
             jit.uninstall()
@@ -275,6 +276,7 @@ class Bench:
             "capture_s": {k: round(v, 2) for k, v in runner.capture_s.items()},
             "capture_parts_s": {k: round(v, 2) for k, v in runner.capture_parts_s.items()},
             "num_graphs": {"padded": len(runner._graphs), "ragged": len(runner._ragged_graphs)},
+            "attention_compiled_ahead": runner.attention_compiled_ahead,
             "widths": runner.widths,
             "batch_sizes": batches,
             "ragged_graphs_if_max_batch_128": len(
@@ -648,6 +650,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--budget-s", type=float, default=270.0, help="skip work past this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-compile-ahead",
+        action="store_true",
+        help="compile the Triton attention's kernels at their first launch, one at a time, "
+        "instead of on a thread pool before the captures (the runner's default; an A/B)",
+    )
     return parser.parse_args(argv)
 
 

@@ -19,7 +19,10 @@ classes) at its first launch, on the host. The split count varies with the batch
 is a runtime argument (``do_not_specialize``; only "one split or more" is a constant): as a
 constant it made every batch bucket its own kernel, 62 compiles of ~0.57 s each, 35 s of a
 99 s first start on the H200 8B shape (``bench/results/first_start_h200_2026-12-04s25.json``,
-``triton_jit``).
+``triton_jit``). The compiles that remain (one per width, layout and "one split or more")
+can run ahead of the captures on a thread pool (``compile_ahead``; Triton releases the GIL
+while it compiles): the runner runs each graph's forward once with the launches collected
+instead of made, and waits for the pool before it captures.
 
 ``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
 (dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the
@@ -29,12 +32,18 @@ installs never need it; tests run the kernels on the CPU under ``TRITON_INTERPRE
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 BLOCK_N = 64  # keys per inner step
 TARGET_PROGRAMS = 264  # splits are chosen to launch about this many programs (2 per H200 SM)
@@ -223,6 +232,99 @@ def _kernels() -> tuple[Any, Any]:
     return split_kernel, merge_kernel
 
 
+def _argument_class(value: object) -> object:
+    """What Triton specialises an argument on (tensors: dtype and 16-byte alignment; ints:
+    equal to 1, divisible by 16, 64-bit), so that launches it would compile once are
+    submitted once."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value if isinstance(value, bool) else type(value).__name__
+    return (value == 1, value % 16 == 0, not -(2**31) <= value < 2**31)
+
+
+class CompilesAhead:
+    """While active (``compile_ahead``), ``_launch`` hands its kernels here instead of
+    launching them: each new specialisation is compiled on a thread pool (Triton's
+    ``warmup``: the same binder and cache as a launch, so the launch that follows finds it
+    compiled), the outputs are left unset. The first submission of each kernel compiles on
+    the calling thread, so that the kernel's per-device cache exists before threads share
+    it."""
+
+    def __init__(self, workers: int) -> None:
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="triton-compile")
+        self._seen: set[tuple[object, ...]] = set()
+        self._kernels: set[int] = set()
+        self._futures: list[Future[None]] = []
+        self.submitted = 0
+
+    def submit(
+        self,
+        kernel: Any,
+        grid: tuple[int, ...],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        device: torch.device,
+    ) -> None:
+        key = (id(kernel), *map(_argument_class, args), *sorted(kwargs.items()))
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.submitted += 1
+
+        def compile_one() -> None:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                kernel.warmup(*args, grid=grid, **kwargs)
+
+        if id(kernel) not in self._kernels:
+            self._kernels.add(id(kernel))
+            self._run(compile_one)
+            return
+        self._futures.append(self._pool.submit(compile_one))
+
+    @staticmethod
+    def _run(compile_one: Any) -> None:
+        try:
+            compile_one()
+        except Exception as exc:  # the launch will compile it again and raise there
+            logger.warning("compiling an attention kernel ahead failed: %r", exc)
+
+    def wait(self) -> int:
+        """Wait for every compile; returns how many failed (each was logged; its launch will
+        compile it again, and raise there if it fails again)."""
+        failed = 0
+        for future in self._futures:
+            try:
+                future.result()
+            except Exception as exc:
+                failed += 1
+                logger.warning("compiling an attention kernel ahead failed: %r", exc)
+        self._pool.shutdown()
+        return failed
+
+
+_ahead: CompilesAhead | None = None
+
+
+@contextlib.contextmanager
+def compile_ahead(workers: int | None = None) -> Iterator[CompilesAhead]:
+    """Inside: the attention kernels are not launched (their outputs are left unset) but
+    compiled on a pool of ``workers`` threads (default: half the CPUs, at most 8) for every
+    specialisation the launches need; on exit, waits for them. One at a time (not
+    reentrant); for a start-up pass whose outputs are thrown away."""
+    global _ahead
+    if _ahead is not None:
+        raise RuntimeError("compile_ahead is already active")
+    if workers is None:
+        workers = min(8, max(1, (os.cpu_count() or 2) // 2))
+    ahead = _ahead = CompilesAhead(workers)
+    try:
+        yield ahead
+    finally:
+        _ahead = None
+        ahead.wait()
+
+
 def _next_pow2(n: int, floor: int) -> int:
     return max(floor, 1 << max(0, (n - 1).bit_length()))
 
@@ -259,7 +361,7 @@ def _launch(
     rows = batch * kv_heads * splits * block_m if splits > 1 else 1
     partial = torch.empty(rows, head_dim, device=q.device, dtype=torch.float32)
     stats = torch.empty(rows, 2, device=q.device, dtype=torch.float32)
-    split_kernel[(batch * kv_heads, splits)](
+    split_args = (
         q,
         k_cache,
         v_cache,
@@ -282,35 +384,40 @@ def _launch(
         keys_per_split,
         1.0 / math.sqrt(head_dim),
         splits,
-        kv_heads=kv_heads,
-        num_queries=num_queries,
-        width=width,
-        single=splits == 1,
-        head_dim=head_dim,
-        block_m=block_m,
-        block_w=_next_pow2(width, 1),
-        block_n=BLOCK_N,
-        packed=packed,
+    )
+    split_kwargs: dict[str, object] = {
+        "kv_heads": kv_heads,
+        "num_queries": num_queries,
+        "width": width,
+        "single": splits == 1,
+        "head_dim": head_dim,
+        "block_m": block_m,
+        "block_w": _next_pow2(width, 1),
+        "block_n": BLOCK_N,
+        "packed": packed,
         # 128 grouped queries (a 32B-shape step at W 16) hold a 128 x head_dim accumulator:
         # twice the warps keep it in registers.
-        num_warps=8 if block_m >= 128 else 4,
-    )
+        "num_warps": 8 if block_m >= 128 else 4,
+    }
+    merge_args = (partial, stats, out, tokens, *out_strides, tokens.stride(0), splits)
+    merge_kwargs: dict[str, object] = {
+        "kv_heads": kv_heads,
+        "num_queries": num_queries,
+        "width": width,
+        "head_dim": head_dim,
+        "block_m": block_m,
+        "packed": packed,
+    }
+    launches: list[tuple[Any, tuple[int, ...], tuple[object, ...], dict[str, object]]] = [
+        (split_kernel, (batch * kv_heads, splits), split_args, split_kwargs)
+    ]
     if splits > 1:
-        merge_kernel[(batch * kv_heads,)](
-            partial,
-            stats,
-            out,
-            tokens,
-            *out_strides,
-            tokens.stride(0),
-            splits,
-            kv_heads=kv_heads,
-            num_queries=num_queries,
-            width=width,
-            head_dim=head_dim,
-            block_m=block_m,
-            packed=packed,
-        )
+        launches.append((merge_kernel, (batch * kv_heads,), merge_args, merge_kwargs))
+    for kernel, grid, args, kwargs in launches:
+        if _ahead is not None:
+            _ahead.submit(kernel, grid, args, kwargs, q.device)
+        else:
+            kernel[grid](*args, **kwargs)
 
 
 @torch.library.custom_op("draftctl::grouped_decode_attention", mutates_args=())

@@ -81,13 +81,16 @@ def load_runner(
     compile_scope: CompileScope = "forward",
     attention: AttentionChoice = "auto",
     compile_mode: CompileMode = "default",
+    compile_attention_ahead: bool = True,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
     ragged buckets slower than the padded graph dropped at start-up; no effect without CUDA
     graphs, where steps are packed anyway); ``compile_scope``: what ``compile_forwards``
     compiles and ``compile_mode`` how; ``attention``: the target's attention kernel
-    (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``)."""
+    (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``);
+    ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
+    on a thread pool before the captures)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -128,4 +131,5 @@ def load_runner(
         compile_scope=compile_scope,
         attention=attention,
         compile_mode=compile_mode,
+        compile_attention_ahead=compile_attention_ahead,
     )

@@ -22,7 +22,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
-from engines.embedded.decode_attention import triton_interpreted
+from engines.embedded.decode_attention import compile_ahead, triton_interpreted
 from engines.embedded.device_allocation import AllocationGraphs, DeviceScoring
 from engines.embedded.draft import DraftModel
 from engines.embedded.events import (
@@ -139,6 +139,7 @@ class ModelRunner:
         prune_ragged: bool | None = None,
         attention: AttentionChoice = "sdpa",
         compile_mode: CompileMode = "default",
+        compile_attention_ahead: bool = True,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -155,7 +156,10 @@ class ModelRunner:
         ``auto``: triton on a CUDA device where the start-up check passes it, else sdpa
         (``self.attention`` is the kernel chosen).
         ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
-        ``max-autotune`` (kernel choices benchmarked per shape at start-up)."""
+        ``max-autotune`` (kernel choices benchmarked per shape at start-up).
+        ``compile_attention_ahead`` (graph runners with the Triton attention): before the
+        captures, one forward per verify shape with the attention kernels compiled on a thread
+        pool instead of launched (``_compile_attention_ahead``)."""
         if compile_mode not in COMPILE_MODES:
             raise ValueError(
                 f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
@@ -274,9 +278,14 @@ class ModelRunner:
         # them, and ``first_*`` is the first graph of a kind: a compiled runner compiles there.
         self.capture_s = {"padded": 0.0, "ragged": 0.0}
         self.capture_parts_s: dict[str, float] = {}
+        # Attention kernel specialisations compiled ahead of the captures (0: none).
+        self.attention_compiled_ahead = 0
         if use_cuda_graphs:
             started = time.perf_counter()
             self._empty_cache()  # once here, not per capture (``keep_allocator_cache``)
+            if compile_attention_ahead and self.attention == "triton":
+                self._compile_attention_ahead()
+                self.capture_parts_s["attention_ahead"] = time.perf_counter() - started
             self._capture()
             marked = time.perf_counter()
             self.capture_parts_s["verify_and_draft"] = marked - started
@@ -368,6 +377,30 @@ class ModelRunner:
                 with self._first("first_draft"):
                     self._graphs["draft", batch, width] = call(draft, (ids, pos), pool)
 
+    def _compile_attention_ahead(self) -> None:
+        """One forward of every padded verify graph's shape and of one token bucket per ragged
+        (B, W) (the attention's arguments do not depend on the bucket), with the Triton
+        attention's launches collected instead of made: each kernel specialisation they need
+        compiles on a thread pool (decode_attention.compile_ahead) while this thread goes on
+        (and compiles the forwards, which the captures' warm-ups would do anyway); then it
+        waits. The captures find every attention kernel compiled. Outputs, and the cache
+        positions these forwards write, are scratch (the captures write them too)."""
+        with compile_ahead() as ahead:
+            for batch in reversed(self.batch_sizes):
+                for width in reversed(self.widths):
+                    ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+                    pos = torch.arange(width, device=self.device).repeat(batch, 1)
+                    self._verify(ids, pos)
+            if self.verify_mode == "ragged" and self.ragged_shapes.keys:
+                self._ragged_buffers()
+                for (batch, width), sizes in self.ragged_shapes.buckets.items():
+                    ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+                    pos = torch.arange(width, device=self.device).repeat(batch, 1)
+                    lengths = full_rows(sizes[0], width)
+                    index = ragged_index(lengths, batch, width, sizes[0]).to(self.device)
+                    self._ragged_verify(ids, pos, index)
+        self.attention_compiled_ahead = ahead.submitted
+
     @contextlib.contextmanager
     def _first(self, name: str) -> Iterator[None]:
         """Times the block into ``capture_parts_s[name]`` the first time only."""
@@ -406,13 +439,7 @@ class ModelRunner:
         if not self.ragged_shapes.keys:
             return  # batch 1 only: no token bucket below a padded width
         call, pool = self._static_call()
-        rows = self.batch_sizes[-1] * self.widths[-1] + 1  # + the scratch row
-        vocab = self.target.shape.vocab_size
-        self._ragged_logits = torch.zeros(rows, vocab, device=self.device, dtype=self.dtype)
-        shape = self.target.shape
-        self._ragged_queries = torch.zeros(
-            rows * shape.num_heads * shape.head_dim, device=self.device, dtype=self.dtype
-        )
+        self._ragged_buffers()
         for batch, width, num_tokens in self.ragged_shapes.keys:
             ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
             pos = torch.arange(width, device=self.device).repeat(batch, 1)
@@ -422,6 +449,18 @@ class ModelRunner:
                 self._ragged_graphs[batch, width, num_tokens] = call(
                     self._ragged_verify, (ids, pos, index), pool
                 )
+
+    def _ragged_buffers(self) -> None:
+        """The ragged graphs' shared logits and query buffers (once)."""
+        if self._ragged_queries is not None:
+            return
+        rows = self.batch_sizes[-1] * self.widths[-1] + 1  # + the scratch row
+        vocab = self.target.shape.vocab_size
+        self._ragged_logits = torch.zeros(rows, vocab, device=self.device, dtype=self.dtype)
+        shape = self.target.shape
+        self._ragged_queries = torch.zeros(
+            rows * shape.num_heads * shape.head_dim, device=self.device, dtype=self.dtype
+        )
 
     def kernel_settings(self) -> dict[str, object]:
         """What, besides the models and the device, decides this runner's step times (the

@@ -263,3 +263,106 @@ def test_auto_attention_takes_triton_on_cuda_only_where_the_start_up_check_passe
     assert "auto uses sdpa" in caplog.text and "failed on cuda" in caplog.text
     with pytest.raises(RuntimeError, match="use attention: sdpa"):
         runner.choose_attention("triton", target, cuda, torch.bfloat16)
+
+
+class FakeKernel:
+    """Records ``warmup`` calls (what ``compile_ahead`` submits) and launches."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.warmups: list[dict[str, object]] = []
+        self.launches = 0
+        self.fail = fail
+
+    def warmup(self, *args: object, grid: tuple[int, ...], **kwargs: object) -> None:
+        if self.fail:
+            raise RuntimeError("ptxas died")
+        self.warmups.append(kwargs)
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        def launch(*args: object, **kwargs: object) -> None:
+            self.launches += 1
+
+        return launch
+
+
+def test_compile_ahead_compiles_each_specialisation_once_and_launches_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside ``compile_ahead`` the attention's launches become compile submissions, one per
+    specialisation Triton would compile (the split count is a runtime argument, so 2, 3 and
+    4 splits share one kernel; one split is another); after it, launches are made again."""
+    from engines.embedded import decode_attention
+
+    split, merge = FakeKernel(), FakeKernel()
+    monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 2, 4 * decode_attention.BLOCK_N, 16, generator=gen)
+    positions = torch.arange(4).repeat(2, 1) + 50
+    q = torch.randn(2, 2, 8, 16, generator=gen)
+    with decode_attention.compile_ahead(workers=2) as ahead:
+        for most in (4, 3, 2, 1, 4):
+            decode_attention.grouped_decode_attention(q, k, k, positions, most)
+    assert split.launches == merge.launches == 0
+    assert ahead.submitted == 3  # split (many splits), merge, split (one split)
+    assert sorted(w["single"] for w in split.warmups) == [False, True]  # type: ignore[type-var]
+    assert len(merge.warmups) == 1
+    decode_attention.grouped_decode_attention(q, k, k, positions, 4)
+    assert split.launches == merge.launches == 1
+
+
+def test_compile_ahead_logs_a_failed_compile_and_is_not_reentrant(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compile that fails ahead is logged, not raised (the launch compiles it again and
+    raises there); compile_ahead inside compile_ahead is refused."""
+    from engines.embedded import decode_attention
+
+    split, merge = FakeKernel(fail=True), FakeKernel(fail=True)
+    monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
+    k = torch.zeros(1, 2, 4 * decode_attention.BLOCK_N, 16)
+    positions = torch.arange(2)[None] + 9
+    with decode_attention.compile_ahead(workers=1):
+        decode_attention.grouped_decode_attention(torch.zeros(1, 2, 4, 16), k, k, positions, 4)
+        with pytest.raises(RuntimeError, match="already active"):
+            with decode_attention.compile_ahead():
+                pass
+    assert "compiling an attention kernel ahead failed" in caplog.text
+    assert decode_attention._ahead is None
+
+
+def test_a_triton_graph_runner_compiles_its_attention_ahead_and_steps_the_same(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """``ModelRunner(attention="triton")`` with graphs runs one forward per verify shape with
+    the attention's launches compiled ahead (the interpreter compiles nothing) before it
+    captures; its steps emit what a runner built without that pass emits."""
+    from engines.embedded.ragged import ragged_index
+    from engines.embedded.runner import ModelRunner
+
+    def build(ahead: bool) -> ModelRunner:
+        runner = load_runner(
+            *agreeing_pair,
+            torch.device("cpu"),
+            4,
+            64,
+            use_cuda_graphs=True,
+            verify_mode="ragged",
+            attention="triton",
+            compile_attention_ahead=ahead,
+        )
+        assert (runner.attention_compiled_ahead > 0) == ahead
+        assert ("attention_ahead" in runner.capture_parts_s) == ahead
+        return runner
+
+    outputs = []
+    for ahead in (True, False):
+        runner = build(ahead)
+        for cache in (runner.target_cache, runner.draft_cache):  # the pass wrote scratch
+            cache.k.zero_()
+            cache.v.zero_()
+        ids = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(1))
+        positions = torch.tensor([[3], [9], [5], [2]]) + torch.arange(8)
+        index = ragged_index([3, 1, 8, 2], 4, 8, 16)
+        outputs.append(runner._ragged_graphs[4, 8, 16](ids, positions, index.clone()).clone())
+    valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
+    torch.testing.assert_close(outputs[0][valid], outputs[1][valid])
