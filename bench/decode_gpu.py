@@ -153,6 +153,19 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
     result["engine_k0_ratio"] = (
         result["engine_k0"]["ms_per_step_wall"] / floors["target_and_context_ms"]
     )
+    # The same k = 0 steps through the general step (the runner's plain greedy path off):
+    # what that path saves a step, and that it emits the same tokens.
+    runner.plain_fast_path = False
+    try:
+        general = run_engine(engine, prompt, NEW_TOKENS, 0)
+    finally:
+        runner.plain_fast_path = True
+    result["engine_k0_general"] = {
+        key: general[key] for key in ("ms_per_step_wall", "ms_per_step_device", "num_steps")
+    }
+    result["engine_k0_general"]["same_tokens"] = (
+        general["output_ids"] == result["engine_k0"]["output_ids"]
+    )
     return result
 
 

@@ -195,6 +195,9 @@ class ModelRunner:
         # Report the draft's confidence with every step (two-phase steps measure it anyway):
         # two reductions over [B, k, vocab] logits per step, so only when someone reads it.
         self.measure_confidence = False
+        # Greedy steps with every row at k = 0 skip the draft path's set-up (``step``); off,
+        # they take the general path (benchmarks and tests compare the two).
+        self.plain_fast_path = True
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
@@ -726,6 +729,9 @@ class ModelRunner:
             [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
         )
         last, start, num_draft = host.to(self.device).unbind(1)
+        if widest == 0 and is_greedy and self.synthetic is None and self.plain_fast_path:
+            plain = self._plain_greedy_step(rows, spec_tokens, last, start, eager, overlap, started)
+            return plain if measured else replace(plain, draft_confidence=None)
         u = uniforms.to(self.device)
         params = None if is_greedy else self._params_tensors(rows)
         draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
@@ -841,6 +847,28 @@ class ModelRunner:
         result = self._unpack(host_packed, spec_tokens, widest, self._clock() - started, drafted)
         result = replace(result, on_device=verified is not None)
         return result if measured else replace(result, draft_confidence=None)
+
+    def _plain_greedy_step(
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        last: torch.Tensor,
+        start: torch.Tensor,
+        eager: bool,
+        overlap: Callable[[], None] | None,
+        started: float,
+    ) -> StepResult:
+        """``step`` with every row at k = 0 and greedy: each row's next token is the target's
+        argmax after its last token (what ``verify_greedy`` gives with no drafts), with the
+        draft context updated by the verify forward as on every step. Skips what the general
+        step builds for drafts (their uniforms' copy, the block, the acceptance kernels): the
+        host work between two plain steps is the device's idle time at batch 1."""
+        logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)
+        bonus = logits[:, :1].argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
+        if overlap is not None:
+            overlap()
+        host_bonus = bonus.cpu()  # the sync
+        return self._unpack(host_bonus, spec_tokens, 0, self._clock() - started)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device without waiting for the stream (through pinned memory:

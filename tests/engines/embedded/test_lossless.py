@@ -152,6 +152,51 @@ def test_k0_steps_still_update_the_draft_context(agreeing_pair) -> None:
     assert sum(resumed) / len(resumed) > 2.0, resumed
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_plain_greedy_fast_path_steps_as_the_general_step(agreeing_pair, graphs) -> None:
+    """Steps with every row at k = 0 (greedy) take ``ModelRunner._plain_greedy_step``; with it
+    off they take the general step. Same tokens, same accept lengths, same draft context, on
+    the eager runner and on the graph runner (static calls on the CPU), while requests join
+    and leave and some steps draft."""
+    from engines.embedded.loader import load_runner
+
+    runs = []
+    for fast in (True, False):
+        runner = load_runner(*agreeing_pair, torch.device("cpu"), 4, 96, use_cuda_graphs=graphs)
+        runner.plain_fast_path = fast
+        engine = Engine(runner, 4, 96)
+        steps = {"plain": 0}
+        plain_step = runner._plain_greedy_step
+
+        def counted(*args, steps=steps, plain_step=plain_step, **kwargs):
+            steps["plain"] += 1
+            return plain_step(*args, **kwargs)
+
+        runner._plain_greedy_step = counted  # type: ignore[method-assign]
+        requests = [
+            greedy_request(
+                f"r{i}",
+                random_prompt(40 + i, PROMPT_LEN),
+                12 + 5 * i,
+                lambda view, i=i: 0 if (view.step_index + i) % 5 else 3,
+            )
+            for i in range(5)
+        ]
+        run_staggered(engine, requests)
+        cache = runner.draft_cache
+        runs.append(
+            (
+                [(r.output_ids, r.accept_lengths) for r in requests],
+                cache.k.clone(),
+                steps["plain"],
+            )
+        )
+    (tokens_fast, cache_fast, plain_fast), (tokens_general, cache_general, plain_general) = runs
+    assert tokens_fast == tokens_general
+    torch.testing.assert_close(cache_fast, cache_general, atol=1e-6, rtol=0)
+    assert plain_fast > 0 and plain_general == 0
+
+
 @pytest.mark.parametrize("k", [15, "random"])
 def test_block16_pair_is_lossless(k, tmp_path) -> None:
     pair = write_tiny_pair(tmp_path, block_size=16, bias_token_id=65, bias_strength=0.8)
