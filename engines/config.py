@@ -41,6 +41,15 @@ class PoolConfig(Section):
     spec_tokens: int = Field(ge=0, description="k the servers were started with; 0 = no spec")
     block_size: int = Field(default=16, ge=2)
     health_interval_s: float = Field(default=2.0, gt=0)
+    health_timeout_s: float = Field(
+        default=5.0, gt=0, description="a GET /health slower than this counts as failed"
+    )
+    unhealthy_after: int = Field(
+        default=2,
+        ge=1,
+        description="consecutive failed health checks that take a serving server out (a "
+        "request that cannot reach it takes it out at once; one passing check puts it back)",
+    )
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
 

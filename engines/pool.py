@@ -3,7 +3,9 @@
 Within a pool a request goes to the healthy server with the fewest requests in flight.
 A server that refuses a connection or answers 5xx before the first byte is marked down and
 the next one is tried; when none is left the pool raises BackendUnavailable and the gateway
-moves on to another pool. A periodic ``GET /health`` takes servers out and puts them back.
+moves on to another pool. A periodic ``GET /health`` takes servers out (``unhealthy_after``
+failed checks in a row: one slow answer from a busy server is not an outage) and puts them
+back (one passing check); the check at start-up decides at once.
 After the first byte a failure ends the client's stream with an error event, never a hang.
 Requests and health checks go through engines/http_upstream.py (keep-alive, httptools).
 """
@@ -41,6 +43,7 @@ class ServerSlot:
     upstream: HttpUpstream = field(repr=False)
     is_healthy: bool = True
     num_inflight: int = 0
+    failed_checks: int = 0  # consecutive failed health checks
 
 
 class PoolBackend:
@@ -61,6 +64,7 @@ class PoolBackend:
         self._read_outcome = reader_for(config.kind)
         self._health_task: asyncio.Task[None] | None = None
         self._turn = 0
+        self._checked_once = False  # the start-up check decides at once
 
     def is_healthy(self) -> bool:
         return any(s.is_healthy for s in self.slots)
@@ -84,9 +88,10 @@ class PoolBackend:
 
     async def check_health(self) -> None:
         await asyncio.gather(*(self._check(slot) for slot in self.slots))
+        self._checked_once = True
 
     async def _check(self, slot: ServerSlot) -> None:
-        timeout_s = min(self.config.health_interval_s, 5.0)
+        timeout_s = self.config.health_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await slot.upstream.request("GET", "/health")
@@ -97,6 +102,17 @@ class PoolBackend:
             is_up = resp.status == 200
         except _UPSTREAM_ERRORS:
             is_up = False
+        slot.failed_checks = 0 if is_up else slot.failed_checks + 1
+        if not is_up and slot.is_healthy and self._checked_once:
+            if slot.failed_checks < self.config.unhealthy_after:
+                log.info(
+                    "pool %s: server %s failed a health check (%d of %d in a row take it out)",
+                    self.name,
+                    slot.url,
+                    slot.failed_checks,
+                    self.config.unhealthy_after,
+                )
+                return
         if is_up != slot.is_healthy:
             log.warning("pool %s: server %s is %s", self.name, slot.url, "up" if is_up else "down")
         slot.is_healthy = is_up

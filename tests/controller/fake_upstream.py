@@ -21,6 +21,7 @@ class Behaviour:
     status: int = 200  # non-200: answer every completion request with this status
     die_after_chunks: int | None = None  # close the connection mid-stream
     is_healthy: bool = True
+    health_delay_s: float = 0.0  # GET /health answers after this long
     # Reported as vLLM's metrics.speculative_decoding (None: a pool without speculation).
     spec: dict[str, Any] | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -79,6 +80,8 @@ class FakeUpstream:
             await self._runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.behaviour.health_delay_s:
+            await asyncio.sleep(self.behaviour.health_delay_s)
         return web.Response(status=200 if self.behaviour.is_healthy else 503)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:

@@ -40,3 +40,54 @@ async def test_stream_closed_before_it_ran_releases_slot(start_upstream: StartUp
         assert pool.slots[0].is_healthy
     finally:
         await pool.close()
+
+
+def _pool(url: str, **settings: Any) -> PoolBackend:
+    # A long interval: the checks below are made by hand, not by the pool's loop.
+    return PoolBackend(
+        PoolConfig(
+            name="p", kind="vllm", urls=[url], model=MODEL, spec_tokens=7,
+            health_interval_s=3600, **settings,
+        )
+    )  # fmt: skip
+
+
+async def test_a_serving_server_is_taken_out_after_failed_checks_in_a_row(
+    start_upstream: StartUpstream,
+) -> None:
+    """One failed or slow health check does not take a serving server out (a busy vLLM can
+    answer /health late); ``unhealthy_after`` in a row do; one passing check puts it back."""
+    upstream = await start_upstream()
+    pool = _pool(upstream.url, unhealthy_after=3, health_timeout_s=0.3)
+    await pool.start()
+    try:
+        assert pool.is_healthy()
+        upstream.behaviour.health_delay_s = 1.0  # slower than health_timeout_s: a failure
+        await pool.check_health()
+        upstream.behaviour.health_delay_s = 0.0
+        upstream.behaviour.is_healthy = False
+        await pool.check_health()
+        assert pool.is_healthy() and pool.slots[0].failed_checks == 2
+        await pool.check_health()
+        assert not pool.is_healthy()
+        upstream.behaviour.is_healthy = True
+        await pool.check_health()
+        assert pool.is_healthy() and pool.slots[0].failed_checks == 0
+        upstream.behaviour.is_healthy = False  # the count starts again after a pass
+        await pool.check_health()
+        assert pool.is_healthy()
+    finally:
+        await pool.close()
+
+
+async def test_the_start_up_check_decides_at_once(start_upstream: StartUpstream) -> None:
+    upstream = await start_upstream(is_healthy=False)
+    pool = _pool(upstream.url)
+    await pool.start()
+    try:
+        assert not pool.is_healthy()
+        upstream.behaviour.is_healthy = True
+        await pool.check_health()
+        assert pool.is_healthy()
+    finally:
+        await pool.close()

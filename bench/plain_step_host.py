@@ -1,0 +1,124 @@
+"""Host time of the engine's plain (k = 0, greedy) decode step, fast path against the general
+step, with the forward taken out (CPU).
+
+    .venv/bin/python bench/plain_step_host.py --out bench/results/plain_step_host_cpu.json
+
+At batch 1 on a GPU the host work between two plain steps is device idle time (the engine
+step at k = 0 was 1.44x the weight-read floor on the H200 where the forward alone was 1.28x;
+README, issue 16). This bench isolates that host work on any machine: a tiny random pair
+(tests/tinymodels.py) in a graph runner (static calls on the CPU) whose width-1 verify call
+returns a fixed result, so each ``Engine.step`` is the engine's and the runner's own Python
+and small-tensor work. ``ModelRunner.plain_fast_path`` on (``_plain_greedy_step``) and off
+(the general step), alternating in a seeded random order over ``--rounds`` rounds each;
+median and spread of microseconds per step. Writes JSON with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engines.embedded.engine import Engine
+from engines.embedded.events import SamplingParams
+from engines.embedded.loader import load_runner
+from engines.embedded.request import Request
+from tests.tinymodels import write_tiny_pair
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per variant (default 6)")
+    parser.add_argument("--tokens", type=int, default=500, help="plain steps per round")
+    parser.add_argument("--seed", default="0", help="seed of the rounds' order")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.tokens < 2:
+        parser.error("--rounds must be >= 1 and --tokens >= 2")
+    return args
+
+
+def build_engine(folder: Path, max_seq_len: int) -> Engine:
+    target, draft = write_tiny_pair(folder, block_size=8, seed=0)
+    runner = load_runner(
+        target, draft, torch.device("cpu"), 1, max_seq_len, use_cuda_graphs=True, attention="sdpa"
+    )
+    plain = runner._graphs["verify", 1, 1]
+    zeros = torch.zeros(1, 1, dtype=torch.long)
+    fixed = plain(zeros, zeros).clone()
+
+    class FixedCall:  # the forward taken out: what is left is host work
+        def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return fixed
+
+    runner._graphs["verify", 1, 1] = FixedCall()  # type: ignore[assignment]
+    return Engine(runner, 1, max_seq_len)
+
+
+def one_round(engine: Engine, fast: bool, tokens: int) -> float:
+    """Microseconds per plain step of one request decoding ``tokens`` tokens."""
+    engine.runner.plain_fast_path = fast
+    request = Request(
+        "plain", list(range(5, 40)), SamplingParams(max_new_tokens=tokens), lambda view: 0, {}
+    )
+    engine.add(request)
+    engine.step()  # prefill and the first token
+    steps = 0
+    started = time.perf_counter()
+    while engine.has_work:
+        engine.step()
+        steps += 1
+    return 1e6 * (time.perf_counter() - started) / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    order = [True, False] * args.rounds
+    random.Random(args.seed).shuffle(order)
+    runs: dict[str, list[float]] = {"fast": [], "general": []}
+    with tempfile.TemporaryDirectory() as folder:
+        engine = build_engine(Path(folder), 64 + args.tokens)
+        one_round(engine, True, 8)  # warm-up
+        for fast in order:
+            runs["fast" if fast else "general"].append(one_round(engine, fast, args.tokens))
+    summary: dict[str, Any] = {
+        name: {
+            "median_us": round(statistics.median(values), 1),
+            "mean_us": round(statistics.fmean(values), 1),
+            "min_us": round(min(values), 1),
+            "max_us": round(max(values), 1),
+            "rounds_us": [round(v, 1) for v in values],
+        }
+        for name, values in runs.items()
+    }
+    summary["fast_over_general_median"] = round(
+        summary["fast"]["median_us"] / summary["general"]["median_us"], 3
+    )
+    result = {
+        "command": " ".join(
+            ["bench/plain_step_host.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": "cpu",
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "order": ["fast" if f else "general" for f in order],
+        "summary": summary,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
