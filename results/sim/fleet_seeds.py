@@ -26,6 +26,7 @@ KEEP = (
     "uniform-static-k7",
     "uniform-schedule",
     "draftctl-routed",
+    "draftctl-routed-spill1",
     "task-pools-no-spill",
     "task-pools-static",
 )
@@ -45,7 +46,7 @@ def main() -> None:
         }
         print(f"seed {seed} done", file=sys.stderr)
     spread: dict[str, Any] = {}
-    for fleet in ("draftctl-routed", "task-pools-no-spill", "task-pools-static"):
+    for fleet in KEEP[4:]:
         spread[fleet] = {}
         for ratio in RATIOS:
             values = [run["summary"][fleet][ratio] for run in runs.values()]

@@ -56,6 +56,9 @@ cp "$out/fleet-mixed-shift-phases.png" docs/fleet.png
 .venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-padded8.yaml --no-progress \
   --out "$out/fleet-mixed-shift-padded8.json" > "$out/fleet-mixed-shift-padded8.txt"
 PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py > "$out/fleet-mixed-shift-seeds.json"
+# spill_margin chosen on other traffic (docs/fleet.md "Spill margin"; ~30 s).
+.venv/bin/draftctl simulate --scenario scenarios/fleet-spill-tuning.yaml --no-progress \
+  --out "$out/fleet-spill-tuning.json" > "$out/fleet-spill-tuning.txt"
 # Ragged servers beside the padded fleets (~8 min): docs/fleet.md "Against ragged servers".
 .venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-ragged.yaml --no-progress \
   --out "$out/fleet-mixed-shift-ragged.json" > "$out/fleet-mixed-shift-ragged.txt"
