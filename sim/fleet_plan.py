@@ -7,7 +7,9 @@ traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simu
 finalists at full length: the best there is recommended, with its gain over the best uniform
 fleet. Task pools are routed
 as the gateway routes them with the config the plan writes: home pool by task, and load spill
-when ``spill_margin`` is given (written to the policy as ``spill_margin``; docs/fleet.md).
+when ``spill_margin`` is given (written to the policy as ``spill_margin``; docs/fleet.md);
+``spill_margin="auto"`` tries every layout at each of ``SPILL_MARGINS`` and writes the
+recommended one's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from policies.types import TASKS, Task
 from sim.fleet_build import FitInputs, build_fleet, standard_layouts
@@ -32,6 +34,17 @@ GROUPINGS: tuple[tuple[tuple[str, tuple[Task, ...]], ...], ...] = (
 )
 
 Progress = Callable[[str], None]
+
+# The load-spill margins ``spill_margin="auto"`` tries for every task-pool layout (None: route
+# by task only). A margin is the policy's ``spill_margin``: in-flight requests per server.
+SPILL_MARGINS: tuple[int | None, ...] = (None, 0, 1, 2, 4, 8)
+SpillChoice = int | None | Literal["auto"]
+
+
+def spill_margins(spill_margin: SpillChoice) -> tuple[int | None, ...]:
+    """The margins a plan tries: all of ``SPILL_MARGINS`` for "auto", else the one given."""
+    return SPILL_MARGINS if spill_margin == "auto" else (spill_margin,)
+
 
 # Candidates re-simulated at full length, and the gain a pooled layout needs over the best
 # uniform fleet there to be recommended (below it, one pool is simpler to run).
@@ -54,9 +67,12 @@ class PlanResult:
 
 
 def candidates(
-    instances: int, static_spec_tokens: Sequence[int], block_size: int, spill_margin: int | None
+    instances: int, static_spec_tokens: Sequence[int], block_size: int, spill_margin: SpillChoice
 ) -> list[FleetLayout]:
-    """Uniform fleets (oracle and vLLM-AV left out: a bound and a weak baseline) + task pools."""
+    """Uniform fleets (oracle and vLLM-AV left out: a bound and a weak baseline) + task pools,
+    each at every margin of ``spill_margins(spill_margin)`` (several: the name says which,
+    ``-spill<M>`` or ``-nospill``)."""
+    margins = spill_margins(spill_margin)
     spec = FleetSpec(
         instances=instances,
         static_spec_tokens=list(static_spec_tokens),
@@ -71,7 +87,17 @@ def candidates(
                 for (name, tasks), n in zip(grouping, split, strict=True)
             ]
             label = "+".join(f"{name}:{n}" for (name, _), n in zip(grouping, split, strict=True))
-            out.append(FleetLayout(name=f"pools-{label}", spill_margin=spill_margin, pools=pools))
+            for margin in margins:
+                suffix = (
+                    ""
+                    if len(margins) == 1
+                    else f"-spill{margin}"
+                    if margin is not None
+                    else "-nospill"
+                )
+                out.append(
+                    FleetLayout(name=f"pools-{label}{suffix}", spill_margin=margin, pools=pools)
+                )
     return out
 
 
@@ -94,7 +120,7 @@ def search(
     scenario: Scenario,
     instances: int,
     search_scale: float = 0.25,
-    spill_margin: int | None = None,
+    spill_margin: SpillChoice = None,
     static_spec_tokens: Sequence[int] = (3, 5, 7, 11, 15),
     progress: Progress | None = None,
 ) -> PlanResult:

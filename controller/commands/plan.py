@@ -48,11 +48,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--spill-margin",
-        type=int,
+        type=_spill_margin,
         help=(
             "plan with load spill: a request leaves its home pool when that pool holds more "
             "than this many in-flight requests per server above the least-loaded pool (written "
-            "to policy.yaml as spill_margin); default: route by task only"
+            "to policy.yaml as spill_margin); 'auto': try every task-pool layout with no spill "
+            "and with 0, 1, 2, 4 and 8 and write the recommended one's; default: route by "
+            "task only"
         ),
     )
     parser.add_argument("--model", default="model", help="served model name clients address")
@@ -62,6 +64,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--base-port", type=int, default=8101, help="first server port")
     parser.add_argument("--no-progress", action="store_true", help="hide progress messages")
     parser.set_defaults(func=run)
+
+
+def _spill_margin(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number >= 0, or auto")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +113,7 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
     result = search(scenario, instances, args.search_scale, args.spill_margin, progress=progress)
     chosen = result.full[result.recommended]
     layout = chosen["layout"]
+    spill_margin = layout.get("spill_margin")  # the recommended layout's (auto: its pick)
     servers = Servers(
         args.model, args.target, args.draft, args.host, args.base_port,
         scenario.block_size, scenario.max_batch_size,
@@ -115,11 +130,12 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
             name: {"goodput_tok_s": e["goodput_tok_s"], "ttft_p99_s": e["ttft_p99_s"]}
             for name, e in result.full.items()
         },
-        "spill_margin": args.spill_margin,
+        "spill_margin": spill_margin,
+        "spill_margin_searched": args.spill_margin == "auto",
         "gateway_routing": (
-            f"by task, spilling at {args.spill_margin} in-flight requests per server "
+            f"by task, spilling at {spill_margin} in-flight requests per server "
             "(policy.yaml spill_margin), as simulated"
-            if args.spill_margin is not None
+            if spill_margin is not None
             else "by task only, as simulated"
         ),
         "search_goodput_tok_s": result.search,
@@ -127,7 +143,7 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
         "vllm_commands": vllm_commands(layout, servers),
         "sglang_commands": sglang_commands(layout, servers),
         "config_yaml": config_yaml(layout, servers),
-        "policy_yaml": policy_yaml(layout, task_homes(layout), args.spill_margin),
+        "policy_yaml": policy_yaml(layout, task_homes(layout), spill_margin),
     }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-creates results/plan/: draftctl plan on the fleet-mixed-shift traffic, routed by task only
 # and with load spill (policy spill_margin: the gateway spills through policies.routing.rank_pools).
-# Run from the repository root: bash results/plan/run.sh   (~5 min on a 2-core CPU)
+# Run from the repository root: bash results/plan/run.sh   (~10 min on a 2-core CPU)
 set -euo pipefail
 args=(--traffic scenarios/fleet-mixed-shift.yaml --instances 6 --model qwen3-8b
       --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --no-progress)
@@ -9,3 +9,6 @@ args=(--traffic scenarios/fleet-mixed-shift.yaml --instances 6 --model qwen3-8b
   > results/plan/fleet-mixed-shift.txt
 .venv/bin/draftctl plan "${args[@]}" --spill-margin 8 --out-dir results/plan/fleet-mixed-shift-spill8 \
   > results/plan/fleet-mixed-shift-spill8.txt
+# Every task-pool layout at spill margins none, 0, 1, 2, 4, 8 (session 25; ~6 times the candidates).
+.venv/bin/draftctl plan "${args[@]}" --spill-margin auto --out-dir results/plan/fleet-mixed-shift-auto \
+  > results/plan/fleet-mixed-shift-auto.txt

@@ -157,3 +157,49 @@ def test_the_gateway_spills_a_request_past_the_planned_margin(
     (tmp_path / "policy.yaml").write_text(policy_yaml(layout, task_homes(layout), margin))
     busy = {"math-code": 5}
     assert _route(tmp_path / "config.yaml", tmp_path / "policy.yaml", Task.MATH, busy) == want
+
+
+def test_plan_auto_searches_spill_margins_and_writes_the_recommended_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--spill-margin auto``: every task-pool layout is tried at each margin (and without
+    spill); the plan reports and writes to policy.yaml the margin of the layout it recommends.
+    On this traffic a task-pool layout without spill loses to a uniform fleet (above), with
+    spill it wins: the plan must find a margin."""
+    out = tmp_path / "plan"
+    argv = ["plan", "--traffic", str(_traffic(tmp_path, 11)), "--instances", "4"]
+    argv += ["--search-scale", "0.5", "--spill-margin", "auto", "--out-dir", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    searched = plan["search_goodput_tok_s"]
+    for margin in ("-nospill", "-spill0", "-spill1", "-spill2", "-spill4", "-spill8"):
+        assert f"pools-math-code:2+chat:2{margin}" in searched
+    assert plan["spill_margin_searched"] and plan["spill_margin"] is not None
+    assert plan["recommended"].endswith(f"-spill{plan['spill_margin']}")
+    assert plan["gain_vs_best_uniform"] >= 1.0
+    written = parse_policy((out / "policy.yaml").read_text())
+    assert written.spill_margin == plan["spill_margin"]
+    assert main(["config", "check", str(out / "config.yaml")]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--traffic", "x.yaml", "--spill-margin", "some"])
+    assert exit_info.value.code == 2
+    assert "use a whole number >= 0, or auto" in capsys.readouterr().err
+
+
+def test_the_auto_spill_recommendation_holds_on_fresh_requests(tmp_path: Path) -> None:
+    """With every margin searched there are six times the candidates, so picking the best of
+    the search risks picking noise: on other requests (another seed, full length) the
+    recommendation must still beat every uniform fleet and stay within 1% of the best
+    candidate."""
+    planned = search(load_scenario(_traffic(tmp_path, 11)), 4, 0.5, spill_margin="auto")
+    fresh = load_scenario(_traffic(tmp_path, seed=12))
+    workload = Workload(fresh)
+    fit = fit_inputs(fresh, workload)
+    judged = {
+        layout.name: simulate_fleet(fresh, workload, build_fleet(layout, fit))["goodput_tok_s"]
+        for layout in candidates(4, (3, 5, 7, 11, 15), 16, "auto")
+    }
+    uniform = max(v for n, v in judged.items() if n.startswith("uniform-"))
+    assert judged[planned.recommended] > uniform, (planned.recommended, judged)
+    assert judged[planned.recommended] >= 0.99 * max(judged.values())
