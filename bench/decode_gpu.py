@@ -153,7 +153,7 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
     result["engine_k0_ratio"] = (
         result["engine_k0"]["ms_per_step_wall"] / floors["target_and_context_ms"]
     )
-    # The same k = 0 steps through the general step (the runner's plain greedy path off):
+    # The same k = 0 steps through the general step (the runner's plain-step path off):
     # what that path saves a step, and that it emits the same tokens.
     runner.plain_fast_path = False
     try:

@@ -8,7 +8,7 @@ step at k = 0 was 1.44x the weight-read floor on the H200 where the forward alon
 README, issue 16). This bench isolates that host work on any machine: a tiny random pair
 (tests/tinymodels.py) in a graph runner (static calls on the CPU) whose width-1 verify call
 returns a fixed result, so each ``Engine.step`` is the engine's and the runner's own Python
-and small-tensor work. ``ModelRunner.plain_fast_path`` on (``_plain_greedy_step``) and off
+and small-tensor work. ``ModelRunner.plain_fast_path`` on (``_plain_step``) and off
 (the general step), alternating in a seeded random order over ``--rounds`` rounds each;
 median and spread of microseconds per step. Writes JSON with the command.
 """

@@ -729,8 +729,10 @@ class ModelRunner:
             [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
         )
         last, start, num_draft = host.to(self.device).unbind(1)
-        if widest == 0 and is_greedy and self.synthetic is None and self.plain_fast_path:
-            plain = self._plain_greedy_step(rows, spec_tokens, last, start, eager, overlap, started)
+        if widest == 0 and self.synthetic is None and self.plain_fast_path:
+            plain = self._plain_step(
+                rows, spec_tokens, last, start, uniforms, is_greedy, eager, overlap, started
+            )
             return plain if measured else replace(plain, draft_confidence=None)
         u = uniforms.to(self.device)
         params = None if is_greedy else self._params_tensors(rows)
@@ -848,23 +850,32 @@ class ModelRunner:
         result = replace(result, on_device=verified is not None)
         return result if measured else replace(result, draft_confidence=None)
 
-    def _plain_greedy_step(
+    def _plain_step(
         self,
         rows: list[Request],
         spec_tokens: list[int],
         last: torch.Tensor,
         start: torch.Tensor,
+        uniforms: torch.Tensor,
+        is_greedy: bool,
         eager: bool,
         overlap: Callable[[], None] | None,
         started: float,
     ) -> StepResult:
-        """``step`` with every row at k = 0 and greedy: each row's next token is the target's
-        argmax after its last token (what ``verify_greedy`` gives with no drafts), with the
-        draft context updated by the verify forward as on every step. Skips what the general
-        step builds for drafts (their uniforms' copy, the block, the acceptance kernels): the
-        host work between two plain steps is the device's idle time at batch 1."""
-        logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)
-        bonus = logits[:, :1].argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
+        """``step`` with every row at k = 0: each row's next token is the target's after its
+        last token — greedy, the argmax (what ``verify_greedy`` gives with no drafts); sampled,
+        drawn from the target's probabilities with the row's bonus uniform (what
+        ``verify_rejection`` draws with no drafts: nothing to reject, the residual is the
+        target's distribution) — with the draft context updated by the verify forward as on
+        every step. Skips what the general step builds for drafts (the block, the draft's
+        uniforms, the acceptance kernels): the host work between two plain steps is the
+        device's idle time at batch 1."""
+        logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)[:, :1]
+        if is_greedy:
+            bonus = logits.argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
+        else:
+            probs = sampling_probs(logits, *self._params_tensors(rows))
+            bonus = sample_from_probs(probs[:, 0], uniforms[:, -1].to(self.device))[:, None]
         if overlap is not None:
             overlap()
         host_bonus = bonus.cpu()  # the sync

@@ -152,12 +152,13 @@ def test_k0_steps_still_update_the_draft_context(agreeing_pair) -> None:
     assert sum(resumed) / len(resumed) > 2.0, resumed
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_the_plain_greedy_fast_path_steps_as_the_general_step(agreeing_pair, graphs) -> None:
-    """Steps with every row at k = 0 (greedy) take ``ModelRunner._plain_greedy_step``; with it
-    off they take the general step. Same tokens, same accept lengths, same draft context, on
-    the eager runner and on the graph runner (static calls on the CPU), while requests join
-    and leave and some steps draft."""
+@pytest.mark.parametrize(("graphs", "sampled"), [(False, False), (True, False), (True, True)])
+def test_the_plain_fast_path_steps_as_the_general_step(agreeing_pair, graphs, sampled) -> None:
+    """Steps with every row at k = 0 take ``ModelRunner._plain_step``; with it off they take
+    the general step. Same tokens, same accept lengths, same draft context, on the eager runner
+    and on the graph runner (static calls on the CPU), greedy or with sampled rows (seeded:
+    the bonus uniform is the general step's), while requests join and leave and some steps
+    draft."""
     from engines.embedded.loader import load_runner
 
     runs = []
@@ -166,19 +167,25 @@ def test_the_plain_greedy_fast_path_steps_as_the_general_step(agreeing_pair, gra
         runner.plain_fast_path = fast
         engine = Engine(runner, 4, 96)
         steps = {"plain": 0}
-        plain_step = runner._plain_greedy_step
+        plain_step = runner._plain_step
 
         def counted(*args, steps=steps, plain_step=plain_step, **kwargs):
             steps["plain"] += 1
             return plain_step(*args, **kwargs)
 
-        runner._plain_greedy_step = counted  # type: ignore[method-assign]
+        runner._plain_step = counted  # type: ignore[method-assign]
         requests = [
-            greedy_request(
+            Request(
                 f"r{i}",
                 random_prompt(40 + i, PROMPT_LEN),
-                12 + 5 * i,
+                SamplingParams(
+                    max_new_tokens=12 + 5 * i,
+                    temperature=0.9 if sampled and i % 2 else 0.0,
+                    top_p=0.95,
+                    seed=100 + i,
+                ),
                 lambda view, i=i: 0 if (view.step_index + i) % 5 else 3,
+                {},
             )
             for i in range(5)
         ]
