@@ -101,13 +101,18 @@ def test_live_dashboard_through_the_daemon(
     stats = get_json(f"{base}/api/stats")
     speedup = stats["tasks"]["chat"]["speedup"]
     assert speedup["method"] == "tpot-vs-no-spec-pool" and speedup["value"] > 1
-    # The measured speedup moves a little as the daemon's windows age between this read and
-    # the page's next poll (2.62 here, 2.63 on the page, in one CI run): the page shows the
-    # same figure to within 2%.
+    # The measured speedup moves as the daemon's windows age between a read here and the
+    # page's next poll (2.62 here, 2.63 on the page in one CI run; 2.627 and 2.69 in another):
+    # the page shows the daemon's current figure to within 2% once its poll has caught up.
     value = chat.locator(".speedup .value")
     expect(value).to_have_text(re.compile(r"^\d+\.\d{2}×"))
-    shown = float(value.inner_text().split("×")[0])
-    assert shown == pytest.approx(speedup["value"], rel=0.02)
+    for _ in range(20):  # each round re-reads both (the page polls every 500 ms)
+        shown = float(value.inner_text().split("×")[0])
+        current = get_json(f"{base}/api/stats")["tasks"]["chat"]["speedup"]["value"]
+        if shown == pytest.approx(current, rel=0.02):
+            break
+        page.wait_for_timeout(250)
+    assert shown == pytest.approx(current, rel=0.02)
     expect(chat.locator(".speedup-method")).to_contain_text("TPOT vs no-spec pool")
     accept = stats["tasks"]["math"]["accept_length_mean"]
     assert accept is not None
