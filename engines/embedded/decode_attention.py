@@ -238,9 +238,11 @@ def _argument_class(value: object) -> object:
     submitted once."""
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return value if isinstance(value, bool) else type(value).__name__
-    return (value == 1, value % 16 == 0, not -(2**31) <= value < 2**31)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return (value == 1, value % 16 == 0, not -(2**31) <= value < 2**31)
+    return type(value).__name__
 
 
 class CompilesAhead:
@@ -256,7 +258,11 @@ class CompilesAhead:
         self._seen: set[tuple[object, ...]] = set()
         self._kernels: set[int] = set()
         self._futures: list[Future[None]] = []
-        self.submitted = 0
+
+    @property
+    def submitted(self) -> int:
+        """Specialisations submitted (each compiled once)."""
+        return len(self._seen)
 
     def submit(
         self,
@@ -270,7 +276,6 @@ class CompilesAhead:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.submitted += 1
 
         def compile_one() -> None:
             with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():

@@ -195,7 +195,7 @@ class ModelRunner:
         # Report the draft's confidence with every step (two-phase steps measure it anyway):
         # two reductions over [B, k, vocab] logits per step, so only when someone reads it.
         self.measure_confidence = False
-        # Greedy steps with every row at k = 0 skip the draft path's set-up (``step``); off,
+        # Steps with every row at k = 0 skip the draft path's set-up (``_plain_step``); off,
         # they take the general path (benchmarks and tests compare the two).
         self.plain_fast_path = True
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
