@@ -654,7 +654,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-compile-ahead",
         action="store_true",
         help="compile the Triton attention's kernels at their first launch, one at a time, "
-        "instead of on a thread pool before the captures (the runner's default; an A/B)",
+        "instead of in worker processes before the captures (the runner's default; an A/B)",
     )
     return parser.parse_args(argv)
 

@@ -20,9 +20,13 @@ is a runtime argument (``do_not_specialize``; only "one split or more" is a cons
 constant it made every batch bucket its own kernel, 62 compiles of ~0.57 s each, 35 s of a
 99 s first start on the H200 8B shape (``bench/results/first_start_h200_2026-12-04s25.json``,
 ``triton_jit``). The compiles that remain (one per width, layout and "one split or more")
-can run ahead of the captures on a thread pool (``compile_ahead``; Triton releases the GIL
-while it compiles): the runner runs each graph's forward once with the launches collected
-instead of made, and waits for the pool before it captures.
+run ahead of the captures in worker processes (``compile_ahead``): the runner runs each
+graph's forward once with the launches collected instead of made, each new specialisation is
+compiled by a worker into Triton's on-disk cache, and the runner waits for the workers before
+it captures, whose launches then load the kernels from that cache. Threads did not help: on
+the H200 a thread pool's compiles took as long as compiling at each launch (session 26,
+``bench/results/first_start_h200_2026-12-04s26.json``: Triton's compiler holds the GIL and
+competes with the main thread's torch.compile).
 
 ``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
 (dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the
@@ -35,9 +39,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import multiprocessing
 import os
+import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -245,19 +251,57 @@ def _argument_class(value: object) -> object:
     return type(value).__name__
 
 
+def _compile_spec(arg: object) -> object:
+    """What a worker process needs of a launch argument to compile the same specialisation:
+    a tensor becomes its dtype (Triton's ``warmup`` stands a 16-byte-aligned tensor in for
+    it), other values stay; None for a tensor that is not 16-byte aligned (its launch
+    compiles it: the stand-in would be another specialisation)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype if arg.data_ptr() % 16 == 0 else None
+    return arg
+
+
+def compile_kernel(
+    index: int,
+    grid: tuple[int, ...],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    device_index: int | None,
+) -> None:
+    """Compiles ``_kernels()[index]`` for these arguments (``_compile_spec``'s) into Triton's
+    on-disk cache, launching nothing: what a ``compile_ahead`` worker process runs."""
+    kernel = _kernels()[index]
+    with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
+        kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def _prepare_worker() -> None:
+    """Imports Triton and defines the kernels in a fresh worker, so that its start-up overlaps
+    the parent's first forwards rather than following its first submission."""
+    _kernels()
+
+
+def _process_pool(workers: int) -> Executor:
+    # spawn: the parent has CUDA initialised, which a forked child cannot use.
+    workers = max(1, workers)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(workers):  # each submission to a pool with no idle worker starts one
+        pool.submit(_prepare_worker)
+    return pool
+
+
 class CompilesAhead:
     """While active (``compile_ahead``), ``_launch`` hands its kernels here instead of
-    launching them: each new specialisation is compiled on a thread pool (Triton's
-    ``warmup``: the same binder and cache as a launch, so the launch that follows finds it
-    compiled), the outputs are left unset. The first submission of each kernel compiles on
-    the calling thread, so that the kernel's per-device cache exists before threads share
-    it."""
+    launching them (the outputs are left unset): each new specialisation is compiled by
+    ``executor`` (``compile_kernel``: Triton's ``warmup``, the same binder and on-disk cache
+    as a launch, so the launch that follows loads it). ``executor`` None: the
+    specialisations are counted, nothing is compiled (Triton's interpreter)."""
 
-    def __init__(self, workers: int) -> None:
-        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="triton-compile")
+    def __init__(self, executor: Executor | None) -> None:
+        self._executor = executor
         self._seen: set[tuple[object, ...]] = set()
-        self._kernels: set[int] = set()
         self._futures: list[Future[None]] = []
+        self.waited_s = 0.0  # how long ``wait`` waited for the compiles
 
     @property
     def submitted(self) -> int:
@@ -276,35 +320,32 @@ class CompilesAhead:
         if key in self._seen:
             return
         self._seen.add(key)
-
-        def compile_one() -> None:
-            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-                kernel.warmup(*args, grid=grid, **kwargs)
-
-        if id(kernel) not in self._kernels:
-            self._kernels.add(id(kernel))
-            self._run(compile_one)
+        specs = tuple(map(_compile_spec, args))
+        if self._executor is None or any(spec is None for spec in specs):
             return
-        self._futures.append(self._pool.submit(compile_one))
-
-    @staticmethod
-    def _run(compile_one: Any) -> None:
+        index = _kernels().index(kernel)
+        device_index = device.index if device.type == "cuda" else None
         try:
-            compile_one()
-        except Exception as exc:  # the launch will compile it again and raise there
+            future = self._executor.submit(compile_kernel, index, grid, specs, kwargs, device_index)
+        except Exception as exc:  # a broken pool: the launches compile instead
             logger.warning("compiling an attention kernel ahead failed: %r", exc)
+            return
+        self._futures.append(future)
 
     def wait(self) -> int:
         """Wait for every compile; returns how many failed (each was logged; its launch will
         compile it again, and raise there if it fails again)."""
         failed = 0
+        started = time.perf_counter()
         for future in self._futures:
             try:
                 future.result()
             except Exception as exc:
                 failed += 1
                 logger.warning("compiling an attention kernel ahead failed: %r", exc)
-        self._pool.shutdown()
+        if self._executor is not None:
+            self._executor.shutdown()
+        self.waited_s = time.perf_counter() - started
         return failed
 
 
@@ -312,17 +353,22 @@ _ahead: CompilesAhead | None = None
 
 
 @contextlib.contextmanager
-def compile_ahead(workers: int | None = None) -> Iterator[CompilesAhead]:
+def compile_ahead(
+    workers: int | None = None, executor: Executor | None = None
+) -> Iterator[CompilesAhead]:
     """Inside: the attention kernels are not launched (their outputs are left unset) but
-    compiled on a pool of ``workers`` threads (default: half the CPUs, at most 8) for every
+    compiled by ``executor`` (default: ``workers`` spawned processes, by default half the
+    CPUs and at most 8; none under Triton's interpreter, which compiles nothing) for every
     specialisation the launches need; on exit, waits for them. One at a time (not
     reentrant); for a start-up pass whose outputs are thrown away."""
     global _ahead
     if _ahead is not None:
         raise RuntimeError("compile_ahead is already active")
-    if workers is None:
-        workers = min(8, max(1, (os.cpu_count() or 2) // 2))
-    ahead = _ahead = CompilesAhead(workers)
+    if executor is None and not triton_interpreted():
+        if workers is None:
+            workers = min(8, max(1, (os.cpu_count() or 2) // 2))
+        executor = _process_pool(workers)
+    ahead = _ahead = CompilesAhead(executor)
     try:
         yield ahead
     finally:

@@ -90,7 +90,7 @@ def load_runner(
     compiles and ``compile_mode`` how; ``attention``: the target's attention kernel
     (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``);
     ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
-    on a thread pool before the captures)."""
+    in worker processes before the captures)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)

@@ -158,8 +158,8 @@ class ModelRunner:
         ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
         ``max-autotune`` (kernel choices benchmarked per shape at start-up).
         ``compile_attention_ahead`` (graph runners with the Triton attention): before the
-        captures, one forward per verify shape with the attention kernels compiled on a thread
-        pool instead of launched (``_compile_attention_ahead``)."""
+        captures, one forward per verify shape with the attention kernels compiled in worker
+        processes instead of launched (``_compile_attention_ahead``)."""
         if compile_mode not in COMPILE_MODES:
             raise ValueError(
                 f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
@@ -384,7 +384,7 @@ class ModelRunner:
         """One forward of every padded verify graph's shape and of one token bucket per ragged
         (B, W) (the attention's arguments do not depend on the bucket), with the Triton
         attention's launches collected instead of made: each kernel specialisation they need
-        compiles on a thread pool (decode_attention.compile_ahead) while this thread goes on
+        compiles in a worker process (decode_attention.compile_ahead) while this thread goes on
         (and compiles the forwards, which the captures' warm-ups would do anyway); then it
         waits. The captures find every attention kernel compiled. Outputs, and the cache
         positions these forwards write, are scratch (the captures write them too)."""
@@ -403,6 +403,7 @@ class ModelRunner:
                     index = ragged_index(lengths, batch, width, sizes[0]).to(self.device)
                     self._ragged_verify(ids, pos, index)
         self.attention_compiled_ahead = ahead.submitted
+        self.capture_parts_s["attention_ahead_wait"] = ahead.waited_s
 
     @contextlib.contextmanager
     def _first(self, name: str) -> Iterator[None]:

@@ -3,6 +3,8 @@ row uses, write the same caches, and make a step's rows with small k cheaper."""
 
 from __future__ import annotations
 
+import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +301,7 @@ def test_compile_ahead_compiles_each_specialisation_once_and_launches_nothing(
     k = torch.randn(2, 2, 4 * decode_attention.BLOCK_N, 16, generator=gen)
     positions = torch.arange(4).repeat(2, 1) + 50
     q = torch.randn(2, 2, 8, 16, generator=gen)
-    with decode_attention.compile_ahead(workers=2) as ahead:
+    with decode_attention.compile_ahead(executor=ThreadPoolExecutor(2)) as ahead:
         for most in (4, 3, 2, 1, 4):
             decode_attention.grouped_decode_attention(q, k, k, positions, most)
     assert split.launches == merge.launches == 0
@@ -321,13 +323,68 @@ def test_compile_ahead_logs_a_failed_compile_and_is_not_reentrant(
     monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
     k = torch.zeros(1, 2, 4 * decode_attention.BLOCK_N, 16)
     positions = torch.arange(2)[None] + 9
-    with decode_attention.compile_ahead(workers=1):
+    with decode_attention.compile_ahead(executor=ThreadPoolExecutor(1)):
         decode_attention.grouped_decode_attention(torch.zeros(1, 2, 4, 16), k, k, positions, 4)
         with pytest.raises(RuntimeError, match="already active"):
             with decode_attention.compile_ahead():
                 pass
     assert "compiling an attention kernel ahead failed" in caplog.text
     assert decode_attention._ahead is None
+
+
+def test_compile_ahead_sends_workers_dtypes_for_tensors_and_leaves_unaligned_ones_to_the_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a worker process gets is picklable and holds no tensor: each tensor argument
+    becomes its dtype (Triton's warmup stands an aligned tensor in for it), and a launch with
+    a tensor not 16-byte aligned is not sent (the stand-in would be another specialisation)."""
+    from engines.embedded import decode_attention
+
+    sent: list[tuple[object, ...]] = []
+
+    class Recorder(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            sent.append((fn, *args))
+            return super().submit(lambda: None)
+
+    split, merge = FakeKernel(), FakeKernel()
+    monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
+    k = torch.zeros(2, 2, 4 * decode_attention.BLOCK_N, 16, dtype=torch.bfloat16)
+    positions = torch.arange(4).repeat(2, 1) + 50
+    q = torch.zeros(2, 2, 8, 16, dtype=torch.bfloat16)
+    with decode_attention.compile_ahead(executor=Recorder(1)) as ahead:
+        decode_attention.grouped_decode_attention(q, k, k, positions, 4)
+        unaligned = torch.zeros(2 * 2 * 8 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 2, 8, 16)
+        decode_attention.grouped_decode_attention(unaligned, k, k, positions, 1)
+    assert ahead.submitted == 3 and len(sent) == 2  # split and merge; not the unaligned split
+    for fn, index, grid, args, kwargs, device_index in sent:
+        assert fn is decode_attention.compile_kernel and index in (0, 1)
+        assert device_index is None and isinstance(grid, tuple)
+        assert not any(isinstance(arg, torch.Tensor) for arg in args)  # type: ignore[attr-defined]
+        assert torch.bfloat16 in args and torch.float32 in args  # type: ignore[operator]
+        message = (index, grid, args, kwargs)
+        assert pickle.loads(pickle.dumps(message)) == message
+    assert [index for _, index, *_ in sent] == [0, 1]
+
+
+def test_compile_ahead_compiles_nothing_under_the_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under Triton's interpreter (the tests) compile_ahead starts no worker processes: it
+    counts the specialisations and launches nothing."""
+    from engines.embedded import decode_attention
+
+    split, merge = FakeKernel(), FakeKernel()
+    monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
+    monkeypatch.setattr(decode_attention, "_process_pool", lambda workers: pytest.fail("a pool"))
+    assert decode_attention.triton_interpreted()
+    k = torch.zeros(1, 2, 4 * decode_attention.BLOCK_N, 16)
+    with decode_attention.compile_ahead() as ahead:
+        decode_attention.grouped_decode_attention(
+            torch.zeros(1, 2, 4, 16), k, k, torch.arange(2)[None] + 9, 4
+        )
+    assert ahead.submitted == 2 and split.warmups == merge.warmups == []
+    assert split.launches == merge.launches == 0
 
 
 def test_a_triton_graph_runner_compiles_its_attention_ahead_and_steps_the_same(
