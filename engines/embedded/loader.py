@@ -81,7 +81,7 @@ def load_runner(
     compile_scope: CompileScope = "forward",
     attention: AttentionChoice = "auto",
     compile_mode: CompileMode = "default",
-    compile_attention_ahead: bool = True,
+    compile_attention_ahead: bool = False,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,

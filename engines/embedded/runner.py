@@ -139,7 +139,7 @@ class ModelRunner:
         prune_ragged: bool | None = None,
         attention: AttentionChoice = "sdpa",
         compile_mode: CompileMode = "default",
-        compile_attention_ahead: bool = True,
+        compile_attention_ahead: bool = False,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -159,7 +159,10 @@ class ModelRunner:
         ``max-autotune`` (kernel choices benchmarked per shape at start-up).
         ``compile_attention_ahead`` (graph runners with the Triton attention): before the
         captures, one forward per verify shape with the attention kernels compiled in worker
-        processes instead of launched (``_compile_attention_ahead``)."""
+        processes instead of launched (``_compile_attention_ahead``); off by default: on the
+        H200 it took the attention's compiles off this thread (10-14 s to 4-6 s) but the pass
+        cost as much, and first starts were within the machines' spread of those without
+        (session 26, ``bench/results/first_start_h200_2026-12-04s26*.json``)."""
         if compile_mode not in COMPILE_MODES:
             raise ValueError(
                 f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
