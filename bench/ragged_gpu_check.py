@@ -654,9 +654,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile-ahead",
         action="store_true",
         help="compile the Triton attention's kernels in worker processes before the captures "
-        "(compile_attention_ahead) instead of at their first launches (the runner's default; "
-        "an A/B)",
-    )",
+        "(compile_attention_ahead; an A/B) instead of at their first launches (the runner's "
+        "default)",
     )
     return parser.parse_args(argv)
 

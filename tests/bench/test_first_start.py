@@ -18,10 +18,10 @@ def test_first_starts_and_restarts_of_two_trees_are_summarised(
     out = tmp_path / "first_start.json"
     argv = ["--device", "cpu", "--tiny", "--no-compile", "--attention", "sdpa", "--batches", "4"]
     trees = ["--tree", f"a={ROOT}", "--tree", f"b={ROOT}"]  # the same code twice: an A/A
-    trees += ["--args", "b=--no-compile-ahead"]  # b's starts only (a no-op with sdpa)
+    trees += ["--args", "b=--compile-ahead"]  # b's starts only (a no-op with sdpa)
     assert main([*argv, *trees, "--repeats", "1", "--restart", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["tree_arguments"] == {"b": ["--no-compile-ahead"]}
+    assert result["tree_arguments"] == {"b": ["--compile-ahead"]}
     assert all(run["attention_compiled_ahead"] == 0 for run in result["runs"])  # sdpa
     assert sorted(result["order"]) == ["a#0", "b#0"]
     kinds = [(r["tree"], r["kind"]) for r in result["runs"]]
@@ -98,5 +98,5 @@ def test_extra_arguments_must_name_a_tree(capsys: pytest.CaptureFixture[str]) ->
     )
     assert args.tree_args == {"s": ["--a", "--b=1", "-c"]}
     with pytest.raises(SystemExit):
-        parse_args(["--out", "x", "--args", "other=--no-compile-ahead"])
+        parse_args(["--out", "x", "--args", "other=--compile-ahead"])
     assert "NAME one of the trees ['this']" in capsys.readouterr().err
