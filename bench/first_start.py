@@ -86,6 +86,7 @@ def start(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> d
         "start_s": round(capture["padded"] + capture["ragged"], 2),
         "capture_s": capture,
         "capture_parts_s": setup["capture_parts_s"],
+        "capture_stages_s": setup.get("capture_stages_s", {}),
         "graphs_compiled": dynamo.get("stats", {}).get("unique_graphs", 0),
         # where the start's seconds went: torch.compile's own timers, and the engine's Triton
         # kernels compiled at their first launch per specialisation (CUDA only)
@@ -95,6 +96,7 @@ def start(tree: Path, cache: Path, check_args: list[str], timeout_s: float) -> d
         "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
         "num_graphs": setup["num_graphs"],
         "attention_compiled_ahead": setup.get("attention_compiled_ahead", 0),
+        "graph_warmups": setup.get("graph_warmups", 2),
         "device": setup["device"],
         "torch": setup["torch"],
     }

@@ -254,6 +254,7 @@ class Bench:
                 # every bucket measured here; section 5 prunes as the engine does
                 prune_ragged=False,
                 compile_attention_ahead=args.compile_ahead,
+                graph_warmups=args.graph_warmups,
             )
         finally:
             jit.uninstall()
@@ -275,8 +276,13 @@ class Bench:
             "build_models_s": round(built_s, 2),
             "capture_s": {k: round(v, 2) for k, v in runner.capture_s.items()},
             "capture_parts_s": {k: round(v, 2) for k, v in runner.capture_parts_s.items()},
+            "capture_stages_s": {
+                kind: {k: round(v, 2) for k, v in stages.items()}
+                for kind, stages in runner.capture_stages_s.items()
+            },
             "num_graphs": {"padded": len(runner._graphs), "ragged": len(runner._ragged_graphs)},
             "attention_compiled_ahead": runner.attention_compiled_ahead,
+            "graph_warmups": runner.graph_warmups,
             "widths": runner.widths,
             "batch_sizes": batches,
             "ragged_graphs_if_max_batch_128": len(
@@ -657,7 +663,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(compile_attention_ahead; an A/B) instead of at their first launches (the runner's "
         "default)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--graph-warmups",
+        type=int,
+        default=2,
+        help="runs of each graph's forward before its capture (the runner's graph_warmups; "
+        "at least 1; default 2)",
+    )
+    args = parser.parse_args(argv)
+    if args.graph_warmups < 1:
+        parser.error(f"--graph-warmups {args.graph_warmups}: at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,20 @@ attention, static index buffers) runs, and is tested, on the CPU.
 cache): a runner capturing ~200 graphs would give its warm-up memory back to the driver and
 allocate it again each time. ``keep_allocator_cache`` skips that, as vLLM's capture does after
 its first graph; a runner empties the cache once before its first capture instead.
+
+Warm-ups: each graph's function runs ``warmups`` times on a side stream before its capture
+(lazy initialisation, a kernel's first compile and load, inductor's autotuning: none of them
+may happen inside a capture). Every capture waits for the device first (``torch.cuda.graph``
+synchronises on entry), so a runner capturing ~200 graphs pays each warm-up's host time and,
+for the large graphs, its device time. The warm-ups share one side stream per device (a new
+stream per graph would also give cuBLAS a new workspace per graph).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -29,8 +37,14 @@ class StaticCall:
         fn: Callable[..., torch.Tensor],
         static_inputs: tuple[torch.Tensor, ...],
         pool: Any = None,
+        warmups: int = 2,
     ) -> None:
+        """``pool`` and ``warmups``: ``GraphedCall``'s (no graph here, nothing to warm up)."""
         self.fn, self.static_inputs = fn, static_inputs
+        # A graph's set-up seconds by stage (``GraphedCall``; none here): ``warmup`` queueing
+        # the warm-ups (host), ``wait`` the device finishing them, ``record`` the capture's
+        # forward (host), ``end`` ending the capture (instantiating the graph).
+        self.setup_s: dict[str, float] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         self._copy_inputs(inputs)
@@ -52,17 +66,36 @@ class GraphedCall(StaticCall):
         fn: Callable[..., torch.Tensor],
         static_inputs: tuple[torch.Tensor, ...],
         pool: Any = None,
+        warmups: int = 2,
     ) -> None:
+        if warmups < 1:
+            raise ValueError(
+                f"warmups={warmups}: a graph needs at least one warm-up (a kernel compiled or "
+                "loaded inside a capture invalidates it)"
+            )
         super().__init__(fn, static_inputs)
-        stream = torch.cuda.Stream()
+        started = time.perf_counter()
+        stream = warmup_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the graph
+            for _ in range(warmups):  # lazy inits and autotuning happen outside the graph
                 fn(*static_inputs)
         torch.cuda.current_stream().wait_stream(stream)
+        queued = time.perf_counter()
+        torch.cuda.synchronize()  # what the capture's entry does anyway: timed on its own
+        waited = time.perf_counter()
         self.graph = torch.cuda.CUDAGraph()
-        with keep_allocator_cache(), torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn(*static_inputs)
+        with keep_allocator_cache():
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.output = fn(*static_inputs)
+                recorded = time.perf_counter()
+            ended = time.perf_counter()
+        self.setup_s = {
+            "warmup": queued - started,
+            "wait": waited - queued,
+            "record": recorded - waited,
+            "end": ended - recorded,
+        }
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         self._copy_inputs(inputs)
@@ -72,6 +105,26 @@ class GraphedCall(StaticCall):
     def again(self) -> torch.Tensor:
         self.graph.replay()
         return self.output
+
+
+def setup_seconds(calls: Iterable[StaticCall]) -> dict[str, float]:
+    """The calls' ``setup_s`` summed by stage (empty for calls without a graph)."""
+    total: dict[str, float] = {}
+    for call in calls:
+        for stage, seconds in call.setup_s.items():
+            total[stage] = total.get(stage, 0.0) + seconds
+    return total
+
+
+_WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def warmup_stream() -> torch.cuda.Stream:
+    """The current device's side stream for graph warm-ups (created once)."""
+    device = torch.cuda.current_device()
+    if device not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[device] = torch.cuda.Stream()
+    return _WARMUP_STREAMS[device]
 
 
 @contextlib.contextmanager

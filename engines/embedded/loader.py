@@ -82,6 +82,7 @@ def load_runner(
     attention: AttentionChoice = "auto",
     compile_mode: CompileMode = "default",
     compile_attention_ahead: bool = False,
+    graph_warmups: int = 2,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
@@ -90,7 +91,8 @@ def load_runner(
     compiles and ``compile_mode`` how; ``attention``: the target's attention kernel
     (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``);
     ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
-    in worker processes before the captures)."""
+    in worker processes before the captures); ``graph_warmups``: ``ModelRunner``'s (runs of each
+    graph's forward before its capture)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -132,4 +134,5 @@ def load_runner(
         attention=attention,
         compile_mode=compile_mode,
         compile_attention_ahead=compile_attention_ahead,
+        graph_warmups=graph_warmups,
     )

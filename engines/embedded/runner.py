@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size
+from engines.embedded.cuda_graphs import GraphedCall, StaticCall, padded_size, setup_seconds
 from engines.embedded.decode_attention import compile_ahead, triton_interpreted
 from engines.embedded.device_allocation import AllocationGraphs, DeviceScoring
 from engines.embedded.draft import DraftModel
@@ -140,6 +140,7 @@ class ModelRunner:
         attention: AttentionChoice = "sdpa",
         compile_mode: CompileMode = "default",
         compile_attention_ahead: bool = False,
+        graph_warmups: int = 2,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -162,7 +163,12 @@ class ModelRunner:
         processes instead of launched (``_compile_attention_ahead``); off by default: on the
         H200 it took the attention's compiles off this thread (10-14 s to 4-6 s) but the pass
         cost as much, and first starts were within the machines' spread of those without
-        (session 26, ``bench/results/first_start_h200_2026-12-04s26*.json``)."""
+        (session 26, ``bench/results/first_start_h200_2026-12-04s26*.json``).
+        ``graph_warmups``: runs of each graph's function before its capture (at least 1;
+        ``cuda_graphs.GraphedCall``)."""
+        if graph_warmups < 1:
+            raise ValueError(f"graph_warmups={graph_warmups}: at least 1 (a capture needs one)")
+        self.graph_warmups = graph_warmups
         if compile_mode not in COMPILE_MODES:
             raise ValueError(
                 f"compile_mode={compile_mode!r}: use one of {', '.join(COMPILE_MODES)}"
@@ -284,6 +290,10 @@ class ModelRunner:
         # them, and ``first_*`` is the first graph of a kind: a compiled runner compiles there.
         self.capture_s = {"padded": 0.0, "ragged": 0.0}
         self.capture_parts_s: dict[str, float] = {}
+        # Per kind of graph (padded, prefill, ragged), its graphs' set-up seconds summed by
+        # stage (``cuda_graphs.setup_seconds``: warm-ups queued, waited for, the capture's
+        # forward, the capture's end); empty without CUDA graphs.
+        self.capture_stages_s: dict[str, dict[str, float]] = {}
         # Attention kernel specialisations compiled ahead of the captures (0: none).
         self.attention_compiled_ahead = 0
         if use_cuda_graphs:
@@ -298,10 +308,13 @@ class ModelRunner:
             self._capture_prefill()
             self.capture_parts_s["prefill"] = time.perf_counter() - marked
             self.capture_s["padded"] = time.perf_counter() - started
+            self.capture_stages_s["padded"] = setup_seconds(self._graphs.values())
+            self.capture_stages_s["prefill"] = setup_seconds(self._prefill_graphs.values())
             if verify_mode == "ragged":
                 marked = time.perf_counter()
                 self._capture_ragged()
                 self.capture_parts_s["ragged_graphs"] = time.perf_counter() - marked
+                self.capture_stages_s["ragged"] = setup_seconds(self._ragged_graphs.values())
                 if device.type == "cuda" if prune_ragged is None else prune_ragged:
                     marked = time.perf_counter()
                     self.keep_faster_ragged()
@@ -362,10 +375,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _static_call(self) -> tuple[type[StaticCall], object]:
+    def _static_call(self) -> tuple[Callable[..., StaticCall], object]:
         """CUDA graphs sharing one pool on a CUDA device; eager static calls elsewhere."""
         if self.device.type == "cuda":
-            return GraphedCall, torch.cuda.graph_pool_handle()
+            graphed = functools.partial(GraphedCall, warmups=self.graph_warmups)
+            return graphed, torch.cuda.graph_pool_handle()
         return StaticCall, None
 
     def _capture(self) -> None:
