@@ -149,7 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="NAME=ARGS",
         help="extra ragged_gpu_check.py arguments for tree NAME (repeatable), e.g. "
-        "--tree ahead=. --tree serial=. --args ahead=--compile-ahead: an A/B of one tree",
+        '--tree new=. --tree old=. --args "old=--graph-warmups 2 --no-compile-ahead": an A/B '
+        "of one tree",
     )
     parser.add_argument("--repeats", type=int, default=2, help="first starts per tree")
     parser.add_argument(

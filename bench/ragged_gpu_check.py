@@ -254,7 +254,7 @@ class Bench:
                 # every bucket measured here; section 5 prunes as the engine does
                 prune_ragged=False,
                 compile_attention_ahead=args.compile_ahead,
-                graph_warmups=args.graph_warmups,
+                **({} if args.graph_warmups is None else {"graph_warmups": args.graph_warmups}),
             )
         finally:
             jit.uninstall()
@@ -658,20 +658,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--compile-ahead",
-        action="store_true",
-        help="compile the Triton attention's kernels in worker processes before the captures "
-        "(compile_attention_ahead; an A/B) instead of at their first launches (the runner's "
-        "default)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the Triton attention's kernels in worker processes before the captures, "
+        "or (--no-compile-ahead) at their first launches (the runner's "
+        "compile_attention_ahead; default: the runner's, on for CUDA)",
     )
     parser.add_argument(
         "--graph-warmups",
         type=int,
-        default=2,
+        default=None,
         help="runs of each graph's forward before its capture (the runner's graph_warmups; "
-        "at least 1; default 2)",
+        "at least 1; default: the runner's, 1)",
     )
     args = parser.parse_args(argv)
-    if args.graph_warmups < 1:
+    if args.graph_warmups is not None and args.graph_warmups < 1:
         parser.error(f"--graph-warmups {args.graph_warmups}: at least 1")
     return args
 

@@ -37,7 +37,7 @@ class StaticCall:
         fn: Callable[..., torch.Tensor],
         static_inputs: tuple[torch.Tensor, ...],
         pool: Any = None,
-        warmups: int = 2,
+        warmups: int = 1,
     ) -> None:
         """``pool`` and ``warmups``: ``GraphedCall``'s (no graph here, nothing to warm up)."""
         self.fn, self.static_inputs = fn, static_inputs
@@ -66,7 +66,7 @@ class GraphedCall(StaticCall):
         fn: Callable[..., torch.Tensor],
         static_inputs: tuple[torch.Tensor, ...],
         pool: Any = None,
-        warmups: int = 2,
+        warmups: int = 1,
     ) -> None:
         if warmups < 1:
             raise ValueError(

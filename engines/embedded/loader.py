@@ -81,8 +81,8 @@ def load_runner(
     compile_scope: CompileScope = "forward",
     attention: AttentionChoice = "auto",
     compile_mode: CompileMode = "default",
-    compile_attention_ahead: bool = False,
-    graph_warmups: int = 2,
+    compile_attention_ahead: bool | None = None,
+    graph_warmups: int = 1,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,

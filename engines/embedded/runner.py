@@ -139,8 +139,8 @@ class ModelRunner:
         prune_ragged: bool | None = None,
         attention: AttentionChoice = "sdpa",
         compile_mode: CompileMode = "default",
-        compile_attention_ahead: bool = False,
-        graph_warmups: int = 2,
+        compile_attention_ahead: bool | None = None,
+        graph_warmups: int = 1,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -158,14 +158,14 @@ class ModelRunner:
         (``self.attention`` is the kernel chosen).
         ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
         ``max-autotune`` (kernel choices benchmarked per shape at start-up).
-        ``compile_attention_ahead`` (graph runners with the Triton attention): before the
-        captures, one forward per verify shape with the attention kernels compiled in worker
-        processes instead of launched (``_compile_attention_ahead``); off by default: on the
-        H200 it took the attention's compiles off this thread (10-14 s to 4-6 s) but the pass
-        cost as much, and first starts were within the machines' spread of those without
-        (session 26, ``bench/results/first_start_h200_2026-12-04s26*.json``).
-        ``graph_warmups``: runs of each graph's function before its capture (at least 1;
-        ``cuda_graphs.GraphedCall``)."""
+        ``compile_attention_ahead`` (graph runners with the Triton attention; default: on a
+        CUDA device): before the captures, one forward per verify shape with the attention
+        kernels compiled in worker processes instead of launched
+        (``_compile_attention_ahead``). ``graph_warmups``: runs of each graph's function
+        before its capture (at least 1; ``cuda_graphs.GraphedCall``). On the H200 8B shape
+        one warm-up instead of two took ~7 s off a first start's ragged captures, and
+        compiling ahead (with one warm-up) 6-12 s off each of three paired first starts
+        (session 27, ``bench/results/first_start_h200_2026-12-04s27*.json``)."""
         if graph_warmups < 1:
             raise ValueError(f"graph_warmups={graph_warmups}: at least 1 (a capture needs one)")
         self.graph_warmups = graph_warmups
@@ -299,7 +299,10 @@ class ModelRunner:
         if use_cuda_graphs:
             started = time.perf_counter()
             self._empty_cache()  # once here, not per capture (``keep_allocator_cache``)
-            if compile_attention_ahead and self.attention == "triton":
+            ahead = compile_attention_ahead
+            if ahead is None:
+                ahead = device.type == "cuda"
+            if ahead and self.attention == "triton":
                 self._compile_attention_ahead()
                 self.capture_parts_s["attention_ahead"] = time.perf_counter() - started
             self._capture()
