@@ -105,6 +105,12 @@ class EmbeddedConfig(Section):
     # only), or auto (triton on a CUDA device where its start-up check passes, else sdpa;
     # measured faster on the H200). docs/engine.md, "Attention".
     attention: AttentionChoice = "auto"
+    # On a CUDA device with the Triton attention: its kernels compiled in worker processes
+    # before the CUDA-graph captures (first starts on the H200 8B shape 6-12 s faster). The
+    # workers (up to 8) live until the captures begin and may each hold a CUDA context (not
+    # measured): false where the GPU has no headroom for that. No effect elsewhere.
+    # docs/engine.md.
+    compile_attention_ahead: bool = True
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price

@@ -152,6 +152,7 @@ class EmbeddedEngineBackend:
             compile_mode=c.torch_compile_mode,
             verify_mode=c.verify_mode,
             attention=c.attention,
+            compile_attention_ahead=c.compile_attention_ahead,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

@@ -90,6 +90,7 @@ class AsyncEngine:
         compile_scope: CompileScope = "forward",
         attention: AttentionChoice = "auto",
         compile_mode: CompileMode = "default",
+        compile_attention_ahead: bool = True,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -100,7 +101,9 @@ class AsyncEngine:
         ``compile_forwards`` compiles (``forward`` or ``layer``, docs/engine.md); ``attention``: the
         target's attention kernel in steps (``auto``: triton on CUDA where its start-up check
         passes, else sdpa; or ``sdpa`` / ``triton``, docs/engine.md);
-        ``compile_mode``: ``default`` or ``max-autotune`` (with ``compile_forwards``)."""
+        ``compile_mode``: ``default`` or ``max-autotune`` (with ``compile_forwards``);
+        ``compile_attention_ahead``: on a CUDA device with the Triton attention, its kernels
+        compiled in worker processes before the captures (``ModelRunner``)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -117,6 +120,7 @@ class AsyncEngine:
             compile_scope=compile_scope,
             attention=attention,
             compile_mode=compile_mode,
+            compile_attention_ahead=None if compile_attention_ahead else False,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

@@ -20,16 +20,18 @@ is a runtime argument (``do_not_specialize``; only "one split or more" is a cons
 constant it made every batch bucket its own kernel, 62 compiles of ~0.57 s each, 35 s of a
 99 s first start on the H200 8B shape (``bench/results/first_start_h200_2026-12-04s25.json``,
 ``triton_jit``); 21 compiles remain (one per width, layout and "one split or more",
-session 26). They can run ahead of the captures in worker processes (``compile_ahead``; the
-runner's ``compile_attention_ahead``, off by default): the runner runs each
-graph's forward once with the launches collected instead of made, each new specialisation is
-compiled by a worker into Triton's on-disk cache, and the runner waits for the workers before
-it captures, whose launches then load the kernels from that cache. Threads did not help: on
-the H200 a thread pool's compiles took as long as compiling at each launch (session 26,
-``bench/results/first_start_h200_2026-12-04s26a_threads.json``: Triton's compiler holds the GIL and
-competes with the main thread's torch.compile). Processes took the compiles off the main
-thread (10-14 s to 4-6 s) but the collecting pass cost as much: first starts no faster
-outside the calls' spread (``..._s26b_procs.json``, ``..._s26c_procs.json``).
+session 26). They run ahead of the captures in worker processes (``compile_ahead``; the
+runner's ``compile_attention_ahead``, on by default on a CUDA device since session 27): the
+runner runs each graph's forward once with the launches collected instead of made, each new
+specialisation is compiled by a worker into Triton's on-disk cache, and the runner waits for
+the workers before it captures, whose launches then load the kernels from that cache. Threads
+did not help: on the H200 a thread pool's compiles took as long as compiling at each launch
+(session 26, ``bench/results/first_start_h200_2026-12-04s26a_threads.json``: Triton's compiler
+holds the GIL and competes with the main thread's torch.compile). Processes take the compiles
+off the main thread (10-13 s to 3-5 s): with one warm-up per graph, three paired first starts
+on one machine 6-12 s faster; on a faster machine the two changes together 2.2 s faster than
+neither, inside that call's spread
+(``bench/results/first_start_h200_2026-12-04s27{b_ahead,c_defaults}.json``).
 
 ``grouped_decode_attention`` is a ``torch.library`` custom op: opaque to ``torch.compile``
 (dynamic shapes need no lowering of it) and capturable in CUDA graphs (no host sync; the

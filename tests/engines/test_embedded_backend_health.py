@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from engines.config import EmbeddedConfig
 from engines.embedded_backend import EmbeddedEngineBackend
@@ -51,3 +54,34 @@ def test_not_ready_until_loaded_and_while_the_loop_is_dead_or_stalled(tmp_path: 
 def test_k_range_is_adjustable_up_to_the_block(tmp_path: Path) -> None:
     backend = _backend(tmp_path)
     assert backend.is_adjustable and backend.max_spec_tokens == backend.block_size - 1
+
+
+def test_start_passes_the_compile_settings_to_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile_attention_ahead`` (and the other engine settings) reach ``AsyncEngine.load``."""
+    from engines.embedded import AsyncEngine
+
+    seen: dict[str, object] = {}
+
+    def load(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(AsyncEngine, "load", load)
+    for ahead in (True, False):
+        config = EmbeddedConfig(
+            name="e",
+            kind="embedded",
+            model="m",
+            target=tmp_path,
+            draft=tmp_path,
+            compile_attention_ahead=ahead,
+            attention="sdpa",
+        )
+        spec = PolicySpec()
+        backend = EmbeddedEngineBackend(config, FixedPolicySource(spec, build_policy(spec), None))
+        with pytest.raises(RuntimeError, match="stop here"):
+            asyncio.run(backend.start())
+        assert seen["compile_attention_ahead"] is ahead
+        assert seen["attention"] == "sdpa"
