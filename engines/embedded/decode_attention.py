@@ -372,7 +372,10 @@ def compile_ahead(
     if executor is None and not triton_interpreted():
         if workers is None:
             workers = min(8, max(1, (os.cpu_count() or 2) // 2))
-        executor = _process_pool(workers)
+        try:
+            executor = _process_pool(workers)
+        except Exception as exc:  # no worker processes here: the launches compile instead
+            logger.warning("no worker processes to compile the attention ahead: %r", exc)
     ahead = _ahead = CompilesAhead(executor)
     try:
         yield ahead

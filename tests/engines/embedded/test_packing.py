@@ -387,6 +387,30 @@ def test_compile_ahead_compiles_nothing_under_the_interpreter(
     assert split.launches == merge.launches == 0
 
 
+def test_compile_ahead_without_worker_processes_counts_and_launches_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where no worker pool can start (outside the interpreter), compile_ahead logs it and
+    only counts: the launches after the pass compile their kernels as without it."""
+    from engines.embedded import decode_attention
+
+    def no_pool(workers: int) -> None:
+        raise OSError("spawn refused")
+
+    split, merge = FakeKernel(), FakeKernel()
+    monkeypatch.setattr(decode_attention, "_kernels", lambda: (split, merge))
+    monkeypatch.setattr(decode_attention, "triton_interpreted", lambda: False)
+    monkeypatch.setattr(decode_attention, "_process_pool", no_pool)
+    k = torch.zeros(1, 2, 4 * decode_attention.BLOCK_N, 16)
+    with decode_attention.compile_ahead() as ahead:
+        decode_attention.grouped_decode_attention(
+            torch.zeros(1, 2, 4, 16), k, k, torch.arange(2)[None] + 9, 4
+        )
+    assert "no worker processes to compile the attention ahead" in caplog.text
+    assert ahead.submitted == 2 and split.warmups == merge.warmups == []
+    assert split.launches == merge.launches == 0
+
+
 def test_a_triton_graph_runner_compiles_its_attention_ahead_and_steps_the_same(
     agreeing_pair: tuple[Path, Path],
 ) -> None:
