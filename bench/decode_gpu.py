@@ -35,7 +35,7 @@ runner's logits and engine tokens against the eager SDPA reference).
 
     python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
         [--compile-scope forward|layer] [--compile-mode default|max-autotune|coordinate-descent]
-        [--attention sdpa,triton]
+        [--attention sdpa,triton] [--linear aten,gemv]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
 process would: otherwise the second shape's compiles count against the first's recompile
@@ -67,9 +67,11 @@ from engines.embedded.events import (
     ATTENTIONS,
     COMPILE_MODES,
     COMPILE_SCOPES,
+    LINEAR_KERNELS,
     Attention,
     CompileMode,
     CompileScope,
+    LinearKernel,
 )
 from engines.embedded.loader import build_models
 from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
@@ -247,6 +249,7 @@ def measure_shape(
     compile_scope: CompileScope = "forward",
     attentions: tuple[Attention, ...] = ("sdpa",),
     compile_modes: tuple[CompileMode, ...] = ("default",),
+    linears: tuple[LinearKernel, ...] = ("aten",),
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -270,14 +273,18 @@ def measure_shape(
     # The reference (eager kernels, SDPA) first; every other runner on its own copy of the
     # models (same seed, same weights): regional compilation swaps the target's layer step and
     # the attention kernel is a model attribute.
-    modes: list[tuple[str, bool, Attention, CompileMode]] = [("eager", False, "sdpa", "default")]
+    modes: list[tuple[str, bool, Attention, CompileMode, LinearKernel]] = [
+        ("eager", False, "sdpa", "default", "aten")
+    ]
     for attention in attentions:
-        if attention != "sdpa":
-            modes.append((runner_label(False, attention), False, attention, "default"))
-        for compile_mode in compile_modes if compile_too else ():
-            label = runner_label(True, attention, compile_mode)
-            modes.append((label, True, attention, compile_mode))
-    for label, compiled, attention, compile_mode in modes:
+        for linear in linears:
+            if attention != "sdpa" or linear != "aten":
+                label = runner_label(False, attention, linear=linear)
+                modes.append((label, False, attention, "default", linear))
+            for compile_mode in compile_modes if compile_too else ():
+                label = runner_label(True, attention, compile_mode, linear)
+                modes.append((label, True, attention, compile_mode, linear))
+    for label, compiled, attention, compile_mode, linear in modes:
         models = (target, draft)
         if label != "eager":
             torch.manual_seed(0)
@@ -295,6 +302,7 @@ def measure_shape(
                 compile_scope=compile_scope,
                 attention=attention,
                 compile_mode=compile_mode,
+                linear=linear,
             )
         except Exception as exc:  # a variant that fails leaves the others measured
             if label == "eager":
@@ -346,12 +354,19 @@ def measure_shape(
     return result
 
 
-def runner_label(compiled: bool, attention: Attention, mode: CompileMode = "default") -> str:
+def runner_label(
+    compiled: bool,
+    attention: Attention,
+    mode: CompileMode = "default",
+    linear: LinearKernel = "aten",
+) -> str:
     """eager, compiled (SDPA), eager_triton, compiled_triton; a compile mode other than the
-    default is appended (compiled_triton_max_autotune, compiled_coordinate_descent)."""
+    default is appended (compiled_triton_max_autotune, compiled_coordinate_descent), then the
+    gemv linear kernel (compiled_triton_gemv)."""
     kernels = "compiled" if compiled else "eager"
     label = kernels if attention == "sdpa" else f"{kernels}_{attention}"
-    return label if mode == "default" else f"{label}_{mode.replace('-', '_')}"
+    label = label if mode == "default" else f"{label}_{mode.replace('-', '_')}"
+    return label if linear == "aten" else f"{label}_{linear}"
 
 
 def main() -> int:
@@ -382,6 +397,13 @@ def main() -> int:
         + ", ".join(ATTENTIONS),
     )
     parser.add_argument(
+        "--linear",
+        default="aten",
+        help="comma-separated linear kernels, runners for each: "
+        + ", ".join(LINEAR_KERNELS)
+        + " (gemv: engines/embedded/gemv.py, steps of up to 16 tokens)",
+    )
+    parser.add_argument(
         "--resummarise",
         type=Path,
         metavar="JSON",
@@ -402,6 +424,9 @@ def main() -> int:
     compile_modes = tuple(args.compile_mode.split(","))
     if unknown := [m for m in compile_modes if m not in COMPILE_MODES]:
         parser.error(f"--compile-mode: unknown {unknown}; use {', '.join(COMPILE_MODES)}")
+    linears = tuple(args.linear.split(","))
+    if unknown := [m for m in linears if m not in LINEAR_KERNELS]:
+        parser.error(f"--linear: unknown {unknown}; use {', '.join(LINEAR_KERNELS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (CUDA graphs)")
@@ -426,6 +451,7 @@ def main() -> int:
                 args.compile_scope,
                 attentions,  # type: ignore[arg-type]
                 compile_modes,  # type: ignore[arg-type]
+                linears,  # type: ignore[arg-type]
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)

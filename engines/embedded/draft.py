@@ -17,6 +17,7 @@ from torch import nn
 
 from engines.embedded.checkpoint import DraftSpec
 from engines.embedded.events import CompileMode
+from engines.embedded.gemv import linear
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     DecoderLayer,
@@ -68,6 +69,8 @@ class DraftModel(nn.Module):
         self.hidden_norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+        # The context projection through gemv.small_linear (its layers have their own).
+        self.gemv = False
 
     # One layer of ``propose`` (``draft_layer_step``); ``compile_layers`` compiles it.
     layer_step: Callable[..., torch.Tensor] = staticmethod(draft_layer_step)
@@ -103,7 +106,7 @@ class DraftModel(nn.Module):
     ) -> None:
         """features: [B, W, len(target_layer_ids) * hidden] at positions [B, W] (packed
         ``[1, N, ...]`` with ``packing``); ``slots``: as in ``TargetModel.forward``."""
-        context = self.hidden_norm(self.fc(features))
+        context = self.hidden_norm(linear(features, self.fc.weight, self.fc.bias, self.gemv))
         token_positions = pack(positions, packing)
         rope = self.rotary.tables(token_positions, context.dtype)
         packed = None if packing is None else packing.cache_slots(token_positions, cache.max_len)

@@ -45,6 +45,10 @@ ATTENTIONS: tuple[Attention, ...] = ("sdpa", "triton")
 # where the start-up check passes it, else sdpa (``ModelRunner``).
 AttentionChoice = Literal["auto", "sdpa", "triton"]
 ATTENTION_CHOICES: tuple[AttentionChoice, ...] = ("auto", "sdpa", "triton")
+# The linear layers' kernel: PyTorch's (``F.linear``: cuBLAS, or what torch.compile picks) or
+# ``gemv`` (engines/embedded/gemv.py: one Triton kernel for steps of up to 16 tokens).
+LinearKernel = Literal["aten", "gemv"]
+LINEAR_KERNELS: tuple[LinearKernel, ...] = ("aten", "gemv")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

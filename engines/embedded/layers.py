@@ -17,6 +17,7 @@ from engines.embedded.decode_attention import (
     grouped_decode_attention,
     packed_decode_attention,
 )
+from engines.embedded.gemv import linear
 from engines.embedded.packing import Packing
 
 
@@ -95,6 +96,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(shape)
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        # Linear layers through gemv.small_linear (few-token steps; ModelRunner(linear="gemv")).
+        self.gemv = False
         # Set by fuse() after loading.
         self.qkv_weight: torch.Tensor
         self.qkv_bias: torch.Tensor | None
@@ -132,7 +135,7 @@ class DecoderLayer(nn.Module):
         per token: the same values, half the kernels)."""
         hd = self.head_dim
         heads = self.num_heads + self.num_kv_heads
-        out = F.linear(x, self.qkv_weight, self.qkv_bias)
+        out = linear(x, self.qkv_weight, self.qkv_bias, self.gemv)
         b, w = x.shape[:2]
         qk = out[..., : heads * hd].view(b, w, heads, hd)
         if self.qk_norm_weight is not None:
@@ -147,18 +150,20 @@ class DecoderLayer(nn.Module):
         """x: [B, W, hidden] -> k (normed, before RoPE), v [B, W, kv_heads, head_dim]."""
         q_size = self.num_heads * self.head_dim
         bias = None if self.qkv_bias is None else self.qkv_bias[q_size:]
-        k, v = F.linear(x, self.qkv_weight[q_size:], bias).chunk(2, dim=-1)
+        k, v = linear(x, self.qkv_weight[q_size:], bias, self.gemv).chunk(2, dim=-1)
         b, w = x.shape[:2]
         k = self.self_attn.k_norm(k.reshape(b, w, self.num_kv_heads, self.head_dim))
         return k, v.reshape(b, w, self.num_kv_heads, self.head_dim)
 
     def attention_out(self, attn: torch.Tensor) -> torch.Tensor:
-        return self.self_attn.o_proj(attn)
+        o_proj = self.self_attn.o_proj
+        return linear(attn, o_proj.weight, o_proj.bias, self.gemv)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """Residual MLP block: h + down(silu(gate(x)) * up(x)), x = post_attention_layernorm(h)."""
-        gate, up = F.linear(self.post_attention_layernorm(h), self.gate_up_weight).chunk(2, -1)
-        return h + self.mlp.down_proj(F.silu(gate) * up)
+        x = self.post_attention_layernorm(h)
+        gate, up = linear(x, self.gate_up_weight, None, self.gemv).chunk(2, -1)
+        return h + linear(F.silu(gate) * up, self.mlp.down_proj.weight, None, self.gemv)
 
 
 def load_strict(module: nn.Module, state: dict[str, torch.Tensor], role: str) -> None:

@@ -15,7 +15,13 @@ from engines.embedded.checkpoint import (
     target_shape,
 )
 from engines.embedded.draft import DraftModel
-from engines.embedded.events import AttentionChoice, CompileMode, CompileScope, VerifyMode
+from engines.embedded.events import (
+    AttentionChoice,
+    CompileMode,
+    CompileScope,
+    LinearKernel,
+    VerifyMode,
+)
 from engines.embedded.runner import ModelRunner
 from engines.embedded.synthetic import SyntheticAcceptance
 from engines.embedded.target import TargetModel
@@ -83,6 +89,7 @@ def load_runner(
     compile_mode: CompileMode = "default",
     compile_attention_ahead: bool | None = None,
     graph_warmups: int = 1,
+    linear: LinearKernel = "aten",
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
@@ -92,7 +99,8 @@ def load_runner(
     (``auto``: triton on CUDA where its start-up check passes, else sdpa; ``ModelRunner``);
     ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
     in worker processes before the captures); ``graph_warmups``: ``ModelRunner``'s (runs of each
-    graph's forward before its capture)."""
+    graph's forward before its capture); ``linear``: ``ModelRunner``'s (the linear layers'
+    kernel, ``aten`` or ``gemv``)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -135,4 +143,5 @@ def load_runner(
         compile_mode=compile_mode,
         compile_attention_ahead=compile_attention_ahead,
         graph_warmups=graph_warmups,
+        linear=linear,
     )

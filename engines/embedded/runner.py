@@ -29,16 +29,18 @@ from engines.embedded.events import (
     ATTENTION_CHOICES,
     COMPILE_MODES,
     COMPILE_SCOPES,
+    LINEAR_KERNELS,
     VERIFY_MODES,
     Attention,
     AttentionChoice,
     CompileMode,
     CompileScope,
+    LinearKernel,
     VerifyMode,
     inductor_arguments,
 )
 from engines.embedded.kv_cache import KVCache
-from engines.embedded.layers import check_grouped_attention
+from engines.embedded.layers import check_grouped_attention, decoder_layers
 from engines.embedded.packing import Packing, unpack
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
 from engines.embedded.request import Request
@@ -141,6 +143,7 @@ class ModelRunner:
         compile_mode: CompileMode = "default",
         compile_attention_ahead: bool | None = None,
         graph_warmups: int = 1,
+        linear: LinearKernel = "aten",
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -165,7 +168,22 @@ class ModelRunner:
         before its capture (at least 1; ``cuda_graphs.GraphedCall``). On the H200 8B shape
         one warm-up instead of two took ~7 s off a first start's ragged captures, and
         compiling ahead (with one warm-up) 6-12 s off each of three paired first starts
-        (session 27, ``bench/results/first_start_h200_2026-12-04s27*.json``)."""
+        (session 27, ``bench/results/first_start_h200_2026-12-04s27*.json``). ``linear``:
+        the linear layers' kernel, ``aten`` (``F.linear``) or ``gemv`` (``gemv.small_linear``
+        for steps of up to 16 tokens: the target's and the draft's layers, the LM head, the
+        draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``)."""
+        if linear not in LINEAR_KERNELS:
+            raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_KERNELS)}")
+        if linear == "gemv" and device.type != "cuda" and not triton_interpreted():
+            raise ValueError(
+                f"linear='gemv' runs on CUDA, not {device.type} (tests run it on the CPU with "
+                "TRITON_INTERPRET=1); use linear='aten'"
+            )
+        self.linear = linear
+        for model in (target, draft):
+            model.gemv = linear == "gemv"
+            for layer in decoder_layers(model.layers):
+                layer.gemv = linear == "gemv"
         if graph_warmups < 1:
             raise ValueError(f"graph_warmups={graph_warmups}: at least 1 (a capture needs one)")
         self.graph_warmups = graph_warmups
@@ -491,6 +509,7 @@ class ModelRunner:
         start-up cost profile's cache key, engines/embedded/step_profile.py)."""
         return {
             "attention": self.attention,
+            "linear": self.linear,
             "verify_mode": self.verify_mode,
             "cuda_graphs": self.use_cuda_graphs,
             "compiled": (

@@ -11,6 +11,7 @@ from torch import nn
 from engines.embedded.checkpoint import ModelShape
 from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
 from engines.embedded.events import Attention, CompileMode
+from engines.embedded.gemv import linear
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     AttentionMask,
@@ -118,6 +119,8 @@ class TargetModel(nn.Module):
         # The attention kernel: "sdpa" (a dense mask) or "triton" (the split-KV kernel of
         # decode_attention.py, reading only the keys each row uses; CUDA).
         self.attention: Attention = "sdpa"
+        # The LM head through gemv.small_linear (its layers have their own ``gemv``).
+        self.gemv = False
 
     # One decoder layer's step (``target_layer_step``); ``compile_layers`` swaps in its
     # compiled form.
@@ -220,4 +223,4 @@ class TargetModel(nn.Module):
         return self.norm(h), features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        return linear(hidden, self.lm_head.weight, None, self.gemv)

@@ -1,0 +1,93 @@
+"""The few-token linear kernel (engines/embedded/gemv.py) computes F.linear, traces as one op,
+and a runner built on it stays lossless. Run by Triton's CPU interpreter (TRITON_INTERPRET=1,
+tests/conftest.py); its timing is the GPU's (bench/gemv_gpu.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engines.embedded.engine import Engine
+from engines.embedded.gemv import MAX_ROWS, linear, rows_bucket, small_linear, takes
+from engines.embedded.loader import load_runner
+from tests.engines.embedded.conftest import greedy_request, random_prompt
+from tests.engines.embedded.test_lossless import PROMPT_LEN, random_k, target_only_greedy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
+@pytest.mark.parametrize("bias", [False, True])
+def test_small_linear_computes_f_linear(dtype: torch.dtype, rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1, 72, generator=gen).to(dtype)  # K not a multiple of the block
+    weight = torch.randn(40, 72, generator=gen).to(dtype)
+    b = torch.randn(40, generator=gen).to(dtype) if bias else None
+    out = small_linear(x, weight, b)
+    assert out.shape == (rows, 1, 40) and out.dtype == dtype
+    expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_more_rows_and_strided_inputs_take_the_same_values() -> None:
+    """Over MAX_ROWS tokens the op is F.linear itself; a strided input is read right."""
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(24, 32, generator=gen)
+    many = torch.randn(MAX_ROWS + 1, 32, generator=gen)
+    assert torch.equal(small_linear(many, weight, None), F.linear(many, weight))
+    strided = torch.randn(32, 3, generator=gen).t()  # [3, 32], not contiguous
+    torch.testing.assert_close(small_linear(strided, weight, None), F.linear(strided, weight))
+    assert small_linear(torch.zeros(0, 32), weight, None).shape == (0, 24)
+    assert [rows_bucket(r) for r in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+
+
+def test_linear_takes_the_kernel_only_when_asked_and_for_floats() -> None:
+    gen = torch.Generator().manual_seed(4)
+    x, weight = torch.randn(2, 16, generator=gen), torch.randn(8, 16, generator=gen)
+    torch.testing.assert_close(linear(x, weight, gemv=True), F.linear(x, weight))
+    assert torch.equal(linear(x, weight), F.linear(x, weight))  # off: F.linear itself
+    assert takes(x) and not takes(torch.ones(2, 16, dtype=torch.int32))
+
+
+def test_small_linear_traces_as_one_opaque_op() -> None:
+    """``torch.compile(fullgraph=True, dynamic=True)`` takes it as one custom op (its fake
+    gives the output's shape) and computes what eager does, at any token count."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(24, 32, generator=gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: small_linear(x, weight, None) * 2, fullgraph=True)
+    for rows in (3, 7, MAX_ROWS + 4):
+        x = torch.randn(rows, 32, generator=gen)
+        torch.testing.assert_close(compiled(x), 2 * F.linear(x, weight), rtol=1e-4, atol=1e-4)
+
+
+def test_a_gemv_runner_is_lossless(agreeing_pair: tuple[Path, Path]) -> None:
+    """Greedy output of an engine whose linear layers (target, draft, LM head, context
+    projection) run the kernel is target-only greedy, with k varying per step."""
+    prompts = [random_prompt(7000 + i, PROMPT_LEN) for i in range(4)]
+    expected = target_only_greedy(agreeing_pair[0], prompts, 10)
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 4, 64, linear="gemv")
+    assert runner.linear == "gemv" and runner.target.gemv and runner.draft.gemv
+    engine = Engine(runner, 4, 64)
+    requests = [greedy_request(str(i), p, 10, random_k(i)) for i, p in enumerate(prompts)]
+    for request in requests:
+        engine.add(request)
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in requests] == expected
+    assert max(a for r in requests for a in r.accept_lengths) > 1  # drafts were accepted
+
+
+def test_gemv_is_refused_off_cuda_outside_the_interpreter(
+    tiny_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engines.embedded import runner
+
+    monkeypatch.setattr(runner, "triton_interpreted", lambda: False)
+    with pytest.raises(ValueError, match="linear='gemv' runs on CUDA"):
+        load_runner(*tiny_pair, torch.device("cpu"), 2, 64, linear="gemv")
+    with pytest.raises(ValueError, match="linear='blas'"):
+        load_runner(*tiny_pair, torch.device("cpu"), 2, 64, linear="blas")  # type: ignore[arg-type]
