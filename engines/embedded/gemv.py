@@ -12,7 +12,9 @@ benchmarking at a first start and loses at batch 8 (tuned for the dynamic graphs
 loads) and multiplies them with every token at once (``tl.dot`` on a 16-row tile: the tokens
 are padded to 16, as tensor cores want; fp32 accumulation). Its block sizes are chosen per
 (N, K, rows) by Triton's autotuner at the first launch of each shape (a graph's warm-up, never
-a capture): a few milliseconds of timing per shape, not minutes.
+a capture): ~10 ms of timing per configuration and shape, kept in Triton's on-disk cache for a
+restart, and one compile per configuration (the row count, sizes and strides do not make new
+binaries), not minutes.
 
 ``linear`` is the engine's entry: the custom op ``draftctl::small_linear`` (opaque to
 ``torch.compile``, like the attention, so a compiled layer step keeps one graph whatever the
@@ -25,6 +27,7 @@ The decoder layers and the LM head call it when their ``gemv`` is set (``ModelRu
 
 from __future__ import annotations
 
+import inspect
 from functools import cache
 from typing import Any
 
@@ -55,7 +58,9 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # The row counts are plain arguments: one binary per block configuration serves every
+    # token count (and every matrix, whose sizes and strides are all multiples of 16).
+    @triton.jit(do_not_specialize=["rows", "rows_bucket"])
     def small_linear_kernel(
         x_ptr,
         w_ptr,
@@ -106,8 +111,23 @@ def _kernel() -> Any:
         triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
         for n, k, warps, stages in CONFIGS
     ]
-    tuned = triton.autotune(configs, key=["N", "K", "rows_bucket"])(small_linear_kernel)
+    # The quick timing and the on-disk cache where this Triton has them (3.x releases differ).
+    accepted = inspect.signature(triton.autotune).parameters
+    options = {"do_bench": _quick_bench, "cache_results": True}
+    tuned = triton.autotune(
+        configs,
+        key=["N", "K", "rows_bucket"],
+        **{name: value for name, value in options.items() if name in accepted},
+    )(small_linear_kernel)
     return tuned, None
+
+
+def _quick_bench(kernel_call: Any, quantiles: Any) -> Any:
+    """The autotuner's timing of one configuration: ~10 ms of calls (Triton's default is
+    ~125 ms, which over ~24 keys and 8 configurations would add half a minute to a start)."""
+    import triton.testing
+
+    return triton.testing.do_bench(kernel_call, warmup=1, rep=10, quantiles=quantiles)
 
 
 def rows_bucket(rows: int) -> int:
