@@ -124,6 +124,15 @@ def choose_attention(
     return "triton"
 
 
+def _check_triton_device(setting: str, kernel: str, instead: str, device: torch.device) -> None:
+    """A Triton kernel setting runs on CUDA, or on the CPU under Triton's interpreter."""
+    if device.type != "cuda" and not triton_interpreted():
+        raise ValueError(
+            f"{setting}={kernel!r} runs on CUDA, not {device.type} (tests run it on the CPU "
+            f"with TRITON_INTERPRET=1); use {setting}={instead!r}"
+        )
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -174,11 +183,8 @@ class ModelRunner:
         draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``)."""
         if linear not in LINEAR_KERNELS:
             raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_KERNELS)}")
-        if linear == "gemv" and device.type != "cuda" and not triton_interpreted():
-            raise ValueError(
-                f"linear='gemv' runs on CUDA, not {device.type} (tests run it on the CPU with "
-                "TRITON_INTERPRET=1); use linear='aten'"
-            )
+        if linear == "gemv":
+            _check_triton_device("linear", "gemv", "aten", device)
         self.linear = linear
         for model in (target, draft):
             model.gemv = linear == "gemv"
@@ -193,11 +199,8 @@ class ModelRunner:
             )
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention={attention!r}: use one of {', '.join(ATTENTION_CHOICES)}")
-        if attention == "triton" and device.type != "cuda" and not triton_interpreted():
-            raise ValueError(
-                f"attention='triton' runs on CUDA, not {device.type} (tests run it on the CPU "
-                "with TRITON_INTERPRET=1); use attention='sdpa'"
-            )
+        if attention == "triton":
+            _check_triton_device("attention", "triton", "sdpa", device)
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(
                 f"compile_scope={compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"

@@ -27,14 +27,14 @@ class Loop:
         return self.stalled_s
 
 
-def _backend(tmp_path: Path) -> EmbeddedEngineBackend:
+def _backend(tmp_path: Path, **settings: object) -> EmbeddedEngineBackend:
     config = EmbeddedConfig(
         name="e",
         kind="embedded",
         model="m",
         target=tmp_path,
         draft=tmp_path,
-        stall_timeout_s=30,
+        **{"stall_timeout_s": 30, **settings},  # type: ignore[arg-type]
     )
     spec = PolicySpec()
     return EmbeddedEngineBackend(config, FixedPolicySource(spec, build_policy(spec), None))
@@ -70,17 +70,7 @@ def test_start_passes_the_compile_settings_to_the_engine(
 
     monkeypatch.setattr(AsyncEngine, "load", load)
     for ahead in (True, False):
-        config = EmbeddedConfig(
-            name="e",
-            kind="embedded",
-            model="m",
-            target=tmp_path,
-            draft=tmp_path,
-            compile_attention_ahead=ahead,
-            attention="sdpa",
-        )
-        spec = PolicySpec()
-        backend = EmbeddedEngineBackend(config, FixedPolicySource(spec, build_policy(spec), None))
+        backend = _backend(tmp_path, compile_attention_ahead=ahead, attention="sdpa")
         with pytest.raises(RuntimeError, match="stop here"):
             asyncio.run(backend.start())
         assert seen["compile_attention_ahead"] is ahead
