@@ -110,7 +110,7 @@ def measure(n: int, k: int, rows: int, smoke: bool, calls: int, rounds: int) -> 
         gemv_over_f_linear=timed["gemv"] / timed["f_linear"],
         gemv_bytes_per_s=cell["weight_bytes"] / timed["gemv"],
         f_linear_bytes_per_s=cell["weight_bytes"] / timed["f_linear"],
-        config=chosen_config(_kernel()[0]),
+        config=chosen_config(_kernel()),
     )
     return cell
 

@@ -11,7 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from engines.embedded.engine import Engine
-from engines.embedded.gemv import MAX_ROWS, linear, rows_bucket, small_linear, takes
+from engines.embedded.gemv import (
+    CONFIGS,
+    MAX_ROWS,
+    _prune,
+    launch,
+    linear,
+    rows_bucket,
+    small_linear,
+    takes,
+)
 from engines.embedded.loader import load_runner
 from tests.engines.embedded.conftest import greedy_request, random_prompt
 from tests.engines.embedded.test_lossless import PROMPT_LEN, random_k, target_only_greedy
@@ -91,3 +100,32 @@ def test_gemv_is_refused_off_cuda_outside_the_interpreter(
         load_runner(*tiny_pair, torch.device("cpu"), 2, 64, linear="gemv")
     with pytest.raises(ValueError, match="linear='blas'"):
         load_runner(*tiny_pair, torch.device("cpu"), 2, 64, linear="blas")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("config", [(4, 32, 1, 1), (8, 64, 2, 2), (32, 16, 1, 1)])
+def test_each_block_configuration_computes_the_same(config: tuple[int, int, int, int]) -> None:
+    """One token through any configuration (narrow blocks take the one-row path), and several
+    through those of 16 or more features; a narrow block for several tokens is refused."""
+    gen = torch.Generator().manual_seed(sum(config))
+    weight = torch.randn(40, 72, generator=gen)
+    bias = torch.randn(40, generator=gen)
+    for rows in (1, 6):
+        x = torch.randn(rows, 72, generator=gen)
+        if rows > 1 and config[0] < 16:
+            with pytest.raises(ValueError, match="serves one token only"):
+                launch(x, weight, bias, config)
+            continue
+        torch.testing.assert_close(
+            launch(x, weight, bias, config), F.linear(x, weight, bias), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_narrow_blocks_are_tuned_for_one_token_steps_only() -> None:
+    class Config:
+        def __init__(self, block_n: int) -> None:
+            self.kwargs = {"BLOCK_N": block_n}
+
+    configs = [Config(n) for n, *_ in CONFIGS]
+    assert len(_prune(configs, {"rows_bucket": 1})) == len(CONFIGS)
+    kept = _prune(configs, {"rows_bucket": 8})
+    assert kept and all(c.kwargs["BLOCK_N"] >= 16 for c in kept)
