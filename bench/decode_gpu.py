@@ -35,7 +35,7 @@ runner's logits and engine tokens against the eager SDPA reference).
 
     python3 bench/decode_gpu.py --out-dir $OUT [--shapes qwen3-8b,qwen3-32b] [--no-compile]
         [--compile-scope forward|layer] [--compile-mode default|max-autotune|coordinate-descent]
-        [--attention sdpa,triton] [--linear aten,gemv]
+        [--attention sdpa,triton] [--linear aten,gemv] [--context insert,defer]
 
 Each shape starts from a fresh dynamo state (``torch._dynamo.reset()``), as a new engine
 process would: otherwise the second shape's compiles count against the first's recompile
@@ -74,7 +74,7 @@ from engines.embedded.events import (
     LinearKernel,
 )
 from engines.embedded.loader import build_models
-from engines.embedded.runner import GRAPH_BATCH_SIZES, ModelRunner
+from engines.embedded.runner import DEFERRED_POSITIONS, GRAPH_BATCH_SIZES, ModelRunner
 from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
 
 logger = logging.getLogger("bench.decode_gpu")
@@ -146,6 +146,11 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
         result[f"verify_{width}_ms"] = replay_ms(runner._graphs["verify", 1, width])
     result["verify_1_ratio"] = result["verify_1_ms"] / floors["target_and_context_ms"]
     result["draft_ms"] = replay_ms(runner._graphs["draft", 1, runner.block_size])
+    if runner.defer_context:  # the plain step's forward without the context insert
+        result["stash_1_ms"] = replay_ms(runner._graphs["stash", 1, 1])
+        result["stash_1_ratio_target"] = result["stash_1_ms"] / floors["target_ms"]
+        inserts = runner._graphs["insert_stash", 1, DEFERRED_POSITIONS]
+        result["insert_stash_ms"] = replay_ms(inserts)
     engine = Engine(runner, 1, PROMPT_LEN + NEW_TOKENS + 8)
     run_engine(engine, prompt[:64], 8, 0)  # warm-up
     for label, k in (("k0", 0), ("k15", runner.block_size - 1)):
@@ -157,6 +162,7 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
     result["engine_k0_ratio"] = (
         result["engine_k0"]["ms_per_step_wall"] / floors["target_and_context_ms"]
     )
+    result["engine_k0_ratio_target"] = result["engine_k0"]["ms_per_step_wall"] / floors["target_ms"]
     # The same k = 0 steps through the general step (the runner's plain-step path off):
     # what that path saves a step, and that it emits the same tokens.
     runner.plain_fast_path = False
@@ -190,16 +196,22 @@ def compare_logits(eager: ModelRunner, compiled: ModelRunner, width: int) -> dic
 def measure_batches(
     runner: ModelRunner, batches: list[int], weights: int, bandwidth: float
 ) -> dict[str, dict[str, float]]:
-    """The width-1 verify graph (the engine's plain decode step) at each batch size, rows at
-    position ``PROMPT_LEN``, against the batch's floor."""
+    """The width-1 verify graph (the engine's plain decode step; a ``defer_context`` runner's
+    stashing one) at each batch size, rows at position ``PROMPT_LEN``, against the batch's
+    floor (with the draft's context weights, which a deferring runner reads once per
+    ``DEFERRED_POSITIONS`` plain steps)."""
     shape = runner.target.shape
     kv = kv_bytes_per_row(shape, PROMPT_LEN)
     out: dict[str, dict[str, float]] = {}
     for batch in batches:
-        graph = runner._graphs["verify", batch, 1]
         ids = torch.zeros(batch, 1, dtype=torch.long, device=runner.device)
         positions = torch.full((batch, 1), PROMPT_LEN, dtype=torch.long, device=runner.device)
-        graph(ids, positions)  # the static inputs at this batch's positions
+        if runner.defer_context:  # its plain step: the forward and the stash write
+            graph = runner._graphs["stash", batch, 1]
+            graph(ids, positions, torch.zeros(batch, dtype=torch.long, device=runner.device))
+        else:
+            graph = runner._graphs["verify", batch, 1]
+            graph(ids, positions)  # the static inputs at this batch's positions
         step_ms = replay_ms(graph)
         floor_ms = batch_floor_ms(weights, kv, batch, bandwidth)
         out[str(batch)] = {"step_ms": step_ms, "floor_ms": floor_ms, "ratio": step_ms / floor_ms}
@@ -250,6 +262,7 @@ def measure_shape(
     attentions: tuple[Attention, ...] = ("sdpa",),
     compile_modes: tuple[CompileMode, ...] = ("default",),
     linears: tuple[LinearKernel, ...] = ("aten",),
+    contexts: tuple[str, ...] = ("insert",),
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -273,18 +286,20 @@ def measure_shape(
     # The reference (eager kernels, SDPA) first; every other runner on its own copy of the
     # models (same seed, same weights): regional compilation swaps the target's layer step and
     # the attention kernel is a model attribute.
-    modes: list[tuple[str, bool, Attention, CompileMode, LinearKernel]] = [
-        ("eager", False, "sdpa", "default", "aten")
+    modes: list[tuple[str, bool, Attention, CompileMode, LinearKernel, bool]] = [
+        ("eager", False, "sdpa", "default", "aten", False)
     ]
     for attention in attentions:
         for linear in linears:
-            if attention != "sdpa" or linear != "aten":
-                label = runner_label(False, attention, linear=linear)
-                modes.append((label, False, attention, "default", linear))
-            for compile_mode in compile_modes if compile_too else ():
-                label = runner_label(True, attention, compile_mode, linear)
-                modes.append((label, True, attention, compile_mode, linear))
-    for label, compiled, attention, compile_mode, linear in modes:
+            for context in contexts:
+                defer = context == "defer"
+                if attention != "sdpa" or linear != "aten" or defer:
+                    label = runner_label(False, attention, linear=linear, defer=defer)
+                    modes.append((label, False, attention, "default", linear, defer))
+                for compile_mode in compile_modes if compile_too else ():
+                    label = runner_label(True, attention, compile_mode, linear, defer)
+                    modes.append((label, True, attention, compile_mode, linear, defer))
+    for label, compiled, attention, compile_mode, linear, defer in modes:
         models = (target, draft)
         if label != "eager":
             torch.manual_seed(0)
@@ -303,6 +318,7 @@ def measure_shape(
                 attention=attention,
                 compile_mode=compile_mode,
                 linear=linear,
+                defer_context=defer,
             )
         except Exception as exc:  # a variant that fails leaves the others measured
             if label == "eager":
@@ -359,14 +375,16 @@ def runner_label(
     attention: Attention,
     mode: CompileMode = "default",
     linear: LinearKernel = "aten",
+    defer: bool = False,
 ) -> str:
     """eager, compiled (SDPA), eager_triton, compiled_triton; a compile mode other than the
     default is appended (compiled_triton_max_autotune, compiled_coordinate_descent), then the
-    gemv linear kernel (compiled_triton_gemv)."""
+    gemv linear kernel (compiled_triton_gemv) and the deferred context (..._defer)."""
     kernels = "compiled" if compiled else "eager"
     label = kernels if attention == "sdpa" else f"{kernels}_{attention}"
     label = label if mode == "default" else f"{label}_{mode.replace('-', '_')}"
-    return label if linear == "aten" else f"{label}_{linear}"
+    label = label if linear == "aten" else f"{label}_{linear}"
+    return f"{label}_defer" if defer else label
 
 
 def main() -> int:
@@ -404,6 +422,12 @@ def main() -> int:
         + " (gemv: engines/embedded/gemv.py, steps of up to 16 tokens)",
     )
     parser.add_argument(
+        "--context",
+        default="insert",
+        help="comma-separated: insert (the draft's context written every step) and/or defer "
+        "(k = 0 steps stash it: ModelRunner(defer_context=True)), runners for each",
+    )
+    parser.add_argument(
         "--resummarise",
         type=Path,
         metavar="JSON",
@@ -427,6 +451,9 @@ def main() -> int:
     linears = tuple(args.linear.split(","))
     if unknown := [m for m in linears if m not in LINEAR_KERNELS]:
         parser.error(f"--linear: unknown {unknown}; use {', '.join(LINEAR_KERNELS)}")
+    contexts = tuple(args.context.split(","))
+    if unknown := [c for c in contexts if c not in ("insert", "defer")]:
+        parser.error(f"--context: unknown {unknown}; use insert, defer")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (CUDA graphs)")
@@ -452,6 +479,7 @@ def main() -> int:
                 attentions,  # type: ignore[arg-type]
                 compile_modes,  # type: ignore[arg-type]
                 linears,  # type: ignore[arg-type]
+                contexts,
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)

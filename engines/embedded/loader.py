@@ -90,6 +90,7 @@ def load_runner(
     compile_attention_ahead: bool | None = None,
     graph_warmups: int = 1,
     linear: LinearKernel = "aten",
+    defer_context: bool = False,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
@@ -100,7 +101,8 @@ def load_runner(
     ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
     in worker processes before the captures); ``graph_warmups``: ``ModelRunner``'s (runs of each
     graph's forward before its capture); ``linear``: ``ModelRunner``'s (the linear layers'
-    kernel, ``aten`` or ``gemv``)."""
+    kernel, ``aten`` or ``gemv``); ``defer_context``: ``ModelRunner``'s (k = 0 steps stash the
+    draft's context, inserted before the row drafts)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -144,4 +146,5 @@ def load_runner(
         compile_attention_ahead=compile_attention_ahead,
         graph_warmups=graph_warmups,
         linear=linear,
+        defer_context=defer_context,
     )

@@ -21,6 +21,10 @@ class Request:
     slot: int = -1
     finish_reason: FinishReason | None = None
     num_controller_failures: int = 0  # steps whose controller raised (each drafted k = 0)
+    # Positions just below ``position`` whose draft context is held in the runner's stash,
+    # not yet in the draft's cache (``ModelRunner.defer_context``: k = 0 steps); inserted
+    # before this request next drafts.
+    pending_context: int = 0
 
     @property
     def position(self) -> int:

@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 KEY_BUCKET = 64  # eager attention reads keys up to the batch's longest row, rounded up
 PREFILL_BUCKET = 64  # captured prefill lengths: multiples of this, and max_seq_len
+# defer_context: plain steps a row's stash holds before they are inserted in one forward.
+DEFERRED_POSITIONS = 16
 CONFIDENCE_SCALE = 1_000_000  # draft confidence crosses to the host as integers of this scale
 
 
@@ -153,6 +155,7 @@ class ModelRunner:
         compile_attention_ahead: bool | None = None,
         graph_warmups: int = 1,
         linear: LinearKernel = "aten",
+        defer_context: bool = False,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -180,7 +183,12 @@ class ModelRunner:
         (session 27, ``bench/results/first_start_h200_2026-12-04s27*.json``). ``linear``:
         the linear layers' kernel, ``aten`` (``F.linear``) or ``gemv`` (``gemv.small_linear``
         for steps of up to 16 tokens: the target's and the draft's layers, the LM head, the
-        draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``)."""
+        draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``).
+        ``defer_context``: a step where every row verifies k = 0 keeps the target's features
+        of its token in a stash instead of inserting them into the draft's context (the
+        draft's projections then run once per ``DEFERRED_POSITIONS`` plain steps, for all of
+        them, or not at all if the row never drafts again); a row's stash is inserted before
+        it drafts (``_insert_deferred``), so its drafts see the same context."""
         if linear not in LINEAR_KERNELS:
             raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_KERNELS)}")
         if linear == "gemv":
@@ -228,6 +236,14 @@ class ModelRunner:
         # Steps with every row at k = 0 skip the draft path's set-up (``_plain_step``); off,
         # they take the general path (benchmarks and tests compare the two).
         self.plain_fast_path = True
+        self.defer_context = defer_context
+        self._stash: torch.Tensor | None = None  # [max batch, DEFERRED_POSITIONS, features]
+        if defer_context:
+            features = draft.fc.weight.shape[1]
+            self._stash = torch.zeros(
+                max_batch_size, DEFERRED_POSITIONS, features, device=device, dtype=dtype
+            )
+        self._stashing_verify: Callable[..., torch.Tensor] = self._stashing_verify_forward
         self._verify: Callable[..., torch.Tensor] = self._verify_forward
         self._draft: Callable[..., torch.Tensor] = self._draft_forward
         self._ragged_verify: Callable[..., torch.Tensor] = self._ragged_verify_forward
@@ -237,6 +253,10 @@ class ModelRunner:
         elif compile_forwards:
             how = inductor_arguments(compile_mode)
             self._verify = torch.compile(self._verify_forward, fullgraph=True, **how)
+            if defer_context:
+                self._stashing_verify = torch.compile(
+                    self._stashing_verify_forward, fullgraph=True, **how
+                )
             self._draft = torch.compile(self._draft_forward, fullgraph=True, **how)
             self._ragged_verify = torch.compile(self._ragged_verify_forward, fullgraph=True, **how)
         self.compile_mode = compile_mode
@@ -361,6 +381,24 @@ class ModelRunner:
         self.draft.insert_context(features, positions, self.draft_cache, packing=packing)
         return unpack(self.target.logits(hidden), packing)
 
+    def _stashing_verify_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor
+    ) -> torch.Tensor:
+        """A k = 0 verify that stashes the draft's context instead of inserting it: ids,
+        positions [B, 1]; row b's features go to stash column ``columns[b]``."""
+        hidden, features = self.target(ids, positions, self.target_cache)
+        assert self._stash is not None, "defer_context off"
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        self._stash[rows, columns] = features[:, 0]
+        return self.target.logits(hidden)
+
+    def _insert_stash_forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """Every row's stash into the draft's context at ``positions`` [B, DEFERRED_POSITIONS]
+        (a column not pending writes at a scratch position). Returns ``positions``."""
+        assert self._stash is not None, "defer_context off"
+        self.draft.insert_context(self._stash[: positions.shape[0]], positions, self.draft_cache)
+        return positions
+
     def _draft_forward(
         self,
         block_ids: torch.Tensor,
@@ -414,6 +452,17 @@ class ModelRunner:
                 pos = torch.arange(width, device=self.device).repeat(batch, 1)
                 with self._first("first_verify"):
                     self._graphs["verify", batch, width] = call(self._verify, (ids, pos), pool)
+            if self.defer_context:
+                ids = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+                pos = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+                columns = torch.zeros(batch, dtype=torch.long, device=self.device)
+                self._graphs["stash", batch, 1] = call(
+                    self._stashing_verify, (ids, pos, columns), pool
+                )
+                pos = torch.arange(DEFERRED_POSITIONS, device=self.device).repeat(batch, 1)
+                self._graphs["insert_stash", batch, DEFERRED_POSITIONS] = call(
+                    self._insert_stash_forward, (pos,), pool
+                )
             ids = torch.zeros(batch, self.block_size, dtype=torch.long, device=self.device)
             pos = torch.arange(self.block_size, device=self.device).repeat(batch, 1)
             for width in reversed(self.draft_widths):
@@ -513,6 +562,7 @@ class ModelRunner:
         return {
             "attention": self.attention,
             "linear": self.linear,
+            "defer_context": self.defer_context,
             "verify_mode": self.verify_mode,
             "cuda_graphs": self.use_cuda_graphs,
             "compiled": (
@@ -659,6 +709,8 @@ class ModelRunner:
         return self._prefill_rows(requests, uniforms)
 
     def _prefill_rows(self, requests: list[Request], uniforms: torch.Tensor) -> list[int]:
+        for request in requests:  # a prefill inserts its whole context
+            request.pending_context = 0
         if len(requests) == 1 and self._prefill_graphs:
             return [self._prefill_replay(requests[0], uniforms)]
         first = requests[0].slot
@@ -709,6 +761,8 @@ class ModelRunner:
         if moved is not None:
             self.target_cache.move(*moved, length)
             self.draft_cache.move(*moved, length)
+            if self._stash is not None:  # the moved request's stash goes with it
+                self._stash[moved[1]] = self._stash[moved[0]]
 
     # -- one speculative step ----------------------------------------------------------------
 
@@ -769,14 +823,27 @@ class ModelRunner:
         is_greedy = all(r.params.temperature <= 0 for r in rows)
         # One host->device copy of the step's small inputs (cannot be avoided: they are new).
         host = torch.tensor(
-            [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
+            [
+                [r.last_token, r.position, k, r.pending_context]
+                for r, k in zip(rows, spec_tokens, strict=True)
+            ]
         )
-        last, start, num_draft = host.to(self.device).unbind(1)
+        last, start, num_draft, pending = host.to(self.device).unbind(1)
         if widest == 0 and self.synthetic is None and self.plain_fast_path:
             plain = self._plain_step(
-                rows, spec_tokens, last, start, uniforms, is_greedy, eager, overlap, started
+                rows,
+                spec_tokens,
+                last,
+                start,
+                pending,
+                uniforms,
+                is_greedy,
+                eager,
+                overlap,
+                started,
             )
             return plain if measured else replace(plain, draft_confidence=None)
+        self._insert_deferred(rows, eager)  # the draft below reads every row's context
         u = uniforms.to(self.device)
         params = None if is_greedy else self._params_tensors(rows)
         draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
@@ -899,6 +966,7 @@ class ModelRunner:
         spec_tokens: list[int],
         last: torch.Tensor,
         start: torch.Tensor,
+        pending: torch.Tensor,
         uniforms: torch.Tensor,
         is_greedy: bool,
         eager: bool,
@@ -912,8 +980,19 @@ class ModelRunner:
         target's distribution) — with the draft context updated by the verify forward as on
         every step. Skips what the general step builds for drafts (the block, the draft's
         uniforms, the acceptance kernels): the host work between two plain steps is the
-        device's idle time at batch 1."""
-        logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)[:, :1]
+        device's idle time at batch 1.
+
+        With ``defer_context`` (not ``eager``: the culprit search's probes insert as usual,
+        at scratch positions) each row's features go to its stash column ``pending`` instead
+        of the draft's context; a row whose stash is full has it inserted first."""
+        defer = self.defer_context and not eager
+        if defer and any(r.pending_context >= DEFERRED_POSITIONS for r in rows):
+            self._insert_deferred(rows, eager)
+            pending = torch.zeros_like(pending)
+        if defer:
+            logits = self._run_stashing_verify(last[:, None], start[:, None], pending)
+        else:
+            logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)[:, :1]
         if is_greedy:
             bonus = logits.argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
         else:
@@ -922,7 +1001,44 @@ class ModelRunner:
         if overlap is not None:
             overlap()
         host_bonus = bonus.cpu()  # the sync
+        if defer:
+            for row in rows:
+                row.pending_context += 1
         return self._unpack(host_bonus, spec_tokens, 0, self._clock() - started)
+
+    def _run_stashing_verify(
+        self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor
+    ) -> torch.Tensor:
+        """``_stashing_verify_forward``: a graph replay, or eagerly without graphs. Logits
+        [B, 1, vocab]."""
+        rows = ids.shape[0]
+        if self.use_cuda_graphs:
+            graph = self._graphs["stash", padded_size(rows, self.batch_sizes), 1]
+            return graph(ids, positions, columns)[:rows]
+        with self._eager_attention():
+            return self._stashing_verify(ids, positions, columns)
+
+    def _insert_deferred(self, rows: list[Request], eager: bool) -> None:
+        """Insert every row's stashed context (``defer_context``) into the draft's cache at
+        its positions, one forward for the batch; a column a row has not filled writes at the
+        row's position, scratch until it advances. Afterwards no row has any pending."""
+        if self._stash is None or not any(r.pending_context for r in rows):
+            return
+        host = torch.empty(len(rows), DEFERRED_POSITIONS, dtype=torch.long)
+        for index, row in enumerate(rows):
+            host[index] = row.position
+            if row.pending_context:
+                host[index, : row.pending_context] = torch.arange(
+                    row.position - row.pending_context, row.position
+                )
+        positions = host.to(self.device)
+        if self.use_cuda_graphs and not eager:
+            batch = padded_size(len(rows), self.batch_sizes)
+            self._graphs["insert_stash", batch, DEFERRED_POSITIONS](positions)
+        else:
+            self._insert_stash_forward(positions)
+        for row in rows:
+            row.pending_context = 0
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device without waiting for the stream (through pinned memory:

@@ -45,3 +45,8 @@ def test_decode_gpu_labels_the_gemv_runners() -> None:
     assert runner_label(True, "triton", "default", "gemv") == "compiled_triton_gemv"
     assert runner_label(False, "sdpa", linear="gemv") == "eager_gemv"
     assert runner_label(True, "triton", "max-autotune") == "compiled_triton_max_autotune"
+
+
+def test_decode_gpu_labels_the_deferring_runners() -> None:
+    assert runner_label(True, "triton", "default", "gemv", True) == "compiled_triton_gemv_defer"
+    assert runner_label(False, "sdpa", defer=True) == "eager_defer"
