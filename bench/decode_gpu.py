@@ -263,6 +263,7 @@ def measure_shape(
     compile_modes: tuple[CompileMode, ...] = ("default",),
     linears: tuple[LinearKernel, ...] = ("aten",),
     contexts: tuple[str, ...] = ("insert",),
+    eager_variants: bool = True,
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     counters.clear()
@@ -293,7 +294,8 @@ def measure_shape(
         for linear in linears:
             for context in contexts:
                 defer = context == "defer"
-                if attention != "sdpa" or linear != "aten" or defer:
+                variant = attention != "sdpa" or linear != "aten" or defer
+                if variant and eager_variants:
                     label = runner_label(False, attention, linear=linear, defer=defer)
                     modes.append((label, False, attention, "default", linear, defer))
                 for compile_mode in compile_modes if compile_too else ():
@@ -428,6 +430,12 @@ def main() -> int:
         "(k = 0 steps stash it: ModelRunner(defer_context=True)), runners for each",
     )
     parser.add_argument(
+        "--compiled-only",
+        action="store_true",
+        help="besides the eager SDPA reference, only compiled runners (each runner holds its "
+        "own copy of the weights: nine 8B runners do not fit one GPU)",
+    )
+    parser.add_argument(
         "--resummarise",
         type=Path,
         metavar="JSON",
@@ -480,6 +488,7 @@ def main() -> int:
                 compile_modes,  # type: ignore[arg-type]
                 linears,  # type: ignore[arg-type]
                 contexts,
+                not args.compiled_only,
             )
         except Exception as exc:  # keep the shapes already measured
             logger.exception("shape %s failed", name)
