@@ -10,7 +10,8 @@ Matrices per target shape: the fused q/k/v projection, the attention output, the
 gate/up, the down projection, the LM head, and the DFlash draft's context projection (fc). On
 CUDA each (matrix, rows) is timed as CUDA-graph replays of ``--calls`` back-to-back calls
 (the engine replays graphs; a Python launch would dominate a 10 us kernel), best of
-``--rounds`` rounds, the two kernels alternating; random bf16 weights and inputs. The
+``--rounds`` rounds, one kernel after the other; random bf16 weights and inputs.
+``--every-config`` also times each of ``gemv.CONFIGS`` on its own (``configs_us``). The
 bandwidth is the weight bytes over the time; the copy bandwidth beside it is
 ``engine_gpu.hbm_bandwidth_bytes_per_s`` (bytes read + written per second, as decode_gpu.py's
 floor). ``--smoke``: a tiny shape on the CPU under Triton's interpreter, one untimed call each
@@ -75,7 +76,9 @@ def chosen_config(kernel: Any) -> dict[str, Any]:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def measure(n: int, k: int, rows: int, smoke: bool, calls: int, rounds: int) -> dict[str, Any]:
+def measure(
+    n: int, k: int, rows: int, smoke: bool, calls: int, rounds: int, every_config: bool = False
+) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -104,6 +107,15 @@ def measure(n: int, k: int, rows: int, smoke: bool, calls: int, rounds: int) -> 
         ("f_linear", lambda: F.linear(x, weight)),
     ):
         timed[kernel_name] = graph_call_s(fn, calls, rounds)
+    if every_config:  # each configuration on its own (what the autotuner chose from)
+        from engines.embedded.gemv import CONFIGS, launch
+
+        cell["configs_us"] = {
+            "x".join(map(str, config)): 1e6
+            * graph_call_s(lambda config=config: launch(x, weight, None, config), calls, rounds)
+            for config in CONFIGS
+            if rows == 1 or config[0] >= 16
+        }
     cell.update(
         gemv_us=1e6 * timed["gemv"],
         f_linear_us=1e6 * timed["f_linear"],
@@ -124,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed replays (best)")
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny shape on the CPU (interpreter), untimed"
+    )
+    parser.add_argument(
+        "--every-config",
+        action="store_true",
+        help="also time every block configuration on its own (configs_us), to trim CONFIGS",
     )
     args = parser.parse_args(argv)
     if args.smoke:
@@ -160,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         cells: dict[str, Any] = {}
         for matrix, (n, k) in matrices(shape, draft_inputs).items():
             for r in rows:
-                cell = measure(n, k, r, args.smoke, args.calls, args.rounds)
+                cell = measure(n, k, r, args.smoke, args.calls, args.rounds, args.every_config)
                 cells[f"{matrix}/rows{r}"] = cell
                 print(name, matrix, r, json.dumps(cell), flush=True)
         report["shapes"][name] = cells
