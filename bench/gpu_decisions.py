@@ -42,7 +42,13 @@ from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, Built, Context, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
-from engines.embedded.events import ATTENTIONS, COMPILE_MODES, COMPILE_SCOPES, VERIFY_MODES
+from engines.embedded.events import (
+    ATTENTIONS,
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    LINEAR_KERNELS,
+    VERIFY_MODES,
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -123,6 +129,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the target's attention kernel in steps (triton: the split-KV kernel reading only "
         "the keys each row uses); the arm info records triton",
     )
+    parser.add_argument(
+        "--linear",
+        choices=LINEAR_KERNELS,
+        default="aten",
+        help="the linear layers' kernel (gemv: engines/embedded/gemv.py, steps of up to 16 "
+        "tokens; CUDA); the arm info records gemv",
+    )
+    parser.add_argument(
+        "--defer-context",
+        action="store_true",
+        help="k = 0 steps stash the draft's context (ModelRunner(defer_context=True)); the arm "
+        "info records it",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",
@@ -166,6 +185,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--compile-mode needs --compile-scope forward or layer")
     if args.attention == "triton" and args.device != "cuda":
         parser.error("--attention triton needs --device cuda")
+    if args.linear == "gemv" and args.device != "cuda":
+        parser.error("--linear gemv needs --device cuda")
     for name in args.policies.split(","):
         name, hashed, instance = name.strip().partition("#")
         if hashed and not instance.isdigit():

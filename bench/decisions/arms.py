@@ -148,9 +148,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
     info = {
         "shape": args.arm,
         "verify_mode": args.verify_mode,
-        **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
-        **({"attention": args.attention} if args.attention != "sdpa" else {}),
-        **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
+        **_kernel_info(args),
         "block_size": spec.block_size,
         "synthetic": synthetic.describe(),
         "cost_table": str(table.source),
@@ -201,9 +199,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
         "target": str(args.target),
         "draft": str(args.draft),
         "verify_mode": args.verify_mode,
-        **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
-        **({"attention": args.attention} if args.attention != "sdpa" else {}),
-        **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
+        **_kernel_info(args),
         "block_size": runner.block_size,
         "cost_table": str(table.source),
         **_table_ms(table, args),
@@ -219,13 +215,30 @@ def _real_pair(args: argparse.Namespace) -> Arm:
 def _compile(args: argparse.Namespace) -> dict[str, Any]:
     """The runner's kernel arguments: torch.compile for ``--compile-scope`` (off: eager
     kernels) and the attention kernel (``--attention``)."""
+    kernels = {
+        "attention": args.attention,
+        "linear": args.linear,
+        "defer_context": args.defer_context,
+    }
     if args.compile_scope == "off":
-        return {"attention": args.attention}
+        return kernels
     return {
         "compile_forwards": True,
         "compile_scope": args.compile_scope,
         "compile_mode": args.compile_mode,
-        "attention": args.attention,
+        **kernels,
+    }
+
+
+def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
+    """What the arm info records of the runner's kernels beyond the defaults (calls of
+    different kernels do not pool)."""
+    return {
+        **({"compile_scope": args.compile_scope} if args.compile_scope != "off" else {}),
+        **({"attention": args.attention} if args.attention != "sdpa" else {}),
+        **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
+        **({"linear": args.linear} if args.linear != "aten" else {}),
+        **({"defer_context": True} if args.defer_context else {}),
     }
 
 

@@ -405,7 +405,7 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
     CUDA only)."""
     import argparse
 
-    from bench.decisions.arms import _compile
+    from bench.decisions.arms import _compile, _kernel_info
 
     with pytest.raises(SystemExit):
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-scope", "layer"])
@@ -413,15 +413,29 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--attention", "triton"])
     with pytest.raises(SystemExit):
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--compile-mode", "max-autotune"])
-    layer = argparse.Namespace(compile_scope="layer", attention="sdpa", compile_mode="default")
+    with pytest.raises(SystemExit):
+        main(["--arm", "synthetic-tiny", "--device", "cpu", "--linear", "gemv"])
+    kernels = {"linear": "aten", "defer_context": False}
+    layer = argparse.Namespace(
+        compile_scope="layer", attention="sdpa", compile_mode="default", **kernels
+    )
     assert _compile(layer) == {
         "compile_forwards": True,
         "compile_scope": "layer",
         "compile_mode": "default",
         "attention": "sdpa",
+        **kernels,
     }
-    off = argparse.Namespace(compile_scope="off", attention="triton", compile_mode="default")
-    assert _compile(off) == {"attention": "triton"}
+    off = argparse.Namespace(
+        compile_scope="off",
+        attention="triton",
+        compile_mode="default",
+        linear="gemv",
+        defer_context=True,
+    )
+    assert _compile(off) == {"attention": "triton", "linear": "gemv", "defer_context": True}
+    assert _kernel_info(off) == {"attention": "triton", "linear": "gemv", "defer_context": True}
+    assert _kernel_info(layer) == {"compile_scope": "layer"}
 
 
 def test_a_padded_variant_needs_a_ragged_arm(tmp_path: Path) -> None:
