@@ -62,3 +62,9 @@ PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py > "$out/fleet-mixed-shi
 # Ragged servers beside the padded fleets (~8 min): docs/fleet.md "Against ragged servers".
 .venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-ragged.yaml --no-progress \
   --out "$out/fleet-mixed-shift-ragged.json" > "$out/fleet-mixed-shift-ragged.txt"
+# Session 27: the ragged task pools with the spill margin chosen on other traffic (spill 1,
+# added to the scenario above), over seeds 1-5 (~30 min): docs/fleet.md "Against ragged servers".
+PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py \
+  --scenario scenarios/fleet-mixed-shift-ragged.yaml \
+  --keep uniform-no-spec,uniform-static-k5,uniform-static-k7,uniform-schedule,draftctl-routed-ragged-spill1 \
+  > "$out/fleet-mixed-shift-ragged-seeds.json"
