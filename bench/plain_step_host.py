@@ -2,6 +2,7 @@
 step, with the forward taken out (CPU).
 
     .venv/bin/python bench/plain_step_host.py --out bench/results/plain_step_host_cpu.json
+        [--batch 64]
 
 At batch 1 on a GPU the host work between two plain steps is device idle time (the engine
 step at k = 0 was 1.44x the weight-read floor on the H200 where the forward alone was 1.28x;
@@ -42,37 +43,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per variant (default 6)")
     parser.add_argument("--tokens", type=int, default=500, help="plain steps per round")
     parser.add_argument("--seed", default="0", help="seed of the rounds' order")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="requests decoding together (default 1)"
+    )
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.tokens < 2:
-        parser.error("--rounds must be >= 1 and --tokens >= 2")
+    if args.rounds < 1 or args.tokens < 2 or args.batch < 1:
+        parser.error("--rounds and --batch must be >= 1 and --tokens >= 2")
     return args
 
 
-def build_engine(folder: Path, max_seq_len: int) -> Engine:
+def build_engine(folder: Path, max_seq_len: int, batch: int = 1) -> Engine:
     target, draft = write_tiny_pair(folder, block_size=8, seed=0)
     runner = load_runner(
-        target, draft, torch.device("cpu"), 1, max_seq_len, use_cuda_graphs=True, attention="sdpa"
+        target,
+        draft,
+        torch.device("cpu"),
+        batch,
+        max_seq_len,
+        use_cuda_graphs=True,
+        attention="sdpa",
     )
-    plain = runner._graphs["verify", 1, 1]
-    zeros = torch.zeros(1, 1, dtype=torch.long)
-    fixed = plain(zeros, zeros).clone()
+    for size in runner.batch_sizes:  # every width-1 verify the batch can replay
+        plain = runner._graphs["verify", size, 1]
+        zeros = torch.zeros(size, 1, dtype=torch.long)
+        fixed = plain(zeros, zeros).clone()
 
-    class FixedCall:  # the forward taken out: what is left is host work
-        def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-            return fixed
+        class FixedCall:  # the forward taken out: what is left is host work
+            def __init__(self, out: torch.Tensor) -> None:
+                self.out = out
 
-    runner._graphs["verify", 1, 1] = FixedCall()  # type: ignore[assignment]
-    return Engine(runner, 1, max_seq_len)
+            def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+                return self.out
+
+        runner._graphs["verify", size, 1] = FixedCall(fixed)  # type: ignore[assignment]
+    return Engine(runner, batch, max_seq_len)
 
 
-def one_round(engine: Engine, fast: bool, tokens: int) -> float:
-    """Microseconds per plain step of one request decoding ``tokens`` tokens."""
+def one_round(engine: Engine, fast: bool, tokens: int, batch: int = 1) -> float:
+    """Microseconds per plain step of ``batch`` requests decoding ``tokens`` tokens each."""
     engine.runner.plain_fast_path = fast
-    request = Request(
-        "plain", list(range(5, 40)), SamplingParams(max_new_tokens=tokens), lambda view: 0, {}
-    )
-    engine.add(request)
-    engine.step()  # prefill and the first token
+    for row in range(batch):
+        engine.add(
+            Request(
+                f"plain{row}",
+                list(range(5, 40)),
+                SamplingParams(max_new_tokens=tokens),
+                lambda view: 0,
+                {},
+            )
+        )
+    engine.step()  # the prefills and the first tokens
     steps = 0
     started = time.perf_counter()
     while engine.has_work:
@@ -88,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(args.seed).shuffle(order)
     runs: dict[str, list[float]] = {"fast": [], "general": []}
     with tempfile.TemporaryDirectory() as folder:
-        engine = build_engine(Path(folder), 64 + args.tokens)
-        one_round(engine, True, 8)  # warm-up
+        engine = build_engine(Path(folder), 64 + args.tokens, args.batch)
+        one_round(engine, True, 8, args.batch)  # warm-up
         for fast in order:
-            runs["fast" if fast else "general"].append(one_round(engine, fast, args.tokens))
+            steps = one_round(engine, fast, args.tokens, args.batch)
+            runs["fast" if fast else "general"].append(steps)
     summary: dict[str, Any] = {
         name: {
             "median_us": round(statistics.median(values), 1),
@@ -112,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": "cpu",
         "torch": torch.__version__,
         "python": sys.version.split()[0],
+        "batch": args.batch,
         "order": ["fast" if f else "general" for f in order],
         "summary": summary,
     }
