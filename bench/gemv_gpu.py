@@ -1,6 +1,9 @@
 """The few-token linear kernel (engines/embedded/gemv.py) against F.linear (cuBLAS), per weight
-matrix of a decode step: time, the weight-read bandwidth it reaches, the block sizes Triton's
-autotuner chose, and the largest difference from F.linear.
+matrix of a decode step: time, the weight-read bandwidth it reaches, the block sizes it runs
+(``config``), and the largest difference from F.linear; for the matrices whose layer fuses a
+part into the kernel (``PARTS``: the RMSNorm before q/k/v and gate/up, the residual add after
+the attention output, the SiLU gate and the add around the down projection), the fused call
+(``fused_us``) against the kernel with the part in PyTorch ops (``unfused_us``).
 
     python3 bench/gemv_gpu.py --out $OUT/gemv_gpu.json [--shapes qwen3-8b,qwen3-32b]
         [--rows 1,2,8,16]                                    # H200
@@ -11,7 +14,7 @@ gate/up, the down projection, the LM head, and the DFlash draft's context projec
 CUDA each (matrix, rows) is timed as CUDA-graph replays of ``--calls`` back-to-back calls
 (the engine replays graphs; a Python launch would dominate a 10 us kernel), best of
 ``--rounds`` rounds, one kernel after the other; random bf16 weights and inputs.
-``--every-config`` also times each of ``gemv.CONFIGS`` on its own (``configs_us``). The
+``--every-config`` also times each of ``gemv.CANDIDATES`` on its own (``configs_us``). The
 bandwidth is the weight bytes over the time; the copy bandwidth beside it is
 ``engine_gpu.hbm_bandwidth_bytes_per_s`` (bytes read + written per second, as decode_gpu.py's
 floor). ``--smoke``: a tiny shape on the CPU under Triton's interpreter, one untimed call each
@@ -68,21 +71,40 @@ def graph_call_s(fn: Any, calls: int, rounds: int) -> float:
     return best
 
 
-def chosen_config(kernel: Any) -> dict[str, Any]:
-    """The autotuner's last choice (block sizes, warps, stages), where it has one."""
-    config = getattr(kernel, "best_config", None)
-    if config is None:
-        return {}
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+# The parts a decoder layer fuses into each matrix's kernel (ModelRunner(linear="fused")).
+PARTS = {"qkv": "norm", "o_proj": "residual", "gate_up": "norm", "down": "act"}
+
+
+def part_args(part: str, rows: int, n: int, k: int, gen: Any, device: Any, dtype: Any) -> Any:
+    """The input and ``gemv.linear`` keyword arguments of one fused part: an RMSNorm before
+    the product (norm), the residual add after it (residual), or the SiLU gate before and the
+    residual after (act: x is [gate | up], 2k wide)."""
+    import torch
+
+    x = torch.randn(rows, 2 * k if part == "act" else k, generator=gen, device=device).to(dtype)
+    kwargs: dict[str, Any] = {}
+    if part == "norm":
+        kwargs.update(norm_weight=torch.ones(k, device=device, dtype=dtype), eps=1e-6)
+    else:
+        kwargs.update(residual=torch.randn(rows, n, generator=gen, device=device).to(dtype))
+        kwargs.update(act=part == "act")
+    return x, kwargs
 
 
 def measure(
-    n: int, k: int, rows: int, smoke: bool, calls: int, rounds: int, every_config: bool = False
+    n: int,
+    k: int,
+    rows: int,
+    smoke: bool,
+    calls: int,
+    rounds: int,
+    every_config: bool = False,
+    part: str | None = None,
 ) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from engines.embedded.gemv import _kernel, small_linear
+    from engines.embedded.gemv import ONE_ROW_CONFIG, TILE_CONFIG, linear, small_linear
 
     device = torch.device("cpu" if smoke else "cuda")
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -99,30 +121,40 @@ def measure(
         "max_abs_diff": float((ours.float() - reference.float()).abs().max()),
         "reference_abs_max": float(reference.float().abs().max()),
     }
+    functions = {
+        "gemv": lambda: small_linear(x, weight, None),
+        "f_linear": lambda: F.linear(x, weight),
+    }
+    if part is not None:  # the layer's parts inside the kernel, and around it in PyTorch ops
+        px, kwargs = part_args(part, rows, n, k, gen, device, dtype)
+        fused = linear(px, weight, None, True, True, **kwargs)
+        cell["part"] = part
+        cell["fused_max_abs_diff"] = float(
+            (fused.float() - linear(px, weight, None, **kwargs).float()).abs().max()
+        )
+        functions["fused"] = lambda: linear(px, weight, None, True, True, **kwargs)
+        functions["unfused"] = lambda: linear(px, weight, None, True, False, **kwargs)
     if smoke:
         return cell
-    timed: dict[str, float] = {}
-    for kernel_name, fn in (
-        ("gemv", lambda: small_linear(x, weight, None)),
-        ("f_linear", lambda: F.linear(x, weight)),
-    ):
-        timed[kernel_name] = graph_call_s(fn, calls, rounds)
-    if every_config:  # each configuration on its own (what the autotuner chose from)
-        from engines.embedded.gemv import CONFIGS, launch
+    timed = {name: graph_call_s(fn, calls, rounds) for name, fn in functions.items()}
+    if every_config:  # each configuration on its own (what ONE_ROW_CONFIG, TILE_CONFIG are)
+        from engines.embedded.gemv import CANDIDATES, launch
 
         cell["configs_us"] = {
             "x".join(map(str, config)): 1e6
             * graph_call_s(lambda config=config: launch(x, weight, None, config), calls, rounds)
-            for config in CONFIGS
+            for config in CANDIDATES
             if rows == 1 or config[0] >= 16
         }
+    if part is not None:
+        cell.update(fused_us=1e6 * timed["fused"], unfused_us=1e6 * timed["unfused"])
     cell.update(
         gemv_us=1e6 * timed["gemv"],
         f_linear_us=1e6 * timed["f_linear"],
         gemv_over_f_linear=timed["gemv"] / timed["f_linear"],
         gemv_bytes_per_s=cell["weight_bytes"] / timed["gemv"],
         f_linear_bytes_per_s=cell["weight_bytes"] / timed["f_linear"],
-        config=chosen_config(_kernel()),
+        config="x".join(map(str, ONE_ROW_CONFIG if rows == 1 else TILE_CONFIG)),
     )
     return cell
 
@@ -140,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--every-config",
         action="store_true",
-        help="also time every block configuration on its own (configs_us), to trim CONFIGS",
+        help="also time every block configuration on its own (configs_us; gemv.CANDIDATES)",
     )
     args = parser.parse_args(argv)
     if args.smoke:
@@ -177,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         cells: dict[str, Any] = {}
         for matrix, (n, k) in matrices(shape, draft_inputs).items():
             for r in rows:
-                cell = measure(n, k, r, args.smoke, args.calls, args.rounds, args.every_config)
+                cell = measure(
+                    n,
+                    k,
+                    r,
+                    args.smoke,
+                    args.calls,
+                    args.rounds,
+                    args.every_config,
+                    PARTS.get(matrix),
+                )
                 cells[f"{matrix}/rows{r}"] = cell
                 print(name, matrix, r, json.dumps(cell), flush=True)
         report["shapes"][name] = cells

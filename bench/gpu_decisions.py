@@ -134,7 +134,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=LINEAR_KERNELS,
         default="aten",
         help="the linear layers' kernel (gemv: engines/embedded/gemv.py, steps of up to 16 "
-        "tokens; CUDA); the arm info records gemv",
+        "tokens; fused: gemv with the layers' norms and adds inside it at one token; CUDA); "
+        "the arm info records it",
     )
     parser.add_argument(
         "--defer-context",
@@ -185,8 +186,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--compile-mode needs --compile-scope forward or layer")
     if args.attention == "triton" and args.device != "cuda":
         parser.error("--attention triton needs --device cuda")
-    if args.linear == "gemv" and args.device != "cuda":
-        parser.error("--linear gemv needs --device cuda")
+    if args.linear != "aten" and args.device != "cuda":
+        parser.error(f"--linear {args.linear} needs --device cuda")
     for name in args.policies.split(","):
         name, hashed, instance = name.strip().partition("#")
         if hashed and not instance.isdigit():

@@ -51,6 +51,7 @@ from engines.embedded.cuda_graphs import padded_size
 from engines.embedded.events import (
     ATTENTIONS,
     COMPILE_SCOPES,
+    LINEAR_CHOICES,
     VERIFY_MODES,
     SamplingParams,
     VerifyMode,
@@ -254,6 +255,8 @@ class Bench:
                 # every bucket measured here; section 5 prunes as the engine does
                 prune_ragged=False,
                 compile_attention_ahead=args.compile_ahead,
+                linear=args.linear,
+                defer_context=args.defer_context,
                 **({} if args.graph_warmups is None else {"graph_warmups": args.graph_warmups}),
             )
         finally:
@@ -670,6 +673,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="runs of each graph's forward before its capture (the runner's graph_warmups; "
         "at least 1; default: the runner's, 1)",
+    )
+    parser.add_argument(
+        "--linear",
+        choices=LINEAR_CHOICES,
+        default="auto",
+        help="the linear layers' kernel (the runner's linear; auto: fused on CUDA, else aten)",
+    )
+    parser.add_argument(
+        "--defer-context",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="k = 0 steps stash the draft's context (the runner's defer_context; default: the "
+        "runner's, on for CUDA)",
     )
     args = parser.parse_args(argv)
     if args.graph_warmups is not None and args.graph_warmups < 1:

@@ -153,6 +153,8 @@ class EmbeddedEngineBackend:
             verify_mode=c.verify_mode,
             attention=c.attention,
             compile_attention_ahead=c.compile_attention_ahead,
+            linear=c.linear,
+            defer_context=c.defer_context,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

@@ -29,6 +29,7 @@ from engines.embedded.events import (
     AttentionChoice,
     CompileMode,
     CompileScope,
+    LinearChoice,
     RequestFailed,
     SamplingParams,
     SpecController,
@@ -91,6 +92,8 @@ class AsyncEngine:
         attention: AttentionChoice = "auto",
         compile_mode: CompileMode = "default",
         compile_attention_ahead: bool = True,
+        linear: LinearChoice = "auto",
+        defer_context: bool = True,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -103,7 +106,10 @@ class AsyncEngine:
         passes, else sdpa; or ``sdpa`` / ``triton``, docs/engine.md);
         ``compile_mode``: ``default`` or ``max-autotune`` (with ``compile_forwards``);
         ``compile_attention_ahead``: on a CUDA device with the Triton attention, its kernels
-        compiled in worker processes before the captures (``ModelRunner``)."""
+        compiled in worker processes before the captures (``ModelRunner``); ``linear``: the
+        linear layers' kernel (``auto``: the fused few-token kernel on CUDA, else aten);
+        ``defer_context``: on a CUDA device, k = 0 steps stash the draft's context
+        (``ModelRunner``)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -121,6 +127,8 @@ class AsyncEngine:
             attention=attention,
             compile_mode=compile_mode,
             compile_attention_ahead=None if compile_attention_ahead else False,
+            linear=linear,
+            defer_context=None if defer_context else False,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         engine = Engine(runner, max_batch_size, max_seq_len, planner)

@@ -17,7 +17,7 @@ from torch import nn
 
 from engines.embedded.checkpoint import DraftSpec
 from engines.embedded.events import CompileMode
-from engines.embedded.gemv import linear
+from engines.embedded.gemv import fuses, linear
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     DecoderLayer,
@@ -47,14 +47,16 @@ def draft_layer_step(
     rows: Packing | None,
     mask: torch.Tensor,
     num_keys: int,
+    fused: bool = False,
 ) -> torch.Tensor:
     """One layer of ``DraftModel.propose``: the block's K/V written into the layer's cache
-    rows, attention over the context and the block, the MLP; the residual stream after it."""
-    q, k, v = (unpack(t, rows) for t in layer.qkv(layer.input_layernorm(h), rope))
+    rows, attention over the context and the block, the MLP; the residual stream after it.
+    ``fused``: as ``target_layer_step``'s."""
+    q, k, v = (unpack(t, rows) for t in layer.qkv(h, rope, fused))
     write_cache(k_cache, positions, k, rows=written)
     write_cache(v_cache, positions, v, rows=written)
     attn = cached_attention(q, k_cache[:, :, :num_keys], v_cache[:, :, :num_keys], mask)
-    return layer.feed_forward(h + layer.attention_out(pack(attn, rows)))
+    return layer.feed_forward(layer.attention_residual(h, pack(attn, rows), fused), fused)
 
 
 class DraftModel(nn.Module):
@@ -71,6 +73,7 @@ class DraftModel(nn.Module):
         self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
         # The context projection through gemv.small_linear (its layers have their own).
         self.gemv = False
+        self.fuse_small_steps = False  # as TargetModel's
 
     # One layer of ``propose`` (``draft_layer_step``); ``compile_layers`` compiles it.
     layer_step: Callable[..., torch.Tensor] = staticmethod(draft_layer_step)
@@ -169,12 +172,15 @@ class DraftModel(nn.Module):
                 mark_dynamic(tensor, 0, 1)
             mark_dynamic(mask, 0)
         step = self.layer_step
+        fused = self.fuse_small_steps and fuses(h.shape[0] * h.shape[1])
         for index, layer in enumerate(decoder_layers(self.layers)):
             k_cache, v_cache = cache.rows(index, first_slot, batch)
             if self.compiled_layers:
                 mark_dynamic(k_cache, 0)
                 mark_dynamic(v_cache, 0)
-            h = step(layer, h, rope, k_cache, v_cache, positions, written, rows, mask, num_keys)
+            h = step(
+                layer, h, rope, k_cache, v_cache, positions, written, rows, mask, num_keys, fused
+            )
         end_output = None if num_outputs is None else 1 + num_outputs
         after_first = pack(unpack(h, rows)[:, 1:end_output], outputs)
         logits = unpack(target.logits(self.norm(after_first)), outputs)

@@ -46,9 +46,15 @@ ATTENTIONS: tuple[Attention, ...] = ("sdpa", "triton")
 AttentionChoice = Literal["auto", "sdpa", "triton"]
 ATTENTION_CHOICES: tuple[AttentionChoice, ...] = ("auto", "sdpa", "triton")
 # The linear layers' kernel: PyTorch's (``F.linear``: cuBLAS, or what torch.compile picks) or
-# ``gemv`` (engines/embedded/gemv.py: one Triton kernel for steps of up to 16 tokens).
-LinearKernel = Literal["aten", "gemv"]
-LINEAR_KERNELS: tuple[LinearKernel, ...] = ("aten", "gemv")
+# ``gemv`` (engines/embedded/gemv.py: one Triton kernel for steps of up to 16 tokens), or
+# ``fused``: gemv with the layers' RMSNorms, SiLU gate and residual adds inside it (steps of up
+# to 16 tokens; larger ones as gemv).
+LinearKernel = Literal["aten", "gemv", "fused"]
+LINEAR_KERNELS: tuple[LinearKernel, ...] = ("aten", "gemv", "fused")
+# What callers ask for: a kernel, or ``auto`` (the engine's default): fused on a CUDA device,
+# aten elsewhere (``ModelRunner``).
+LinearChoice = Literal["auto", "aten", "gemv", "fused"]
+LINEAR_CHOICES: tuple[LinearChoice, ...] = ("auto", "aten", "gemv", "fused")
 # Where a request failed inside the engine (see RequestFailed).
 FailureStage = Literal["prepare", "prefill", "step", "postprocess", "engine loop"]
 

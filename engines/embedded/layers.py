@@ -5,7 +5,7 @@ one to one.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +96,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(shape)
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        # Linear layers through gemv.small_linear (few-token steps; ModelRunner(linear="gemv")).
+        # Linear layers through gemv.small_linear (few-token steps; ModelRunner(linear="gemv"
+        # or "fused"; the forwards decide per step whether the norms and adds are fused).
         self.gemv = False
         # Set by fuse() after loading.
         self.qkv_weight: torch.Tensor
@@ -127,16 +128,21 @@ class DecoderLayer(nn.Module):
         del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
 
     def qkv(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None, fused: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [B, W, hidden] (already input-normed) -> q [B, W, heads, hd], k, v
-        [B, W, kv_heads, hd]; q and k normed, and rotated by ``rope`` (``Rotary.tables``)
-        when given. q and k are normed and rotated together (one tensor of heads + kv_heads
-        per token: the same values, half the kernels)."""
+        """h: [B, W, hidden] (the residual stream: input-normed here) -> q [B, W, heads, hd],
+        k, v [B, W, kv_heads, hd]; q and k normed, and rotated by ``rope``
+        (``Rotary.tables``) when given. q and k are normed and rotated together (one tensor
+        of heads + kv_heads per token: the same values, half the kernels). ``fused``: the
+        input norm inside the projection's kernel (``gemv.linear``)."""
         hd = self.head_dim
         heads = self.num_heads + self.num_kv_heads
-        out = linear(x, self.qkv_weight, self.qkv_bias, self.gemv)
-        b, w = x.shape[:2]
+        norm = self.input_layernorm
+        if fused:
+            out = linear(h, self.qkv_weight, self.qkv_bias, fused=True, **_normed(norm))
+        else:
+            out = linear(norm(h), self.qkv_weight, self.qkv_bias, self.gemv)
+        b, w = h.shape[:2]
         qk = out[..., : heads * hd].view(b, w, heads, hd)
         if self.qk_norm_weight is not None:
             # transformers' Qwen3 order: normalise (fp32 accumulation), cast back, scale.
@@ -155,15 +161,30 @@ class DecoderLayer(nn.Module):
         k = self.self_attn.k_norm(k.reshape(b, w, self.num_kv_heads, self.head_dim))
         return k, v.reshape(b, w, self.num_kv_heads, self.head_dim)
 
-    def attention_out(self, attn: torch.Tensor) -> torch.Tensor:
+    def attention_residual(
+        self, h: torch.Tensor, attn: torch.Tensor, fused: bool = False
+    ) -> torch.Tensor:
+        """h + o_proj(attn): the residual stream after the attention block (``fused``: the
+        add inside the projection's kernel)."""
         o_proj = self.self_attn.o_proj
-        return linear(attn, o_proj.weight, o_proj.bias, self.gemv)
+        return linear(attn, o_proj.weight, o_proj.bias, self.gemv, fused, residual=h)
 
-    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Residual MLP block: h + down(silu(gate(x)) * up(x)), x = post_attention_layernorm(h)."""
-        x = self.post_attention_layernorm(h)
-        gate, up = linear(x, self.gate_up_weight, None, self.gemv).chunk(2, -1)
-        return h + linear(F.silu(gate) * up, self.mlp.down_proj.weight, None, self.gemv)
+    def feed_forward(self, h: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """Residual MLP block: h + down(silu(gate(x)) * up(x)), x = post_attention_layernorm(h).
+        ``fused``: the norm inside the gate/up projection's kernel, the SiLU gate and the
+        residual add inside the down projection's."""
+        norm = self.post_attention_layernorm
+        if fused:
+            gate_up = linear(h, self.gate_up_weight, None, fused=True, **_normed(norm))
+        else:
+            gate_up = linear(norm(h), self.gate_up_weight, None, self.gemv)
+        down = self.mlp.down_proj.weight
+        return linear(gate_up, down, None, self.gemv, fused, residual=h, act=True)
+
+
+def _normed(norm: RMSNorm) -> dict[str, Any]:
+    """``gemv.linear``'s arguments for an input normed by ``norm``."""
+    return {"norm_weight": norm.weight, "eps": norm.eps}
 
 
 def load_strict(module: nn.Module, state: dict[str, torch.Tensor], role: str) -> None:

@@ -19,7 +19,7 @@ from engines.embedded.events import (
     AttentionChoice,
     CompileMode,
     CompileScope,
-    LinearKernel,
+    LinearChoice,
     VerifyMode,
 )
 from engines.embedded.runner import ModelRunner
@@ -89,8 +89,8 @@ def load_runner(
     compile_mode: CompileMode = "default",
     compile_attention_ahead: bool | None = None,
     graph_warmups: int = 1,
-    linear: LinearKernel = "aten",
-    defer_context: bool = False,
+    linear: LinearChoice = "auto",
+    defer_context: bool | None = None,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
@@ -101,8 +101,9 @@ def load_runner(
     ``compile_attention_ahead``: ``ModelRunner``'s (the Triton attention's kernels compiled
     in worker processes before the captures); ``graph_warmups``: ``ModelRunner``'s (runs of each
     graph's forward before its capture); ``linear``: ``ModelRunner``'s (the linear layers'
-    kernel, ``aten`` or ``gemv``); ``defer_context``: ``ModelRunner``'s (k = 0 steps stash the
-    draft's context, inserted before the row drafts)."""
+    kernel, ``aten``, ``gemv``, ``fused`` or ``auto``: fused on CUDA); ``defer_context``:
+    ``ModelRunner``'s (k = 0 steps stash the draft's context, inserted before the row
+    drafts; default: on CUDA)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)

@@ -29,12 +29,13 @@ from engines.embedded.events import (
     ATTENTION_CHOICES,
     COMPILE_MODES,
     COMPILE_SCOPES,
-    LINEAR_KERNELS,
+    LINEAR_CHOICES,
     VERIFY_MODES,
     Attention,
     AttentionChoice,
     CompileMode,
     CompileScope,
+    LinearChoice,
     LinearKernel,
     VerifyMode,
     inductor_arguments,
@@ -154,8 +155,8 @@ class ModelRunner:
         compile_mode: CompileMode = "default",
         compile_attention_ahead: bool | None = None,
         graph_warmups: int = 1,
-        linear: LinearKernel = "aten",
-        defer_context: bool = False,
+        linear: LinearChoice = "auto",
+        defer_context: bool | None = None,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -181,23 +182,34 @@ class ModelRunner:
         one warm-up instead of two took ~7 s off a first start's ragged captures, and
         compiling ahead (with one warm-up) 6-12 s off each of three paired first starts
         (session 27, ``bench/results/first_start_h200_2026-12-04s27*.json``). ``linear``:
-        the linear layers' kernel, ``aten`` (``F.linear``) or ``gemv`` (``gemv.small_linear``
+        the linear layers' kernel, ``aten`` (``F.linear``), ``gemv`` (``gemv.small_linear``
         for steps of up to 16 tokens: the target's and the draft's layers, the LM head, the
-        draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``).
-        ``defer_context``: a step where every row verifies k = 0 keeps the target's features
-        of its token in a stash instead of inserting them into the draft's context (the
-        draft's projections then run once per ``DEFERRED_POSITIONS`` plain steps, for all of
-        them, or not at all if the row never drafts again); a row's stash is inserted before
-        it drafts (``_insert_deferred``), so its drafts see the same context."""
-        if linear not in LINEAR_KERNELS:
-            raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_KERNELS)}")
-        if linear == "gemv":
-            _check_triton_device("linear", "gemv", "aten", device)
-        self.linear = linear
+        draft's context projection; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``fused``
+        (gemv, with the layers' RMSNorms, SiLU gate and residual adds inside it in steps of at
+        most ``gemv.FUSED_MAX_ROWS`` tokens), or ``auto`` (the default): fused on a CUDA
+        device, else aten (``self.linear`` is the kernel chosen). On the H200 8B shape the
+        batch-1 plain step took 5.05 / 4.88 / 4.70 ms with aten / gemv / fused (session 28b).
+        ``defer_context`` (default: on a CUDA device): a step where every row verifies k = 0
+        keeps the target's features of its token in a stash instead of inserting them into
+        the draft's context (the draft's projections then run once per
+        ``DEFERRED_POSITIONS`` plain steps, for all of them, or not at all if the row never
+        drafts again); a row's stash is inserted before it drafts (``_insert_deferred``), so
+        its drafts see the same context. On the H200 8B shape it took 0.19-0.22 ms off the
+        plain step at batch 1, 8 and 64 (session 28a)."""
+        if linear not in LINEAR_CHOICES:
+            raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_CHOICES)}")
+        if linear == "auto":
+            linear = "fused" if device.type == "cuda" else "aten"
+        if defer_context is None:
+            defer_context = device.type == "cuda"
+        if linear != "aten":
+            _check_triton_device("linear", linear, "aten", device)
+        self.linear: LinearKernel = linear
         for model in (target, draft):
-            model.gemv = linear == "gemv"
+            model.gemv = linear != "aten"
+            model.fuse_small_steps = linear == "fused"
             for layer in decoder_layers(model.layers):
-                layer.gemv = linear == "gemv"
+                layer.gemv = linear != "aten"
         if graph_warmups < 1:
             raise ValueError(f"graph_warmups={graph_warmups}: at least 1 (a capture needs one)")
         self.graph_warmups = graph_warmups

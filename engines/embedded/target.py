@@ -11,7 +11,7 @@ from torch import nn
 from engines.embedded.checkpoint import ModelShape
 from engines.embedded.decode_attention import MAX_GROUPED_QUERIES
 from engines.embedded.events import Attention, CompileMode
-from engines.embedded.gemv import linear
+from engines.embedded.gemv import fuses, linear
 from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import (
     AttentionMask,
@@ -46,11 +46,13 @@ def target_layer_step(
     slots: torch.Tensor | None,
     mask: AttentionMask,
     num_keys: int,
+    fused: bool = False,
 ) -> torch.Tensor:
     """One decoder layer of ``TargetModel.forward``: its K/V written into the layer's cache
     rows (``k_part``, ``v_part``: the batch's rows, or every slot's when ``slots`` is given),
-    attention over them, the MLP; returns the residual stream after the layer."""
-    q, k, v = layer.qkv(layer.input_layernorm(h), rope)
+    attention over them, the MLP; returns the residual stream after the layer. ``fused``: the
+    norms and residual adds inside the linear layers' kernels (``DecoderLayer.qkv``)."""
+    q, k, v = layer.qkv(h, rope, fused)
     if slots is not None:  # write the slots' rows, then read copies of them
         for full, values in zip((k_part, v_part), (k, v), strict=True):
             write_cache(full, positions, values, slots, written)
@@ -71,7 +73,7 @@ def target_layer_step(
         grouped = packing.grouped_queries(q, layer.num_kv_heads)
         out = grouped_attention(grouped, k_cache, v_cache, mask)
         attn = packing.packed_output(out, layer.num_heads)
-    return layer.feed_forward(h + layer.attention_out(attn))
+    return layer.feed_forward(layer.attention_residual(h, attn, fused), fused)
 
 
 def _dynamic_inputs(
@@ -121,6 +123,9 @@ class TargetModel(nn.Module):
         self.attention: Attention = "sdpa"
         # The LM head through gemv.small_linear (its layers have their own ``gemv``).
         self.gemv = False
+        # Steps of at most gemv.FUSED_MAX_ROWS tokens fuse the layers' norms and residual adds into
+        # the linear kernels (ModelRunner(linear="fused")).
+        self.fuse_small_steps = False
 
     # One decoder layer's step (``target_layer_step``); ``compile_layers`` swaps in its
     # compiled form.
@@ -194,6 +199,7 @@ class TargetModel(nn.Module):
             written, mask = _dynamic_inputs(h, rope, positions, written, packed, mask, slots)
         saved: dict[int, torch.Tensor] = {}
         step = self.layer_step
+        fused = self.fuse_small_steps and fuses(h.shape[0] * h.shape[1])
         for index, layer in enumerate(decoder_layers(self.layers)):
             if slots is not None:  # the layer writes the slots' rows, then reads copies
                 k_part, v_part = cache.rows(index, 0, cache.num_slots)
@@ -215,6 +221,7 @@ class TargetModel(nn.Module):
                 slots,
                 mask,
                 num_keys,
+                fused,
             )
             if index in self.aux_layer_ids:
                 saved[index] = h

@@ -26,6 +26,16 @@ def test_the_smoke_run_writes_every_matrix_within_float_error(tmp_path: Path) ->
     assert all(
         cell["max_abs_diff"] < 1e-4 * cell["reference_abs_max"] + 1e-5 for cell in cells.values()
     )
+    parts = {key.split("/")[0]: cell.get("part") for key, cell in cells.items()}
+    assert parts == {
+        "qkv": "norm",
+        "o_proj": "residual",
+        "gate_up": "norm",
+        "down": "act",
+        "lm_head": None,
+        "draft_fc": None,
+    }
+    assert all(cell.get("fused_max_abs_diff", 0.0) < 1e-4 for cell in cells.values())
 
 
 def test_the_8b_matrices_are_its_projections() -> None:
