@@ -42,6 +42,7 @@ installs never need it; tests run the kernels on the CPU under ``TRITON_INTERPRE
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import multiprocessing
@@ -266,16 +267,23 @@ def _compile_spec(arg: object) -> object:
     return arg
 
 
+# Where a worker finds a kernel: (module, function returning it or a tuple of kernels, index
+# into that tuple or None).
+KernelSource = tuple[str, str, int | None]
+
+
 def compile_kernel(
-    index: int,
+    source: KernelSource,
     grid: tuple[int, ...],
     args: tuple[object, ...],
     kwargs: dict[str, object],
     device_index: int | None,
 ) -> None:
-    """Compiles ``_kernels()[index]`` for these arguments (``_compile_spec``'s) into Triton's
-    on-disk cache, launching nothing: what a ``compile_ahead`` worker process runs."""
-    kernel = _kernels()[index]
+    """Compiles the kernel at ``source`` for these arguments (``_compile_spec``'s) into
+    Triton's on-disk cache, launching nothing: what a ``compile_ahead`` worker process runs."""
+    module, function, index = source
+    found = getattr(importlib.import_module(module), function)()
+    kernel = found if index is None else found[index]
     with torch.cuda.device(device_index) if device_index is not None else contextlib.nullcontext():
         kernel.warmup(*args, grid=grid, **kwargs)
 
@@ -283,7 +291,10 @@ def compile_kernel(
 def _prepare_worker() -> None:
     """Imports Triton and defines the kernels in a fresh worker, so that its start-up overlaps
     the parent's first forwards rather than following its first submission."""
+    from engines.embedded.gemv import _kernel
+
     _kernels()
+    _kernel()
 
 
 def _process_pool(workers: int) -> Executor:
@@ -320,7 +331,9 @@ class CompilesAhead:
         args: tuple[object, ...],
         kwargs: dict[str, object],
         device: torch.device,
+        source: KernelSource | None = None,
     ) -> None:
+        """``source``: where a worker finds ``kernel`` (default: the attention's kernels)."""
         key = (id(kernel), *map(_argument_class, args), *sorted(kwargs.items()))
         if key in self._seen:
             return
@@ -328,12 +341,15 @@ class CompilesAhead:
         specs = tuple(map(_compile_spec, args))
         if self._executor is None or any(spec is None for spec in specs):
             return
-        index = _kernels().index(kernel)
+        if source is None:
+            source = (__name__, "_kernels", _kernels().index(kernel))
         device_index = device.index if device.type == "cuda" else None
         try:
-            future = self._executor.submit(compile_kernel, index, grid, specs, kwargs, device_index)
+            future = self._executor.submit(
+                compile_kernel, source, grid, specs, kwargs, device_index
+            )
         except Exception as exc:  # a broken pool: the launches compile instead
-            logger.warning("compiling an attention kernel ahead failed: %r", exc)
+            logger.warning("compiling a kernel ahead failed: %r", exc)
             return
         self._futures.append(future)
 
@@ -347,7 +363,7 @@ class CompilesAhead:
                 future.result()
             except Exception as exc:
                 failed += 1
-                logger.warning("compiling an attention kernel ahead failed: %r", exc)
+                logger.warning("compiling a kernel ahead failed: %r", exc)
         if self._executor is not None:
             self._executor.shutdown()
         self.waited_s = time.perf_counter() - started
@@ -355,6 +371,12 @@ class CompilesAhead:
 
 
 _ahead: CompilesAhead | None = None
+
+
+def compiling_ahead() -> CompilesAhead | None:
+    """The active ``compile_ahead``'s collector, or None: other kernels' launches
+    (gemv.launch) submit to it as the attention's do."""
+    return _ahead
 
 
 @contextlib.contextmanager

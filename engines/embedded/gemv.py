@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engines.embedded.decode_attention import triton_interpreted
+from engines.embedded.decode_attention import compiling_ahead, triton_interpreted
 
 MAX_ROWS = 16  # tokens one program multiplies at once (one tensor-core tile of rows)
 # (BLOCK_N, BLOCK_K, warps, pipeline stages). One token: 8 output features a program (512
@@ -67,6 +67,13 @@ CANDIDATES = (
     (4, 512, 2, 4),
     (8, 512, 4, 4),
     (8, 1024, 4, 3),
+    # one-token candidates added in session 28 (the down projection reached 3.3 TB/s only)
+    (8, 2048, 8, 3),
+    (8, 1024, 8, 4),
+    (8, 512, 8, 4),
+    (8, 256, 2, 6),
+    (4, 1024, 4, 4),
+    (16, 1024, 8, 3),
 )
 INTERPRETED_CONFIG = (16, 32, 1, 1)  # the CPU interpreter: small blocks
 # The most tokens a step may have for ModelRunner(linear="fused") to fuse its layers' parts
@@ -218,7 +225,8 @@ def launch(
     block_n, block_k, warps, stages = config
     if rows > 1 and block_n < 16:
         raise ValueError(f"BLOCK_N {block_n} serves one token only; {rows} need 16 or more")
-    _kernel()[(-(-n // block_n),)](
+    grid = (-(-n // block_n),)
+    args = (
         x,
         weight,
         x if bias is None else bias,
@@ -233,16 +241,23 @@ def launch(
         0 if residual is None else residual.stride(0),
         out.stride(0),
         eps,
-        HAS_BIAS=bias is not None,
-        NORM=norm_weight is not None,
-        ACT=act,
-        RESIDUAL=residual is not None,
-        ONE_ROW=rows == 1,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=warps,
-        num_stages=stages,
     )
+    kwargs: dict[str, object] = {
+        "HAS_BIAS": bias is not None,
+        "NORM": norm_weight is not None,
+        "ACT": act,
+        "RESIDUAL": residual is not None,
+        "ONE_ROW": rows == 1,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+    ahead = compiling_ahead()
+    if ahead is not None:  # a start-up pass: compiled in a worker, the output left unset
+        ahead.submit(_kernel(), grid, args, kwargs, x.device, (__name__, "_kernel", None))
+    else:
+        _kernel()[grid](*args, **kwargs)
     return out
 
 

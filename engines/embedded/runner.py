@@ -174,9 +174,10 @@ class ModelRunner:
         (``self.attention`` is the kernel chosen).
         ``compile_mode`` (with ``compile_forwards``): inductor's ``default``, or
         ``max-autotune`` (kernel choices benchmarked per shape at start-up).
-        ``compile_attention_ahead`` (graph runners with the Triton attention; default: on a
-        CUDA device): before the captures, one forward per verify shape with the attention
-        kernels compiled in worker processes instead of launched
+        ``compile_attention_ahead`` (graph runners with the Triton attention or the
+        few-token linear kernel; default: on a CUDA device): before the captures, one
+        forward per verify shape with those kernels compiled in worker processes instead of
+        launched
         (``_compile_attention_ahead``). ``graph_warmups``: runs of each graph's function
         before its capture (at least 1; ``cuda_graphs.GraphedCall``). On the H200 8B shape
         one warm-up instead of two took ~7 s off a first start's ragged captures, and
@@ -347,7 +348,8 @@ class ModelRunner:
         # stage (``cuda_graphs.setup_seconds``: warm-ups queued, waited for, the capture's
         # forward, the capture's end); empty without CUDA graphs.
         self.capture_stages_s: dict[str, dict[str, float]] = {}
-        # Attention kernel specialisations compiled ahead of the captures (0: none).
+        # Triton kernel specialisations (the attention's, the few-token linear's) compiled
+        # ahead of the captures (0: none).
         self.attention_compiled_ahead = 0
         if use_cuda_graphs:
             started = time.perf_counter()
@@ -355,7 +357,7 @@ class ModelRunner:
             ahead = compile_attention_ahead
             if ahead is None:
                 ahead = device.type == "cuda"
-            if ahead and self.attention == "triton":
+            if ahead and (self.attention == "triton" or self.linear != "aten"):
                 self._compile_attention_ahead()
                 self.capture_parts_s["attention_ahead"] = time.perf_counter() - started
             self._capture()
@@ -485,11 +487,13 @@ class ModelRunner:
     def _compile_attention_ahead(self) -> None:
         """One forward of every padded verify graph's shape and of one token bucket per ragged
         (B, W) (the attention's arguments do not depend on the bucket), with the Triton
-        attention's launches collected instead of made: each kernel specialisation they need
-        compiles in a worker process (decode_attention.compile_ahead) while this thread goes on
-        (and compiles the forwards, which the captures' warm-ups would do anyway); then it
-        waits. The captures find every attention kernel compiled. Outputs, and the cache
-        positions these forwards write, are scratch (the captures write them too)."""
+        attention's and the few-token linear kernel's launches (``linear`` gemv / fused)
+        collected instead of made: each kernel specialisation they need compiles in a worker
+        process (decode_attention.compile_ahead) while this thread goes on (and compiles the
+        forwards, which the captures' warm-ups would do anyway); then it waits. The captures
+        find those kernels compiled (the draft's, of the same matrix sizes, too). Outputs,
+        and the cache positions these forwards write, are scratch (the captures write them
+        too)."""
         with compile_ahead() as ahead:
             for batch in reversed(self.batch_sizes):
                 for width in reversed(self.widths):

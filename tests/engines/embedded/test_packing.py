@@ -328,7 +328,7 @@ def test_compile_ahead_logs_a_failed_compile_and_is_not_reentrant(
         with pytest.raises(RuntimeError, match="already active"):
             with decode_attention.compile_ahead():
                 pass
-    assert "compiling an attention kernel ahead failed" in caplog.text
+    assert "compiling a kernel ahead failed" in caplog.text
     assert decode_attention._ahead is None
 
 
@@ -357,14 +357,47 @@ def test_compile_ahead_sends_workers_dtypes_for_tensors_and_leaves_unaligned_one
         unaligned = torch.zeros(2 * 2 * 8 * 16 + 1, dtype=torch.bfloat16)[1:].view(2, 2, 8, 16)
         decode_attention.grouped_decode_attention(unaligned, k, k, positions, 1)
     assert ahead.submitted == 3 and len(sent) == 2  # split and merge; not the unaligned split
-    for fn, index, grid, args, kwargs, device_index in sent:
+    for fn, source, grid, args, kwargs, device_index in sent:
+        module, function, index = source  # type: ignore[misc]
         assert fn is decode_attention.compile_kernel and index in (0, 1)
+        assert (module, function) == ("engines.embedded.decode_attention", "_kernels")
         assert device_index is None and isinstance(grid, tuple)
         assert not any(isinstance(arg, torch.Tensor) for arg in args)  # type: ignore[attr-defined]
         assert torch.bfloat16 in args and torch.float32 in args  # type: ignore[operator]
-        message = (index, grid, args, kwargs)
+        message = (source, grid, args, kwargs)
         assert pickle.loads(pickle.dumps(message)) == message
-    assert [index for _, index, *_ in sent] == [0, 1]
+    assert [source[2] for _, source, *_ in sent] == [0, 1]  # type: ignore[index]
+
+
+def test_compile_ahead_takes_the_few_token_linear_kernel_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gemv.launch inside ``compile_ahead`` submits its kernel (once per specialisation: the
+    row count is no constant, one token is) and launches nothing; a worker finds it by its
+    source (``compile_kernel``)."""
+    from engines.embedded import decode_attention, gemv
+
+    sent: list[tuple[object, ...]] = []
+
+    class Recorder(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            sent.append(args)
+            return super().submit(lambda: None)
+
+    kernel = FakeKernel()
+    monkeypatch.setattr(gemv, "_kernel", lambda: kernel)
+    weight = torch.zeros(32, 64)
+    with decode_attention.compile_ahead(executor=Recorder(1)) as ahead:
+        for rows in (1, 3, 5, 1):
+            gemv.launch(torch.zeros(rows, 64), weight, None)
+        gemv.launch(torch.zeros(1, 64), weight, None, residual=torch.zeros(1, 32))
+    assert ahead.submitted == 3 and kernel.launches == 0  # one token, tiles, one token + add
+    assert all(source == ("engines.embedded.gemv", "_kernel", None) for source, *_ in sent)
+    source, grid, args, kwargs, device = sent[0]
+    decode_attention.compile_kernel(source, grid, args, kwargs, device)  # type: ignore[arg-type]
+    assert kernel.warmups[-1]["ONE_ROW"] is True
+    gemv.launch(torch.zeros(2, 64), weight, None)
+    assert kernel.launches == 1
 
 
 def test_compile_ahead_compiles_nothing_under_the_interpreter(
