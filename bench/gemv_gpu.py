@@ -104,7 +104,7 @@ def measure(
     import torch
     import torch.nn.functional as F
 
-    from engines.embedded.gemv import ONE_ROW_CONFIG, TILE_CONFIG, linear, small_linear
+    from engines.embedded.gemv import default_config, linear, small_linear
 
     device = torch.device("cpu" if smoke else "cuda")
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -154,7 +154,7 @@ def measure(
         gemv_over_f_linear=timed["gemv"] / timed["f_linear"],
         gemv_bytes_per_s=cell["weight_bytes"] / timed["gemv"],
         f_linear_bytes_per_s=cell["weight_bytes"] / timed["f_linear"],
-        config="x".join(map(str, ONE_ROW_CONFIG if rows == 1 else TILE_CONFIG)),
+        config="x".join(map(str, default_config(rows, k))),
     )
     return cell
 

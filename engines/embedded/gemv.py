@@ -14,11 +14,11 @@ benchmarking at a first start and loses at batch 8 (tuned for the dynamic graphs
 loads) and multiplies them with every token at once (``tl.dot`` on a 16-row tile: the tokens
 are padded to 16, as tensor cores want; fp32 accumulation); one token takes a multiply-add
 path without tensor cores, whose narrow blocks give the 4096-wide matrices enough programs.
-The block sizes are fixed (``ONE_ROW_CONFIG``, ``TILE_CONFIG``): timed one by one against
-eight others on the H200 8B shape (``bench/gemv_gpu.py --every-config``, session 28a), each
-was within 8% of the best at every matrix and token count, where the autotuner's ~10 ms
-timings had picked configurations up to 18% slower and cost one compile per candidate at a
-first start.
+The block sizes are fixed (``default_config``): timed one by one against the other
+``CANDIDATES`` on the H200 8B shape (``bench/gemv_gpu.py --every-config``, sessions 28a and
+28d), each was within 8% of the best at every matrix and token count, where the autotuner's
+~10 ms timings had picked configurations up to 18% slower and cost one compile per candidate
+at a first start.
 
 Three optional parts around the product remove the small kernels between the GEMMs of a
 decoder layer (one launch each, at a few tokens a step as long as their work):
@@ -50,9 +50,13 @@ from engines.embedded.decode_attention import compiling_ahead, triton_interprete
 
 MAX_ROWS = 16  # tokens one program multiplies at once (one tensor-core tile of rows)
 # (BLOCK_N, BLOCK_K, warps, pipeline stages). One token: 8 output features a program (512
-# programs for a 4096-wide matrix: the H200's 132 SMs each get several). Several tokens: a
-# 16 x 32 tile of outputs a program, K in 256-wide slices.
+# programs for a 4096-wide matrix: the H200's 132 SMs each get several), and over inputs
+# wider than ``WIDE_K`` 1024-wide slices on 8 warps (the down projection 30.7 -> 25.8 us, the
+# draft's context projection 49.8 -> 42.4 us; q/k/v, 4096 wide, 13.2 -> 15.3 us: session
+# 28d). Several tokens: a 16 x 32 tile of outputs a program, K in 256-wide slices.
 ONE_ROW_CONFIG = (8, 512, 4, 4)
+ONE_ROW_WIDE_CONFIG = (8, 1024, 8, 4)
+WIDE_K = 4096
 TILE_CONFIG = (32, 256, 4, 4)
 # Every configuration bench/gemv_gpu.py --every-config times (the two above among them).
 CANDIDATES = (
@@ -188,6 +192,13 @@ def _kernel() -> Any:
     return small_linear_kernel
 
 
+def default_config(rows: int, k: int) -> tuple[int, int, int, int]:
+    """The block configuration for ``rows`` tokens times a matrix ``k`` inputs wide."""
+    if rows > 1:
+        return TILE_CONFIG
+    return ONE_ROW_WIDE_CONFIG if k > WIDE_K else ONE_ROW_CONFIG
+
+
 def launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -201,7 +212,7 @@ def launch(
 ) -> torch.Tensor:
     """The kernel on x [rows <= MAX_ROWS, K] ([rows, 2K] = [gate | up] with ``act``;
     contiguous rows): out [rows, N], with the parts ``reference`` describes. ``config``
-    (BLOCK_N, BLOCK_K, warps, stages): by default ``ONE_ROW_CONFIG`` or ``TILE_CONFIG``
+    (BLOCK_N, BLOCK_K, warps, stages): by default ``default_config``'s
     (``INTERPRETED_CONFIG`` under the interpreter); benchmarks and tests pass others."""
     if act and norm_weight is not None:
         raise ValueError("act and norm_weight: one part before the product, not both")
@@ -217,11 +228,7 @@ def launch(
         if residual.stride(1) != 1:
             residual = residual.contiguous()
     if config is None:
-        config = (
-            INTERPRETED_CONFIG
-            if triton_interpreted()
-            else (ONE_ROW_CONFIG if rows == 1 else TILE_CONFIG)
-        )
+        config = INTERPRETED_CONFIG if triton_interpreted() else default_config(rows, k)
     block_n, block_k, warps, stages = config
     if rows > 1 and block_n < 16:
         raise ValueError(f"BLOCK_N {block_n} serves one token only; {rows} need 16 or more")

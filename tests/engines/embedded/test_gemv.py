@@ -19,7 +19,9 @@ from engines.embedded.gemv import (
     CANDIDATES,
     MAX_ROWS,
     ONE_ROW_CONFIG,
+    ONE_ROW_WIDE_CONFIG,
     TILE_CONFIG,
+    default_config,
     launch,
     linear,
     reference,
@@ -157,8 +159,12 @@ def test_each_block_configuration_computes_the_same(config: tuple[int, int, int,
 
 
 def test_the_fixed_configurations_are_candidates_and_fit_their_paths() -> None:
-    assert ONE_ROW_CONFIG in CANDIDATES and TILE_CONFIG in CANDIDATES
+    for config in (ONE_ROW_CONFIG, ONE_ROW_WIDE_CONFIG, TILE_CONFIG):
+        assert config in CANDIDATES
     assert TILE_CONFIG[0] >= 16  # several tokens take tensor-core tiles
+    assert default_config(1, 4096) == ONE_ROW_CONFIG
+    assert default_config(1, 12288) == ONE_ROW_WIDE_CONFIG
+    assert default_config(2, 12288) == default_config(16, 4096) == TILE_CONFIG
 
 
 def _parts(gen: torch.Generator, rows: int, n: int, k: int, part: str) -> dict[str, object]:
