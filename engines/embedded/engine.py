@@ -106,6 +106,9 @@ class Engine:
         self.scheduler = Scheduler(max_batch_size)
         self._generators: dict[str, torch.Generator] = {}
         self._shared_generator = torch.Generator().manual_seed(0)
+        # A greedy request's uniforms: all zeros, one tensor shared by every greedy row and
+        # step (read only: stacked, never written), instead of a new one per row per step.
+        self._greedy_uniforms = torch.zeros(2 * self.block_size + 1)
 
     def validate(self, request: Request) -> None:
         """Refuse a request that could only fail inside a step: ValueError naming the field.
@@ -226,7 +229,11 @@ class Engine:
         # exactly what the first attempt would have.
         while rows := list(self.scheduler.running):
             spec_tokens = [plans[r.request_id][0] for r in rows]
-            uniforms = torch.stack([plans[r.request_id][1] for r in rows])
+            drawn = [plans[r.request_id][1] for r in rows]
+            if all(u is self._greedy_uniforms for u in drawn):  # one allocation, no stack
+                uniforms = torch.zeros(len(rows), self._greedy_uniforms.shape[0])
+            else:
+                uniforms = torch.stack(drawn)
             try:
                 scoring = self._device_scoring(rows, spec_tokens)
                 allocate = None if scoring is not None else self._allocation(rows)
@@ -521,9 +528,9 @@ class Engine:
 
     def _uniforms(self, request: Request) -> torch.Tensor:
         """2 * block_size + 1 uniforms: draft sampling, accept tests, bonus (greedy: zeros)."""
-        size = 2 * self.block_size + 1
         if request.params.temperature <= 0:
-            return torch.zeros(size)
+            return self._greedy_uniforms
+        size = 2 * self.block_size + 1
         generator = self._generators.get(request.request_id, self._shared_generator)
         return torch.rand(size, generator=generator)
 

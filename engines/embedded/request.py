@@ -41,15 +41,17 @@ class Request:
 
     def append(self, tokens: list[int]) -> list[int]:
         """Append up to the length limit and the first stop token; return what was appended."""
-        kept: list[int] = []
-        for token in tokens:
-            if self.num_remaining <= 0:
-                break
-            self.output_ids.append(token)
-            kept.append(token)
-            if token in self.params.stop_token_ids:
-                self.finish_reason = "stop"
-                return kept
-        if self.num_remaining <= 0:
+        room = self.num_remaining
+        kept = tokens[: max(room, 0)]
+        stops = self.params.stop_token_ids
+        if stops:
+            for index, token in enumerate(kept):
+                if token in stops:
+                    kept = kept[: index + 1]
+                    self.output_ids.extend(kept)
+                    self.finish_reason = "stop"
+                    return kept
+        self.output_ids.extend(kept)
+        if room <= len(kept):
             self.finish_reason = "length"
         return kept

@@ -1270,6 +1270,15 @@ class ModelRunner:
         drafted: list[int] | None = None,
     ) -> StepResult:
         """``drafted``: per row, the positions its confidence covers (default its k)."""
+        if widest == 0 and drafted is None:  # a plain step: each row's one token
+            tokens = packed[:, 0].tolist()
+            return StepResult(
+                [[] for _ in tokens],
+                [[t] for t in tokens],
+                elapsed_s,
+                [[] for _ in tokens],
+                spec_tokens,
+            )
         accepted_rows, token_rows, confidence_rows = [], [], []
         bonus = 2 * widest  # [accepted (widest), drafts (widest), bonus, confidence (widest)]
         covered = spec_tokens if drafted is None else drafted
