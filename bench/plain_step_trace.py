@@ -1,0 +1,200 @@
+"""Where an engine's plain (k = 0) decode step spends its time outside the graph it replays: a
+``torch.profiler`` trace of whole ``Engine.step`` calls, summarised per step.
+
+    python3 bench/plain_step_trace.py --out $OUT/plain_step_trace.json \\
+        [--batch 1] [--steps 32] [--trace $OUT/trace.json.gz]            # H200, 8B shape
+    python bench/plain_step_trace.py --tiny --device cpu --out /tmp/t.json   # CPU smoke
+
+On the H200 (session 28) the graph of a batch-1 plain step took 4.54 ms and the whole engine
+step 5.16 ms wall: 0.46-0.68 ms a step outside the graph, against ~54 us of Python measured on
+a CPU with the forward taken out (``bench/plain_step_host.py``). This bench says what the rest
+is. The runner is the engine's default on CUDA (compiled layer step, Triton attention,
+``linear: auto``, deferred draft context, CUDA graphs; random bf16 weights); ``--batch``
+requests decode greedily at k = 0 from a 512-token random prompt. It times ``--steps`` steps
+without the profiler (``wall_ms``), then the same number under it, and reports per step:
+
+- ``host_ops``: the operators and CUDA runtime calls with the most self CPU time (count and
+  microseconds per step), e.g. ``cudaGraphLaunch``, ``cudaMemcpyAsync``, the sync;
+- ``device_busy_ms``: the device's kernel and copy time (the sum of their durations: one
+  stream), and ``device_idle_ms`` = the profiled step's wall minus that;
+- the profiled step's wall beside the unprofiled one (the profiler's own cost).
+
+``--trace`` also writes the Chrome trace (gzip) for a look at the timeline. ``--tiny --device
+cpu``: a tiny random pair without compiling (graphs as static calls), CPU activity only: the
+script's own test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_LEN = 512
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--batch", type=int, default=1, help="requests decoding (default 1)")
+    parser.add_argument("--steps", type=int, default=32, help="steps timed, then traced")
+    parser.add_argument("--warmup", type=int, default=8, help="steps before any timing")
+    parser.add_argument("--shape", default="qwen3-8b", help="target shape (default qwen3-8b)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random shape (CPU smoke)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--top", type=int, default=25, help="host operators listed (default 25)")
+    parser.add_argument("--trace", type=Path, help="also write the Chrome trace here (gzip)")
+    args = parser.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1:
+        parser.error("--batch, --steps, --warmup and --top must be >= 1")
+    return args
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    import torch
+
+    from engines.embedded.engine import Engine
+    from engines.embedded.loader import build_models
+    from engines.embedded.runner import ModelRunner
+    from engines.embedded.shapes import TARGET_SHAPES, TINY_SHAPE, dflash_draft_for
+
+    shape = TINY_SHAPE if args.tiny else TARGET_SHAPES[args.shape]
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    max_seq_len = PROMPT_LEN + args.warmup + 2 * args.steps + 64
+    torch.manual_seed(0)
+    spec = dflash_draft_for(shape)
+    target, draft = build_models(shape, spec, device, dtype, max_seq_len + 64)
+    runner = ModelRunner(
+        target,
+        draft,
+        device,
+        dtype,
+        args.batch,
+        max_seq_len,
+        use_cuda_graphs=True,
+        compile_forwards=cuda,
+        compile_scope="layer",
+        attention="auto",
+    )
+    return Engine(runner, args.batch, max_seq_len), shape
+
+
+def add_requests(engine: Any, shape: Any, args: argparse.Namespace) -> None:
+    import torch
+
+    from engines.embedded.events import SamplingParams
+    from engines.embedded.request import Request
+
+    new_tokens = args.warmup + 2 * args.steps + 2
+    for row in range(args.batch):
+        prompt = torch.randint(0, shape.vocab_size, (PROMPT_LEN,)).tolist()
+        params = SamplingParams(max_new_tokens=new_tokens)
+        engine.add(Request(f"plain{row}", prompt, params, lambda view: 0, {}))
+
+
+def timed_steps(engine: Any, steps: int, synchronize: Any) -> list[float]:
+    walls = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        engine.step()
+        synchronize()
+        walls.append(time.perf_counter() - started)
+    return walls
+
+
+def summarise(profile: Any, steps: int, top: int) -> dict[str, Any]:
+    """Per step: the host operators with the most self CPU time, and the device's busy time."""
+    rows = []
+    busy_us = 0.0
+    for item in profile.key_averages():
+        device_us = float(getattr(item, "self_device_time_total", 0.0) or 0.0)
+        busy_us += device_us
+        rows.append(
+            {
+                "name": item.key,
+                "calls_per_step": round(item.count / steps, 2),
+                "self_cpu_us_per_step": round(item.self_cpu_time_total / steps, 1),
+                "device_us_per_step": round(device_us / steps, 1),
+            }
+        )
+    rows.sort(key=lambda r: -r["self_cpu_us_per_step"])
+    runtime = [r for r in rows if r["name"].startswith("cuda")]
+    return {
+        "host_ops": rows[:top],
+        "cuda_runtime": runtime[:top],
+        "host_self_cpu_ms": round(sum(r["self_cpu_us_per_step"] for r in rows) / 1e3, 3),
+        "device_busy_ms": round(busy_us / steps / 1e3, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("plain_step_trace: no CUDA device (use --device cpu --tiny)", file=sys.stderr)
+        return 2
+    if args.device == "cpu" and not args.tiny:
+        print(
+            "plain_step_trace: --device cpu runs the tiny shape only (add --tiny)", file=sys.stderr
+        )
+        return 2
+    cuda = args.device == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    started = time.perf_counter()
+    engine, shape = build_engine(args)
+    start_s = time.perf_counter() - started
+    add_requests(engine, shape, args)
+    timed_steps(engine, args.warmup, synchronize)  # prefills, first steps, lazy set-up
+    walls = timed_steps(engine, args.steps, synchronize)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        traced = timed_steps(engine, args.steps, synchronize)
+    summary = summarise(prof, args.steps, args.top)
+    traced_ms = 1e3 * statistics.fmean(traced)
+    runner = engine.runner
+    report = {
+        "command": "python " + " ".join(["bench/plain_step_trace.py", *(argv or sys.argv[1:])]),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "shape": "tiny" if args.tiny else args.shape,
+        "batch": args.batch,
+        "steps": args.steps,
+        "runner": runner.kernel_settings(),
+        "start_s": round(start_s, 1),
+        "wall_ms": {
+            "mean": round(1e3 * statistics.fmean(walls), 3),
+            "median": round(1e3 * statistics.median(walls), 3),
+            "min": round(1e3 * min(walls), 3),
+            "max": round(1e3 * max(walls), 3),
+        },
+        "profiled_wall_ms": round(traced_ms, 3),
+        **summary,
+        "device_idle_ms": round(traced_ms - summary["device_busy_ms"], 3) if cuda else None,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    if args.trace is not None:
+        with tempfile.TemporaryDirectory() as scratch:
+            raw = Path(scratch) / "trace.json"
+            prof.export_chrome_trace(str(raw))
+            with raw.open("rb") as source, gzip.open(args.trace, "wb") as target:
+                shutil.copyfileobj(source, target)
+    print(json.dumps({k: v for k, v in report.items() if k not in ("host_ops", "cuda_runtime")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
