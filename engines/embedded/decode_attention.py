@@ -288,13 +288,19 @@ def compile_kernel(
         kernel.warmup(*args, grid=grid, **kwargs)
 
 
+# The kernels a worker defines before its first submission: this module's, and the few-token
+# linear kernel's (by name: engines.embedded.gemv imports this module).
+WORKER_KERNELS: tuple[tuple[str, str], ...] = (
+    (__name__, "_kernels"),
+    ("engines.embedded.gemv", "_kernel"),
+)
+
+
 def _prepare_worker() -> None:
     """Imports Triton and defines the kernels in a fresh worker, so that its start-up overlaps
     the parent's first forwards rather than following its first submission."""
-    from engines.embedded.gemv import _kernel
-
-    _kernels()
-    _kernel()
+    for module, function in WORKER_KERNELS:
+        getattr(importlib.import_module(module), function)()
 
 
 def _process_pool(workers: int) -> Executor:

@@ -480,3 +480,13 @@ def test_a_triton_graph_runner_compiles_its_attention_ahead_and_steps_the_same(
         outputs.append(runner._ragged_graphs[4, 8, 16](ids, positions, index.clone()).clone())
     valid = torch.arange(8)[None, :] < torch.tensor([3, 1, 8, 2])[:, None]
     torch.testing.assert_close(outputs[0][valid], outputs[1][valid])
+
+
+def test_a_compile_worker_defines_every_kernel_it_may_be_sent() -> None:
+    """``_prepare_worker`` defines the attention's kernels and the few-token linear kernel,
+    the sources ``compile_kernel`` resolves (gemv's by name: it imports decode_attention)."""
+    from engines.embedded import decode_attention, gemv
+
+    decode_attention._prepare_worker()
+    assert ("engines.embedded.gemv", "_kernel") in decode_attention.WORKER_KERNELS
+    assert gemv._kernel.cache_info().currsize == 1  # type: ignore[attr-defined]
