@@ -421,7 +421,8 @@ def main() -> int:
         default="aten",
         help="comma-separated linear kernels, runners for each: "
         + ", ".join(LINEAR_KERNELS)
-        + " (gemv: engines/embedded/gemv.py, steps of up to 16 tokens)",
+        + " (gemv: engines/embedded/gemv.py, steps of up to 16 tokens; fused: gemv with the "
+        "layers' norms, gate and residual adds inside it at one token, the CUDA default)",
     )
     parser.add_argument(
         "--context",
