@@ -163,6 +163,19 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
         result["engine_k0"]["ms_per_step_wall"] / floors["target_and_context_ms"]
     )
     result["engine_k0_ratio_target"] = result["engine_k0"]["ms_per_step_wall"] / floors["target_ms"]
+    # The same k = 0 steps one per call (no plain bursts): what the bursts save a step.
+    burst, engine.plain_burst = engine.plain_burst, 1
+    try:
+        single = run_engine(engine, prompt, NEW_TOKENS, 0)
+    finally:
+        engine.plain_burst = burst
+    result["engine_k0_single"] = {
+        key: single[key] for key in ("ms_per_step_wall", "ms_per_step_device", "num_steps")
+    }
+    result["engine_k0_single"]["same_tokens"] = (
+        single["output_ids"] == result["engine_k0"]["output_ids"]
+    )
+    result["engine_k0"]["plain_burst"] = burst
     # The same k = 0 steps through the general step (the runner's plain-step path off):
     # what that path saves a step, and that it emits the same tokens.
     runner.plain_fast_path = False

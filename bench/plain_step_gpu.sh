@@ -10,14 +10,16 @@
 #      Triton attention): aten / gemv / fused linear layers x the draft's context inserted /
 #      deferred -> $OUT/decode_gpu.json (the batch-1/8/64 plain step against the floor, the
 #      target-only forward, the engine step at k = 0 and 15, the stashing graph, the insert);
-#   3. bench/plain_step_trace.py at batch 1 and 64: where the engine's plain step spends the
-#      time outside its graph (0.46-0.68 ms a batch-1 step in session 28) ->
-#      $OUT/plain_step_trace_b{1,64}.json and a gzip Chrome trace of batch 1.
+#   3. bench/plain_step_trace.py at batch 1 and 64 (TRACE_BATCHES): where the engine's plain
+#      step spends the time outside its graph (0.46-0.68 ms a batch-1 step in session 28),
+#      then plain bursts of 1, 4 and 8 steps per host round trip timed in 5 rounds of random
+#      order (session 29) -> $OUT/plain_step_trace_b{1,64}.json and a gzip Chrome trace of
+#      batch 1.
 #
 # On the GPU (device tool `run`, carry .whl, prefix as README "GPU runs" shows):
 #   OUT=$OUT bash bench/plain_step_gpu.sh
 # Skip a part: GEMV=0, DECODE=0 or TRACE=0; LINEAR and CONTEXT pick decode_gpu's runners
-# (default aten,fused and defer). PY picks the interpreter (default python3).
+# (default aten,fused and defer); TRACE_BATCHES the trace's batch sizes. PY picks the interpreter (default python3).
 set -uo pipefail
 OUT=${OUT:?set OUT to the results folder}
 PY=${PY:-python3}
@@ -35,7 +37,7 @@ if [ "${DECODE:-1}" = 1 ]; then
   echo "decode_gpu: exit $status"; tail -n 3 "$OUT/decode_gpu.log"
 fi
 if [ "${TRACE:-1}" = 1 ]; then
-  for batch in 1 64; do
+  for batch in ${TRACE_BATCHES:-1 64}; do
     trace=()
     [ "$batch" = 1 ] && trace=(--trace "$OUT/plain_step_trace_b1.json.gz")
     timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" \

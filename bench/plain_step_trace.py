@@ -19,6 +19,15 @@ without the profiler (``wall_ms``), then the same number under it, and reports p
   stream), and ``device_idle_ms`` = the profiled step's wall minus that;
 - the profiled step's wall beside the unprofiled one (the profiler's own cost).
 
+The profiled steps run one plain step per ``Engine.step`` call (``plain_burst`` 1, as in
+session 28). Then ``--bursts`` compares the engine's plain bursts (``Engine(plain_burst=n)``:
+n plain steps queued back to back per host round trip) in ``--rounds`` rounds, the lengths in
+a random order each round (``--order-seed``): ``bursts`` gives per length the wall time per
+plain step of each round (a call's wall over the steps it ran) and their mean and spread,
+and on CUDA the ratio to the batch's weight-read floor (``bench/decode_gpu.py``'s: the
+target's and the draft context's weights and each row's K/V, over the measured copy
+bandwidth).
+
 ``--trace`` also writes the Chrome trace (gzip) for a look at the timeline. ``--tiny --device
 cpu``: a tiny random pair without compiling (graphs as static calls), CPU activity only: the
 script's own test.
@@ -52,9 +61,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--top", type=int, default=25, help="host operators listed (default 25)")
     parser.add_argument("--trace", type=Path, help="also write the Chrome trace here (gzip)")
+    parser.add_argument(
+        "--bursts",
+        default="1,4,8",
+        help="plain-burst lengths compared after the trace, comma-separated (default 1,4,8; "
+        "empty: none)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --bursts (default 5)")
+    parser.add_argument("--order-seed", type=int, default=0, help="seed of each round's order")
     args = parser.parse_args(argv)
-    if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1:
-        parser.error("--batch, --steps, --warmup and --top must be >= 1")
+    if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1 or args.rounds < 1:
+        parser.error("--batch, --steps, --warmup, --top and --rounds must be >= 1")
+    try:
+        args.bursts = [int(b) for b in args.bursts.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--bursts {args.bursts!r}: comma-separated integers")
+    if any(not 1 <= b <= 16 for b in args.bursts):
+        parser.error("--bursts: each length from 1 to 16")
     return args
 
 
@@ -70,7 +93,7 @@ def build_engine(args: argparse.Namespace) -> Any:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
-    max_seq_len = PROMPT_LEN + args.warmup + 2 * args.steps + 64
+    max_seq_len = PROMPT_LEN + new_tokens(args) + 64
     torch.manual_seed(0)
     spec = dflash_draft_for(shape)
     target, draft = build_models(shape, spec, device, dtype, max_seq_len + 64)
@@ -86,7 +109,14 @@ def build_engine(args: argparse.Namespace) -> Any:
         compile_scope="layer",
         attention="auto",
     )
-    return Engine(runner, args.batch, max_seq_len), shape
+    return Engine(runner, args.batch, max_seq_len, plain_burst=1), shape
+
+
+def new_tokens(args: argparse.Namespace) -> int:
+    """Tokens each request may make: warm-up, the timed and the traced steps, every burst
+    round (a settling burst, then the steps rounded up to whole bursts), room to spare."""
+    rounds = args.rounds * sum(args.steps + 2 * b for b in args.bursts)
+    return args.warmup + 2 * args.steps + rounds + 16
 
 
 def add_requests(engine: Any, shape: Any, args: argparse.Namespace) -> None:
@@ -95,10 +125,9 @@ def add_requests(engine: Any, shape: Any, args: argparse.Namespace) -> None:
     from engines.embedded.events import SamplingParams
     from engines.embedded.request import Request
 
-    new_tokens = args.warmup + 2 * args.steps + 2
     for row in range(args.batch):
         prompt = torch.randint(0, shape.vocab_size, (PROMPT_LEN,)).tolist()
-        params = SamplingParams(max_new_tokens=new_tokens)
+        params = SamplingParams(max_new_tokens=new_tokens(args))
         engine.add(Request(f"plain{row}", prompt, params, lambda view: 0, {}))
 
 
@@ -110,6 +139,72 @@ def timed_steps(engine: Any, steps: int, synchronize: Any) -> list[float]:
         synchronize()
         walls.append(time.perf_counter() - started)
     return walls
+
+
+def timed_burst(engine: Any, steps: int, synchronize: Any) -> float:
+    """Seconds per plain step over at least ``steps`` steps of ``engine`` (its
+    ``plain_burst`` as set), whole calls timed end to end."""
+    rows = len(engine.scheduler.running)
+    reports = 0  # one per row per plain step
+    synchronize()
+    started = time.perf_counter()
+    while reports < steps * rows:
+        events = engine.step()
+        reports += sum(1 for _, e in events if getattr(e, "report", None) is not None)
+        if not events or len(engine.scheduler.running) != rows:
+            raise RuntimeError("a request ran out of tokens mid-run (new_tokens' room)")
+    synchronize()
+    return (time.perf_counter() - started) / (reports / rows)
+
+
+def compare_bursts(
+    engine: Any, args: argparse.Namespace, synchronize: Any, floor_ms: float | None
+) -> dict[str, Any]:
+    """Per burst length, the wall time per plain step in each round (random order per round)."""
+    import random
+
+    order_rng = random.Random(args.order_seed)
+    runs: dict[int, list[float]] = {b: [] for b in args.bursts}
+    orders = []
+    for _ in range(args.rounds):
+        order = list(args.bursts)
+        order_rng.shuffle(order)
+        orders.append(order)
+        for burst in order:
+            engine.plain_burst = burst
+            timed_burst(engine, burst, synchronize)  # settle into this length
+            runs[burst].append(1e3 * timed_burst(engine, args.steps, synchronize))
+    engine.plain_burst = 1
+    out: dict[str, Any] = {"orders": orders}
+    for burst, values in runs.items():
+        mean = statistics.fmean(values)
+        cell: dict[str, Any] = {
+            "ms_per_step": [round(v, 4) for v in values],
+            "mean": round(mean, 4),
+            "sd": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
+            "min": round(min(values), 4),
+            "max": round(max(values), 4),
+        }
+        if floor_ms:
+            cell["ratio_to_floor"] = round(mean / floor_ms, 4)
+        out[str(burst)] = cell
+    return out
+
+
+def floor_of(engine: Any, batch: int) -> dict[str, float]:
+    """The batch's weight-read floor, as bench/decode_gpu.py reckons it (CUDA only)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from decode_gpu import PROMPT_LEN as FLOOR_PROMPT_LEN
+    from decode_gpu import batch_floor_ms, kv_bytes_per_row, weight_bytes
+    from engine_gpu import hbm_bandwidth_bytes_per_s
+
+    assert FLOOR_PROMPT_LEN == PROMPT_LEN, "the floor's context is this bench's prompt"
+    runner = engine.runner
+    sizes = weight_bytes(runner)
+    bandwidth = hbm_bandwidth_bytes_per_s()
+    kv = kv_bytes_per_row(runner.target.shape, PROMPT_LEN)
+    floor = batch_floor_ms(sizes["target"] + sizes["draft_context"], kv, batch, bandwidth)
+    return {"floor_ms": round(floor, 4), "bandwidth_tb_s": round(bandwidth / 1e12, 3)}
 
 
 def summarise(profile: Any, steps: int, top: int) -> dict[str, Any]:
@@ -164,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         traced = timed_steps(engine, args.steps, synchronize)
     summary = summarise(prof, args.steps, args.top)
     traced_ms = 1e3 * statistics.fmean(traced)
+    floor = floor_of(engine, args.batch) if cuda else {}
+    bursts = compare_bursts(engine, args, synchronize, floor.get("floor_ms")) if args.bursts else {}
     runner = engine.runner
     report = {
         "command": "python " + " ".join(["bench/plain_step_trace.py", *(argv or sys.argv[1:])]),
@@ -183,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         "profiled_wall_ms": round(traced_ms, 3),
         **summary,
         "device_idle_ms": round(traced_ms - summary["device_busy_ms"], 3) if cuda else None,
+        **floor,
+        "bursts": bursts,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

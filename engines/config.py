@@ -126,6 +126,11 @@ class EmbeddedConfig(Section):
     # and insert them into the draft's context when the row drafts again (or every 16 plain
     # steps): H200 8B plain step 0.19-0.22 ms faster at batch 1, 8 and 64. docs/engine.md.
     defer_context: bool = True
+    # On a CUDA device: a step where every row has k = 0 runs up to this many plain steps
+    # queued back to back with one host round trip (the device no longer waits for the
+    # host's bookkeeping between them); their tokens stream as that many steps' (1: off; a
+    # request arriving meanwhile waits up to this many steps). docs/engine.md, "Plain bursts".
+    plain_burst: int = Field(default=4, ge=1, le=16)
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)
     # Measure this engine's step cost at start-up (engines/embedded/step_profile.py) and price

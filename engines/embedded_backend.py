@@ -155,6 +155,7 @@ class EmbeddedEngineBackend:
             compile_attention_ahead=c.compile_attention_ahead,
             linear=c.linear,
             defer_context=c.defer_context,
+            plain_burst=c.plain_burst,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from engines.embedded.engine import Engine
+from engines.embedded.engine import PLAIN_BURST, Engine
 from engines.embedded.events import (
     AttentionChoice,
     CompileMode,
@@ -94,6 +94,7 @@ class AsyncEngine:
         compile_attention_ahead: bool = True,
         linear: LinearChoice = "auto",
         defer_context: bool = True,
+        plain_burst: int = PLAIN_BURST,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -109,7 +110,8 @@ class AsyncEngine:
         compiled in worker processes before the captures (``ModelRunner``); ``linear``: the
         linear layers' kernel (``auto``: the fused few-token kernel on CUDA, else aten);
         ``defer_context``: on a CUDA device, k = 0 steps stash the draft's context
-        (``ModelRunner``)."""
+        (``ModelRunner``); ``plain_burst``: on a CUDA device, plain steps per host round
+        trip when every row has k = 0 (``Engine``; elsewhere 1)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -131,7 +133,8 @@ class AsyncEngine:
             defer_context=None if defer_context else False,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
-        engine = Engine(runner, max_batch_size, max_seq_len, planner)
+        burst = plain_burst if torch_device.type == "cuda" else 1
+        engine = Engine(runner, max_batch_size, max_seq_len, planner, plain_burst=burst)
         if before_serving is not None:
             before_serving(engine)
         return cls(engine, tokenizer, str(torch_device))

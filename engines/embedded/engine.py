@@ -34,7 +34,7 @@ from engines.embedded.events import (
     TokenEvent,
 )
 from engines.embedded.request import Request
-from engines.embedded.runner import Allocate, ModelRunner, StepResult
+from engines.embedded.runner import DEFERRED_POSITIONS, Allocate, ModelRunner, StepResult
 from engines.embedded.scheduler import Scheduler
 from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, clamp_spec_tokens, max_spec_tokens
@@ -47,6 +47,10 @@ StepEvent = tuple[Request, TokenEvent | RequestFailed]
 # Prompts prefilled together pad to the longest: a forward's rows x longest prompt stays
 # within this many tokens (its attention mask holds rows x heads/kv_heads x longest^2 bools).
 PREFILL_PADDED_TOKENS = 4096
+# Plain steps per host round trip on a CUDA device when every row has k = 0 (``Engine``'s
+# ``plain_burst``): the device's idle time between steps (the host's bookkeeping, the
+# inputs' copies, the graph launch) comes once per burst.
+PLAIN_BURST = 4
 
 
 # isinstance against a runtime-checkable protocol walks the protocol's members on every call
@@ -87,12 +91,23 @@ class Engine:
         max_batch_size: int,
         max_seq_len: int,
         planner: StepPlanner | None = None,
+        plain_burst: int | None = None,
     ) -> None:
+        """``plain_burst`` (default: ``PLAIN_BURST`` on a CUDA device, else 1): a step where
+        every row has k = 0 runs up to this many plain steps queued back to back, with one
+        host round trip (``ModelRunner.plain_steps``); their tokens and reports come out as
+        that many steps' events. 1: one step per ``step()`` call."""
+        if plain_burst is None:
+            plain_burst = PLAIN_BURST if runner.device.type == "cuda" else 1
+        if not 1 <= plain_burst <= DEFERRED_POSITIONS:
+            raise ValueError(f"plain_burst={plain_burst}: use 1 to {DEFERRED_POSITIONS}")
+        self.plain_burst = plain_burst
         self.runner = runner
         self.planner = planner
         # This step's rows as the planner saw them, and their controllers.
         self._planned: tuple[list[RequestView], list[SpecController]] = ([], [])
-        self._unrecorded: list[StepEvent] = []  # the last step's rows, not yet told to it
+        # The last step's rows (a plain burst: each of its steps'), not yet told to it.
+        self._unrecorded: list[list[StepEvent]] = []
         # The last device-allocated step's scores, not yet told to the planner that made them
         # (told while the device runs the next step's draft or verify, or when the engine
         # runs out of rows): (planner, rows as it saw them, their controllers, the result).
@@ -225,6 +240,12 @@ class Engine:
             except Exception as exc:
                 events.append((request, self._failed(request, "prepare", exc)))
                 self._release(request)
+        running = list(self.scheduler.running)
+        steps = self._burst_length(running, [plans[r.request_id][0] for r in running])
+        if steps > 1:
+            burst = self._plain_burst(running, [plans[r.request_id][1] for r in running], steps)
+            if burst is not None:
+                return events + burst
         # Uniforms are drawn once, above: a step re-run after dropping a culprit samples
         # exactly what the first attempt would have.
         while rows := list(self.scheduler.running):
@@ -264,9 +285,56 @@ class Engine:
             stepped = [
                 self._postprocess(r, i, verified[i], result, two_phase) for i, r in enumerate(rows)
             ]
-            self._unrecorded = stepped  # told to the planner while the next step runs
+            self._unrecorded = [stepped]  # told to the planner while the next step runs
             events += stepped
             break
+        return events
+
+    def _burst_length(self, rows: list[Request], spec_tokens: list[int]) -> int:
+        """How many plain steps this step runs: up to ``plain_burst`` when every row has k = 0,
+        no more than the longest-running row still needs."""
+        if self.plain_burst == 1 or any(spec_tokens) or not rows:
+            return 1
+        if not getattr(self.runner, "takes_plain_bursts", False):  # (test doubles)
+            return 1
+        return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
+
+    def _plain_burst(
+        self, rows: list[Request], first: list[torch.Tensor], steps: int
+    ) -> list[StepEvent] | None:
+        """``steps`` plain steps of every running row with one host round trip
+        (``ModelRunner.plain_steps``); the events of each step in turn, a row's ending with
+        the step that finishes it (its later tokens are dropped: scratch). None if the burst
+        raised: the caller then runs one ordinary step, whose culprit search finds the row
+        to blame (its first uniforms are ``first``, drawn for it; a seeded sampled row's
+        later draws were spent on the failed burst)."""
+        try:
+            drawn = [first]
+            for _ in range(steps - 1):
+                drawn.append([self._uniforms(r) for r in rows])
+            if all(u is self._greedy_uniforms for step in drawn for u in step):
+                uniforms = torch.zeros(steps, len(rows), self._greedy_uniforms.shape[0])
+            else:
+                uniforms = torch.stack([torch.stack(step) for step in drawn])
+            results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
+        except Exception:
+            logger.warning("a burst of %d plain steps failed; stepping once instead", steps)
+            return None
+        events: list[StepEvent] = []
+        recorded: list[list[StepEvent]] = []
+        alive = list(enumerate(rows))
+        for result in results:
+            stepped = [self._postprocess(r, i, 0, result) for i, r in alive]
+            recorded.append(stepped)
+            events += stepped
+            alive = [
+                (i, r)
+                for (i, r), (_, event) in zip(alive, stepped, strict=True)
+                if isinstance(event, TokenEvent) and not event.finished
+            ]
+            if not alive:
+                break
+        self._unrecorded = recorded  # told to the planner while the next step runs
         return events
 
     def _device_scoring(
@@ -386,15 +454,18 @@ class Engine:
 
     def _tell_planner(self) -> None:
         """The planner learns what its last step did (a planner that raises is logged, only)."""
-        stepped, self._unrecorded = self._unrecorded, []
-        if self.planner is None or not stepped:
+        steps, self._unrecorded = self._unrecorded, []
+        if self.planner is None:
             return
-        done = [(r.controller, e.report) for r, e in stepped if isinstance(e, TokenEvent)]
-        reports = [report for _, report in done if report is not None]
-        try:
-            self.planner.record([c for c, report in done if report is not None], reports)
-        except Exception:
-            logger.exception("step planner failed to record a step")
+        for stepped in steps:
+            done = [(r.controller, e.report) for r, e in stepped if isinstance(e, TokenEvent)]
+            reports = [report for _, report in done if report is not None]
+            if not reports:
+                continue
+            try:
+                self.planner.record([c for c, report in done if report is not None], reports)
+            except Exception:
+                logger.exception("step planner failed to record a step")
 
     def _find_culprit(
         self,

@@ -976,6 +976,49 @@ class ModelRunner:
         result = replace(result, on_device=verified is not None)
         return result if measured else replace(result, draft_confidence=None)
 
+    @property
+    def takes_plain_bursts(self) -> bool:
+        """Whether ``plain_steps`` may run (the plain fast path; not synthetic acceptance,
+        whose k = 0 steps take the general path)."""
+        return self.synthetic is None and self.plain_fast_path
+
+    @torch.inference_mode()
+    def plain_steps(
+        self,
+        rows: list[Request],
+        uniforms: torch.Tensor,
+        overlap: Callable[[], None] | None = None,
+    ) -> list[StepResult]:
+        """``len(uniforms)`` plain steps of ``rows`` (every row at k = 0) queued back to back
+        with one sync at the end: each step's input token is the previous step's, fed on the
+        device, so the device runs the steps without waiting for the host between them.
+        ``uniforms`` [steps, B, 2 * block_size + 1] (CPU): step i's, as ``step`` takes them
+        (only the bonus uniform is read). The same tokens as that many ``step`` calls at
+        k = 0 with those uniforms; the caller drops a row's tokens after its stop token or
+        length limit (``Request.append``): the steps after them are scratch, as a dropped
+        step's are. Rows must have room in the caches for ``steps`` more positions (the
+        engine's ``max_seq_len`` leaves at least ``block_size`` beyond every request).
+        Each result is one step's; its ``step_time_s`` is the burst's time over ``steps``.
+        ``overlap``: as ``step``'s, run once every step is queued."""
+        steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
+        if not 1 <= steps <= DEFERRED_POSITIONS or uniforms.shape[1] != len(rows):
+            raise ValueError(
+                f"uniforms {tuple(uniforms.shape)}: [steps, rows={len(rows)}, uniforms] with "
+                f"1 <= steps <= {DEFERRED_POSITIONS}"
+            )
+        if not self.takes_plain_bursts:
+            raise ValueError("plain_steps needs the plain fast path and no synthetic acceptance")
+        started = self._clock()
+        host = torch.tensor([[r.last_token, r.position, r.pending_context] for r in rows])
+        last, start, pending = host.to(self.device).unbind(1)
+        is_greedy = all(r.params.temperature <= 0 for r in rows)
+        tokens = self._plain_tokens(
+            rows, last, start, pending, uniforms[:, :, -1], is_greedy, False, overlap
+        )
+        elapsed_s = (self._clock() - started) / steps
+        plain = [0] * len(rows)
+        return [self._unpack(tokens[:, i : i + 1], plain, 0, elapsed_s) for i in range(steps)]
+
     def _plain_step(
         self,
         rows: list[Request],
@@ -989,38 +1032,67 @@ class ModelRunner:
         overlap: Callable[[], None] | None,
         started: float,
     ) -> StepResult:
-        """``step`` with every row at k = 0: each row's next token is the target's after its
-        last token — greedy, the argmax (what ``verify_greedy`` gives with no drafts); sampled,
-        drawn from the target's probabilities with the row's bonus uniform (what
-        ``verify_rejection`` draws with no drafts: nothing to reject, the residual is the
-        target's distribution) — with the draft context updated by the verify forward as on
-        every step. Skips what the general step builds for drafts (the block, the draft's
-        uniforms, the acceptance kernels): the host work between two plain steps is the
-        device's idle time at batch 1.
+        """``step`` with every row at k = 0 (``_plain_tokens`` for one step): skips what the
+        general step builds for drafts (the block, the draft's uniforms, the acceptance
+        kernels): the host work between two plain steps is the device's idle time at batch 1."""
+        tokens = self._plain_tokens(
+            rows, last, start, pending, uniforms[None, :, -1], is_greedy, eager, overlap
+        )
+        return self._unpack(tokens, spec_tokens, 0, self._clock() - started)
+
+    def _plain_tokens(
+        self,
+        rows: list[Request],
+        last: torch.Tensor,
+        start: torch.Tensor,
+        pending: torch.Tensor,
+        bonus_uniforms: torch.Tensor,
+        is_greedy: bool,
+        eager: bool,
+        overlap: Callable[[], None] | None,
+    ) -> torch.Tensor:
+        """``steps = len(bonus_uniforms)`` plain steps queued back to back, each row's next
+        token the target's after its last one — greedy, the argmax (what ``verify_greedy``
+        gives with no drafts); sampled, drawn from the target's probabilities with the row's
+        bonus uniform of that step (what ``verify_rejection`` draws with no drafts: nothing
+        to reject, the residual is the target's distribution) — with the draft context
+        updated by the verify forward as on every step. Returns the tokens [B, steps] on the
+        host (the one sync, after ``overlap``).
 
         With ``defer_context`` (not ``eager``: the culprit search's probes insert as usual,
-        at scratch positions) each row's features go to its stash column ``pending`` instead
-        of the draft's context; a row whose stash is full has it inserted first."""
+        at scratch positions) each row's features go to its stash columns ``pending`` onwards
+        instead of the draft's context; a row whose stash has no room for the steps has it
+        inserted first."""
+        steps = bonus_uniforms.shape[0]
         defer = self.defer_context and not eager
-        if defer and any(r.pending_context >= DEFERRED_POSITIONS for r in rows):
+        if defer and any(r.pending_context + steps > DEFERRED_POSITIONS for r in rows):
             self._insert_deferred(rows, eager)
             pending = torch.zeros_like(pending)
-        if defer:
-            logits = self._run_stashing_verify(last[:, None], start[:, None], pending)
-        else:
-            logits = self._run_verify(last[:, None], start[:, None], spec_tokens, eager)[:, :1]
-        if is_greedy:
-            bonus = logits.argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
-        else:
-            probs = sampling_probs(logits, *self._params_tensors(rows))
-            bonus = sample_from_probs(probs[:, 0], uniforms[:, -1].to(self.device))[:, None]
+        params = None if is_greedy else self._params_tensors(rows)
+        drawn = None if is_greedy else bonus_uniforms.to(self.device)
+        ids, positions, columns = last[:, None], start[:, None], pending
+        plain = [0] * len(rows)
+        out = []
+        for i in range(steps):
+            if i:
+                positions, columns = positions + 1, columns + 1
+            if defer:
+                logits = self._run_stashing_verify(ids, positions, columns)
+            else:
+                logits = self._run_verify(ids, positions, plain, eager)[:, :1]
+            if params is None or drawn is None:
+                ids = logits.argmax(dim=-1)  # [B, 1]: the packed layout of 0 drafts
+            else:
+                probs = sampling_probs(logits, *params)
+                ids = sample_from_probs(probs[:, 0], drawn[i])[:, None]
+            out.append(ids)
         if overlap is not None:
             overlap()
-        host_bonus = bonus.cpu()  # the sync
+        host_tokens = (out[0] if steps == 1 else torch.cat(out, dim=1)).cpu()  # the sync
         if defer:
             for row in rows:
-                row.pending_context += 1
-        return self._unpack(host_bonus, spec_tokens, 0, self._clock() - started)
+                row.pending_context += steps
+        return host_tokens
 
     def _run_stashing_verify(
         self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor

@@ -29,9 +29,61 @@ def test_the_smoke_run_summarises_the_host_operators_per_step(tmp_path: Path) ->
     assert 0 < report["wall_ms"]["min"] <= report["wall_ms"]["median"] <= report["wall_ms"]["max"]
     assert report["device_idle_ms"] is None  # no device activity on the CPU
     assert "traceEvents" in json.loads(gzip.decompress(trace.read_bytes()))
+    bursts = report["bursts"]  # the default lengths, 5 rounds each in shuffled orders
+    assert sorted(bursts["orders"][0]) == [1, 4, 8] and len(bursts["orders"]) == 5
+    for burst in ("1", "4", "8"):
+        cell = bursts[burst]
+        assert len(cell["ms_per_step"]) == 5 and all(v > 0 for v in cell["ms_per_step"])
+        assert cell["min"] <= cell["mean"] <= cell["max"]
+        assert "ratio_to_floor" not in cell  # no floor on the CPU
+
+
+def test_bursts_are_timed_per_plain_step(tmp_path: Path) -> None:
+    """Each round times at least --steps plain steps of the burst length under test: the
+    engine ran bursts of exactly that length (a call's steps counted per row)."""
+    from bench import plain_step_trace
+
+    args = plain_step_trace.parse_args(
+        [
+            "--tiny",
+            "--device",
+            "cpu",
+            "--batch",
+            "2",
+            "--steps",
+            "6",
+            "--bursts",
+            "3",
+            "--rounds",
+            "2",
+            "--out",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    engine, shape = plain_step_trace.build_engine(args)
+    plain_step_trace.add_requests(engine, shape, args)
+    engine.step()  # the prefills
+    seen: list[int] = []
+    plain_steps = engine.runner.plain_steps
+
+    def counted(rows, uniforms, overlap=None):  # type: ignore[no-untyped-def]
+        seen.append(int(uniforms.shape[0]))
+        return plain_steps(rows, uniforms, overlap=overlap)
+
+    engine.runner.plain_steps = counted
+    before = len(engine.scheduler.running[0].output_ids)
+    result = plain_step_trace.compare_bursts(engine, args, lambda: None, None)
+    assert set(seen) == {3}
+    # Per round: one settling burst, then 6 steps = 2 bursts.
+    assert len(engine.scheduler.running[0].output_ids) - before == 2 * (3 + 6)
+    assert result["orders"] == [[3], [3]] and len(result["3"]["ms_per_step"]) == 2
+    assert engine.plain_burst == 1
 
 
 def test_the_full_shape_is_refused_on_the_cpu(tmp_path: Path) -> None:
     assert main(["--device", "cpu", "--out", str(tmp_path / "t.json")]) == 2
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--steps", "0", "--out", str(tmp_path / "t.json")])
+    for bad in ("0", "17", "4,x"):
+        with pytest.raises(SystemExit):
+            main(["--tiny", "--device", "cpu", "--bursts", bad, "--out", str(tmp_path / "t.json")])

@@ -1,0 +1,289 @@
+"""``Engine(plain_burst=n)``: a step where every row has k = 0 runs up to n plain steps queued
+back to back (``ModelRunner.plain_steps``), each step's input token the previous step's on the
+device. Same tokens as single steps, the same events and reports step by step, the draft's
+context intact for the steps that draft afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engines.embedded.engine import Engine
+from engines.embedded.events import (
+    RequestView,
+    SamplingParams,
+    SpecController,
+    StepReport,
+    TokenEvent,
+)
+from engines.embedded.loader import load_runner
+from engines.embedded.request import Request
+from engines.embedded.runner import DEFERRED_POSITIONS, ModelRunner
+from tests.engines.embedded.conftest import BIAS_TOKEN, BLOCK_SIZE, fixed_k, random_prompt
+from tests.engines.embedded.test_lossless import PROMPT_LEN, run_staggered
+
+
+def _engine(
+    pair: tuple[Path, Path],
+    burst: int,
+    graphs: bool = False,
+    defer: bool = False,
+    planner: Any = None,
+    max_batch_size: int = 4,
+) -> Engine:
+    runner = load_runner(
+        *pair,
+        torch.device("cpu"),
+        max_batch_size,
+        128,
+        use_cuda_graphs=graphs,
+        defer_context=defer,
+    )
+    return Engine(runner, max_batch_size, 128, planner=planner, plain_burst=burst)
+
+
+def _counted_bursts(engine: Engine) -> list[int]:
+    """Each ``plain_steps`` call's step count, recorded as the engine calls it."""
+    sizes: list[int] = []
+    plain_steps = engine.runner.plain_steps
+
+    def counted(rows, uniforms, overlap=None):  # type: ignore[no-untyped-def]
+        sizes.append(int(uniforms.shape[0]))
+        return plain_steps(rows, uniforms, overlap=overlap)
+
+    engine.runner.plain_steps = counted  # type: ignore[method-assign]
+    return sizes
+
+
+def _requests(sampled: bool) -> list[Request]:
+    """Greedy rows switching between plain stretches and drafting (lossless whatever k), a
+    greedy row that stops on a token it meets mid-burst, and (``sampled``) seeded sampled rows
+    that stay plain: their tokens depend only on the uniforms, one draw per step."""
+    requests = []
+    for i in range(6):
+        is_sampled = sampled and i % 3 == 2
+        controller: SpecController = (
+            fixed_k(0)
+            if is_sampled
+            else (lambda view, i=i: 3 if (view.num_generated // 7 + i) % 3 == 0 else 0)
+        )
+        requests.append(
+            Request(
+                f"r{i}",
+                random_prompt(70 + i, PROMPT_LEN),
+                SamplingParams(
+                    max_new_tokens=25 + 7 * i,
+                    temperature=0.9 if is_sampled else 0.0,
+                    top_p=0.95,
+                    seed=300 + i,
+                    stop_token_ids=(BIAS_TOKEN,) if i == 4 else (),
+                ),
+                controller,
+                {},
+            )
+        )
+    return requests
+
+
+@pytest.mark.parametrize(
+    ("graphs", "defer", "sampled"),
+    [(False, False, False), (True, True, False), (True, True, True), (False, True, True)],
+)
+def test_bursts_give_the_tokens_of_single_steps(
+    agreeing_pair: tuple[Path, Path], graphs: bool, defer: bool, sampled: bool
+) -> None:
+    """Two engines on the same requests (joining one per step, leaving at their lengths or a
+    stop token), one stepping once per call and one in bursts of 5: the same tokens and
+    finish reasons; bursts ran, some cut short by the longest remaining row."""
+    outputs = []
+    for burst in (1, 5):
+        engine = _engine(agreeing_pair, burst, graphs=graphs, defer=defer)
+        sizes = _counted_bursts(engine)
+        requests = _requests(sampled)
+        run_staggered(engine, requests)
+        outputs.append([(r.output_ids, r.finish_reason) for r in requests])
+        if burst == 1:
+            assert sizes == []
+        else:
+            assert sizes.count(5) >= 5, sizes
+    assert outputs[0] == outputs[1]
+    assert any(reason == "stop" for _, reason in outputs[0])
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_the_draft_context_after_bursts_is_a_fresh_prefill(
+    agreeing_pair: tuple[Path, Path], defer: bool
+) -> None:
+    """After 2 * DEFERRED_POSITIONS + 3 tokens decoded in bursts (stashes filled and
+    inserted on the way when deferring), the draft's cache holds what a fresh prefill of the
+    prompt and those tokens writes; then drafting accepts long runs again."""
+    engine = _engine(agreeing_pair, 5, defer=defer, max_batch_size=1)
+    plain_for = 2 * DEFERRED_POSITIONS + 3
+    request = Request(
+        "r",
+        random_prompt(90, PROMPT_LEN),
+        SamplingParams(max_new_tokens=plain_for + 40),
+        lambda view: 0 if view.num_generated < plain_for else BLOCK_SIZE - 1,
+        {},
+    )
+    engine.add(request)
+    while len(request.output_ids) < plain_for:
+        engine.step()
+    runner = engine.runner
+    runner._insert_deferred([request], False)
+    position = request.position
+    after = (
+        runner.draft_cache.k[:, 0, :, :position].clone(),
+        runner.draft_cache.v[:, 0, :, :position].clone(),
+    )
+    fresh = _engine(agreeing_pair, 1, max_batch_size=1)
+    probe = Request(
+        "p", request.prompt_ids + request.output_ids[:-1], SamplingParams(1), fixed_k(0), {}
+    )
+    probe.slot = 0
+    fresh.runner.prefill(probe, torch.zeros(2 * BLOCK_SIZE + 1))
+    reference = fresh.runner.draft_cache
+    torch.testing.assert_close(after[0], reference.k[:, 0, :, :position], atol=1e-5, rtol=0)
+    torch.testing.assert_close(after[1], reference.v[:, 0, :, :position], atol=1e-5, rtol=0)
+    while engine.has_work:
+        engine.step()
+    drafted = [a for a, k in zip(request.accept_lengths, request.spec_tokens, strict=True) if k]
+    assert drafted and sum(drafted) / len(drafted) > 2.0, drafted
+
+
+class RecordingPlanner:
+    """A step planner that keeps every row plain and records what each step told it."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[StepReport]] = []
+        self.plans = 0
+
+    def plan(
+        self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+    ) -> list[int]:
+        self.plans += 1
+        return [0] * len(views)
+
+    def record(self, controllers: Sequence[SpecController], reports: Sequence[StepReport]) -> None:
+        self.steps.append(list(reports))
+
+    def prepare(self, views: Sequence[RequestView], controllers: Sequence[SpecController]) -> None:
+        pass
+
+
+def test_a_burst_reports_step_by_step(agreeing_pair: tuple[Path, Path]) -> None:
+    """One ``step()`` of a 4-step burst: each row's events in step order, one token each; a
+    row that stops mid-burst has none after its finishing one; the planner planned once and
+    is told each step apart (batch size, k = 0, accept length 1, a quarter of the time)."""
+    planner = RecordingPlanner()
+    engine = _engine(agreeing_pair, 4, planner=planner)
+    prompts = [random_prompt(95 + i, PROMPT_LEN) for i in range(3)]
+    requests = [
+        Request(f"r{i}", p, SamplingParams(max_new_tokens=30), fixed_k(0), {})
+        for i, p in enumerate(prompts)
+    ]
+    single = _engine(agreeing_pair, 1)
+    reference = [Request(r.request_id, r.prompt_ids, r.params, fixed_k(0), {}) for r in requests]
+    for engine_, batch in ((engine, requests), (single, reference)):
+        for request in batch:
+            engine_.add(request)
+        engine_.step()  # the prefills, then the first burst
+    while single.has_work:
+        single.step()
+    # The second row stops on the token its single-step run makes third in the next burst
+    # (or earlier, where that token comes sooner).
+    done = len(requests[1].output_ids)
+    stop = reference[1].output_ids[done + 2]
+    cut = reference[1].output_ids[done : done + 4].index(stop) + 1
+    requests[1].params = SamplingParams(max_new_tokens=30, stop_token_ids=(stop,))
+    before = [len(r.output_ids) for r in requests]
+    engine._tell_planner()  # the first burst's steps
+    planner.steps.clear()
+    plans = planner.plans
+    events = engine.step()
+    assert planner.plans == plans + 1
+    by_row: dict[str, list[TokenEvent]] = {}
+    for request, event in events:
+        assert isinstance(event, TokenEvent)
+        by_row.setdefault(request.request_id, []).append(event)
+    assert [len(by_row[r.request_id]) for r in requests] == [4, cut, 4]
+    assert by_row["r1"][-1].finished and by_row["r1"][-1].finish_reason == "stop"
+    assert not any(e.finished for e in by_row["r1"][:-1] + by_row["r0"] + by_row["r2"])
+    for request, start in zip(requests, before, strict=True):
+        got = [t for e in by_row[request.request_id] for t in e.token_ids]
+        assert got == request.output_ids[start:]
+        assert [len(e.token_ids) for e in by_row[request.request_id]] == [1] * len(got)
+    engine._tell_planner()
+    assert [len(step) for step in planner.steps] == [3] * cut + [2] * (4 - cut)
+    times = {report.step_time_s for step in planner.steps for report in step}
+    assert len(times) == 1 and times.pop() > 0
+    for step in planner.steps:
+        assert all(r.spec_tokens == 0 and r.accept_length == 1 for r in step)
+        assert {r.batch_size for r in step} == {3}
+    assert not engine.scheduler.running or requests[1] not in engine.scheduler.running
+
+
+def test_when_a_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
+    """Bursts only when every row is plain, no longer than the longest remaining row; the
+    engine's default is one step per call off CUDA; a burst that raises falls back to one
+    ordinary step; bad settings are refused."""
+    assert _engine(agreeing_pair, 1).plain_burst == 1
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
+    assert Engine(runner, 2, 128).plain_burst == 1
+    for bad in (0, DEFERRED_POSITIONS + 1):
+        with pytest.raises(ValueError, match="plain_burst"):
+            Engine(runner, 2, 128, plain_burst=bad)
+
+    engine = _engine(agreeing_pair, 6)
+    sizes = _counted_bursts(engine)
+    drafting = Request("d", random_prompt(1, PROMPT_LEN), SamplingParams(50), fixed_k(2), {})
+    plain = Request("p", random_prompt(2, PROMPT_LEN), SamplingParams(3), fixed_k(0), {})
+    engine.add(drafting)
+    engine.add(plain)
+    engine.step()
+    assert sizes == []  # a drafting row: one step
+    drafting.controller = fixed_k(0)
+    engine.step()
+    assert sizes == [6]
+    short = _engine(agreeing_pair, 6)
+    short_sizes = _counted_bursts(short)
+    short.add(Request("s", random_prompt(3, PROMPT_LEN), SamplingParams(3), fixed_k(0), {}))
+    while short.has_work:
+        short.step()
+    assert short_sizes == [2]  # the prefill's token, then the 2 the row still needs
+
+    failing = _engine(agreeing_pair, 4)
+
+    def broken(*args: object, **kwargs: object) -> list[Any]:
+        raise RuntimeError("device fault")
+
+    failing.runner.plain_steps = broken  # type: ignore[method-assign]
+    request = Request("f", random_prompt(4, PROMPT_LEN), SamplingParams(10), fixed_k(0), {})
+    failing.add(request)
+    failing.step()
+    events = failing.step()
+    assert [len(e.token_ids) for _, e in events if isinstance(e, TokenEvent)] == [1]
+    while failing.has_work:
+        failing.step()
+    assert request.finish_reason == "length" and len(request.output_ids) == 10
+
+
+def test_plain_steps_refuses_what_it_cannot_run(agreeing_pair: tuple[Path, Path]) -> None:
+    runner: ModelRunner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
+    row = Request("r", random_prompt(5, PROMPT_LEN), SamplingParams(5), fixed_k(0), {})
+    row.slot = 0
+    uniforms = torch.zeros(2 * BLOCK_SIZE + 1)
+    runner.prefill(row, uniforms)
+    row.append([1])
+    for shape in [(2, 2 * BLOCK_SIZE + 1), (0, 1, 2 * BLOCK_SIZE + 1), (3, 2, 17)]:
+        with pytest.raises(ValueError, match="steps"):
+            runner.plain_steps([row], torch.zeros(shape))
+    with pytest.raises(ValueError, match="steps"):
+        runner.plain_steps([row], torch.zeros(DEFERRED_POSITIONS + 1, 1, 2 * BLOCK_SIZE + 1))
+    runner.plain_fast_path = False
+    with pytest.raises(ValueError, match="plain fast path"):
+        runner.plain_steps([row], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1))
