@@ -845,7 +845,7 @@ class ModelRunner:
             ]
         )
         last, start, num_draft, pending = host.to(self.device).unbind(1)
-        if widest == 0 and self.synthetic is None and self.plain_fast_path:
+        if widest == 0 and self.plain_fast_path:  # (synthetic too: nothing drawn at k = 0)
             plain = self._plain_step(
                 rows,
                 spec_tokens,
@@ -978,9 +978,10 @@ class ModelRunner:
 
     @property
     def takes_plain_bursts(self) -> bool:
-        """Whether ``plain_steps`` may run (the plain fast path; not synthetic acceptance,
-        whose k = 0 steps take the general path)."""
-        return self.synthetic is None and self.plain_fast_path
+        """Whether ``plain_steps`` may run (the plain fast path is on). Synthetic acceptance
+        draws nothing for a k = 0 step (its draws are functions of the row and the step
+        index), so its plain steps are the real engine's."""
+        return self.plain_fast_path
 
     @torch.inference_mode()
     def plain_steps(
@@ -1007,7 +1008,7 @@ class ModelRunner:
                 f"1 <= steps <= {DEFERRED_POSITIONS}"
             )
         if not self.takes_plain_bursts:
-            raise ValueError("plain_steps needs the plain fast path and no synthetic acceptance")
+            raise ValueError("plain_steps needs the plain fast path (plain_fast_path is off)")
         started = self._clock()
         host = torch.tensor([[r.last_token, r.position, r.pending_context] for r in rows])
         last, start, pending = host.to(self.device).unbind(1)

@@ -287,3 +287,39 @@ def test_plain_steps_refuses_what_it_cannot_run(agreeing_pair: tuple[Path, Path]
     runner.plain_fast_path = False
     with pytest.raises(ValueError, match="plain fast path"):
         runner.plain_steps([row], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1))
+
+
+def test_synthetic_acceptance_takes_the_plain_path_and_bursts(tiny_pair: tuple[Path, Path]) -> None:
+    """Synthetic acceptance (the benchmark harness's engines) draws nothing for a k = 0 step:
+    its plain steps take the plain path and its bursts as the real engine's do. Rows alternate
+    8 plain steps and 8 drafting steps (by step index: the same k whether asked every step
+    or every burst); the general path, the plain path one step a call and bursts of 4 give
+    the same tokens and accept lengths, the drafting steps' drawn runs included."""
+    from tests.engines.embedded.test_synthetic import tiny_profiles
+
+    runs = []
+    for fast, burst in ((False, 1), (True, 1), (True, 4)):
+        runner = load_runner(
+            *tiny_pair, torch.device("cpu"), 4, 128, synthetic=tiny_profiles(seed=3)
+        )
+        runner.plain_fast_path = fast
+        engine = Engine(runner, 4, 128, plain_burst=burst)
+        sizes = _counted_bursts(engine)
+        requests = [
+            Request(
+                f"s{i}",
+                random_prompt(120 + i, PROMPT_LEN),
+                SamplingParams(max_new_tokens=60, temperature=0.8 if i == 2 else 0.0, seed=i),
+                lambda view: 0 if (view.step_index // 8) % 2 == 0 else 3,
+                {"task": ("math", "chat")[i % 2], "synthetic_key": f"k{i}"},
+            )
+            for i in range(3)
+        ]
+        for request in requests:
+            engine.add(request)
+        while engine.has_work:
+            engine.step()
+        runs.append([(r.output_ids, r.accept_lengths, r.spec_tokens) for r in requests])
+        assert (sizes.count(4) >= 4) == (burst == 4), sizes
+        assert any(a > 1 for r in requests for a in r.accept_lengths)
+    assert runs[0] == runs[1] == runs[2]
