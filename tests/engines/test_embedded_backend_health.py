@@ -69,9 +69,12 @@ def test_start_passes_the_compile_settings_to_the_engine(
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(AsyncEngine, "load", load)
-    for ahead in (True, False):
-        backend = _backend(tmp_path, compile_attention_ahead=ahead, attention="sdpa")
+    for ahead, burst in ((True, 4), (False, 1)):
+        backend = _backend(
+            tmp_path, compile_attention_ahead=ahead, attention="sdpa", plain_burst=burst
+        )
         with pytest.raises(RuntimeError, match="stop here"):
             asyncio.run(backend.start())
         assert seen["compile_attention_ahead"] is ahead
         assert seen["attention"] == "sdpa"
+        assert seen["plain_burst"] == burst

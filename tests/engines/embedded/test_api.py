@@ -95,7 +95,8 @@ async def test_abandoned_stream_frees_its_slot(engine) -> None:
 
 
 async def test_generate_after_close_raises(agreeing_pair) -> None:
-    engine = AsyncEngine.load(agreeing_pair[0], agreeing_pair[1], device="cpu")
+    engine = AsyncEngine.load(agreeing_pair[0], agreeing_pair[1], device="cpu", plain_burst=8)
+    assert engine._engine.plain_burst == 1  # plain bursts are for CUDA devices only
     await engine.close()
     with pytest.raises(EngineClosed):
         await collect(engine, [1, 2], SamplingParams(max_new_tokens=2), lambda v: 0)
