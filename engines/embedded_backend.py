@@ -170,7 +170,8 @@ class EmbeddedEngineBackend:
 
         c = self.config
         device = str(engine.runner.device)
-        kernels = engine.runner.kernel_settings()
+        # The plain bursts change what a k = 0 step costs: part of what the table depends on.
+        kernels = {**engine.runner.kernel_settings(), "plain_burst": engine.plain_burst}
         key = cache_key(c.target, c.draft, device, c.max_batch_size, c.max_seq_len, kernels)
         describe = {"target": str(c.target), "draft": str(c.draft), "device": device, **kernels}
         table, origin = cached_or_profiled(

@@ -123,45 +123,83 @@ def _run_phase(
             engine.runner.last_two_phase_s = (0.0, 0.0)  # a step without a decode leaves it
         step_started = time.perf_counter()
         events = engine.step()
-        step_s = time.perf_counter() - step_started
-        tally.step_s.append(step_s)
-        ks = []
-        emitted = 0
+        call_s = time.perf_counter() - step_started
+        # A call runs one decode step, or a plain burst of several (Engine.plain_burst): each
+        # request's i-th report is step i's; the call's time is split evenly between them.
+        prefill_tokens = 0  # the admitted requests' first tokens: counted with the first step
+        step_ks: list[list[int]] = []
+        step_emitted: list[int] = []
+        seen: dict[str, int] = defaultdict(int)
         for request, event in events:
             if not isinstance(event, TokenEvent):
                 raise RuntimeError(f"request {request.request_id} failed: {event}")
-            emitted += len(event.token_ids)
-            if event.report is not None:
-                ks.append(event.report.spec_tokens)
-                tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
-        tally.tokens += emitted
-        tally.row_ks += ks
-        tally.mixed_k_steps += int(len(set(ks)) > 1)
-        tally.verify_tokens += sum(ks) + len(ks)
+            if event.report is None:
+                prefill_tokens += len(event.token_ids)
+                continue
+            index = seen[request.request_id]
+            seen[request.request_id] += 1
+            if index == len(step_ks):
+                step_ks.append([])
+                step_emitted.append(0)
+            step_ks[index].append(event.report.spec_tokens)
+            step_emitted[index] += len(event.token_ids)
+            tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
+        if not step_ks:  # a call that only prefilled
+            step_ks, step_emitted = [[]], [0]
+        step_emitted[0] += prefill_tokens
         waited_s, allocation_s = getattr(engine.runner, "last_two_phase_s", (0.0, 0.0))
         if allocation_s:
             tally.allocation_ms.append(1e3 * allocation_s)
-        tally.timeline.append(
-            (
-                len(ks),
-                max(ks, default=0),
-                int(admitted),
-                round(1e3 * step_s, 3),
-                round(1e3 * waited_s, 3),
-                round(1e3 * allocation_s, 3),
-                sum(ks) + len(ks),
+        for index, (ks, emitted) in enumerate(zip(step_ks, step_emitted, strict=True)):
+            first = index == 0
+            _tally_step(
+                tally,
+                ks,
                 emitted,
+                call_s / len(step_ks),
+                admitted and first,
+                (waited_s, allocation_s) if first else (0.0, 0.0),
+                multiple,
             )
-        )
-        if ks and not admitted:
-            shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
-            tally.by_shape[shape].append(step_s)
-            tally.decode_tokens += emitted
-            tally.decode_s += step_s
     tally.elapsed_s = time.perf_counter() - started
     host_after = built.host()
     tally.host = (host_after[0] - host_before[0], host_after[1] - host_before[1])
     return tally
+
+
+def _tally_step(
+    tally: PhaseTally,
+    ks: list[int],
+    emitted: int,
+    step_s: float,
+    admitted: bool,
+    two_phase_s: tuple[float, float],
+    multiple: int,
+) -> None:
+    """One decode step into the phase's tally: its rows' k, the tokens it emitted, its time."""
+    tally.step_s.append(step_s)
+    tally.tokens += emitted
+    tally.row_ks += ks
+    tally.mixed_k_steps += int(len(set(ks)) > 1)
+    tally.verify_tokens += sum(ks) + len(ks)
+    waited_s, allocation_s = two_phase_s
+    tally.timeline.append(
+        (
+            len(ks),
+            max(ks, default=0),
+            int(admitted),
+            round(1e3 * step_s, 3),
+            round(1e3 * waited_s, 3),
+            round(1e3 * allocation_s, 3),
+            sum(ks) + len(ks),
+            emitted,
+        )
+    )
+    if ks and not admitted:
+        shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
+        tally.by_shape[shape].append(step_s)
+        tally.decode_tokens += emitted
+        tally.decode_s += step_s
 
 
 def _request(job: Job, controller_for: Callable[[Job], SpecController]) -> Request:

@@ -49,7 +49,7 @@ from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 4  # part of the cache key: a change of method re-measures
+PROFILE_VERSION = 5  # part of the cache key: a change of method re-measures (5: bursts per step)
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
@@ -234,8 +234,8 @@ def _time_rows(
         samples = []
         for _ in range(timed_steps):
             started = time.perf_counter()
-            _step(engine)
-            samples.append(time.perf_counter() - started)
+            steps = _step(engine)
+            samples.append((time.perf_counter() - started) / steps)
         if len(engine.scheduler.running) != batch:
             raise RuntimeError(
                 f"profile point {batch} rows, {sum(ks) + batch} tokens: a row left early"
@@ -246,10 +246,16 @@ def _time_rows(
             engine.abort(request.request_id)
 
 
-def _step(engine: Engine) -> None:
+def _step(engine: Engine) -> int:
+    """One ``engine.step()``; how many decode steps it ran (a plain burst runs several:
+    ``Engine.plain_burst``, so a k = 0 point is priced per step, as the policy decides)."""
+    steps: dict[str, int] = {}
     for request, event in engine.step():
         if not isinstance(event, TokenEvent):
             raise RuntimeError(f"profile request {request.request_id} failed: {event}")
+        if event.report is not None:
+            steps[request.request_id] = steps.get(request.request_id, 0) + 1
+    return max(steps.values(), default=1)
 
 
 def cache_key(

@@ -194,6 +194,30 @@ def test_a_cpu_engine_has_no_token_buckets_and_explicit_points_time_mixed_rows(
     assert greedy(engine, 15) == before
 
 
+def test_plain_bursts_are_priced_per_step(
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that runs k = 0 steps in bursts of 4 (``plain_burst``) is timed per step:
+    with a clock that advances one second per ``engine.step()`` call, a k = 0 point costs a
+    quarter of a second and a drafting point a whole one."""
+    from engines.embedded import step_profile
+
+    runner = load_runner(pair[0], pair[1], torch.device("cpu"), MAX_BATCH, 256)
+    engine = Engine(runner, MAX_BATCH, 256, plain_burst=4)
+    clock = {"now": 0.0}
+    step = engine.step
+
+    def ticking() -> list:  # type: ignore[type-arg]
+        clock["now"] += 1.0
+        return step()
+
+    engine.step = ticking  # type: ignore[method-assign]
+    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: clock["now"])
+    table = profile_steps(engine, [1, 2], [1, 8], timed_steps=2)
+    assert [list(row) for row in table.step_time_s] == [[0.25, 1.0], [0.25, 1.0]]
+    assert not engine.has_work
+
+
 def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
     pair: tuple[Path, Path],
 ) -> None:

@@ -1,0 +1,63 @@
+"""The GPU-decisions harness's driver (bench/decisions/driver.py) tallies a plain burst
+(``Engine.plain_burst``: several k = 0 steps in one ``engine.step()`` call) as its steps: one
+timeline entry per step with its rows, the call's time split between them, and the phase's
+tokens, row-steps and verified tokens unchanged against an engine stepping once per call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.decisions.driver import run_policy
+from bench.decisions.policies import Built
+from bench.decisions.workload import Job, Phase
+from engines.embedded.engine import Engine
+from engines.embedded.loader import load_runner
+from policies.types import Task
+from tests.tinymodels import write_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_tiny_pair(tmp_path_factory.mktemp("driver"), block_size=8, seed=0)
+
+
+def _tally(pair: tuple[Path, Path], burst: int, k: int) -> dict:  # type: ignore[type-arg]
+    runner = load_runner(pair[0], pair[1], torch.device("cpu"), 4, 128)
+    engine = Engine(runner, 4, 128, plain_burst=burst)
+    jobs = [Job(f"j{i}", Task.CHAT, tuple(range(3 + i, 13 + i)), 9 + 4 * i) for i in range(6)]
+    phase = Phase("p", 3, len(jobs), {Task.CHAT: 1.0})
+    built = Built(None, lambda job: lambda view: k, lambda: (0.0, 0))
+    (tally,) = run_policy(engine, built, [phase], [jobs], 8)
+    return {
+        "tokens": tally.tokens,
+        "row_steps": len(tally.row_ks),
+        "verify_tokens": tally.verify_tokens,
+        "steps": len(tally.step_s),
+        "timeline": tally.timeline,
+        "step_s": tally.step_s,
+        "elapsed_s": tally.elapsed_s,
+    }
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_burst_is_tallied_as_its_steps(pair: tuple[Path, Path], k: int) -> None:
+    single, burst = _tally(pair, 1, k), _tally(pair, 4, k)
+    for key in ("tokens", "row_steps", "verify_tokens"):
+        assert single[key] == burst[key], key
+    if k:  # drafting rows never burst: the same steps
+        assert burst["steps"] == single["steps"]
+        return
+    # Fewer calls, the same steps; each step's rows and tokens are one row's one token.
+    assert burst["steps"] == single["steps"]
+    decode = [step for step in burst["timeline"] if step[0] and not step[2]]
+    assert decode and all(step[7] == step[0] == step[6] for step in decode)
+    assert sum(step[7] for step in burst["timeline"]) == burst["tokens"]
+    # Runs of equal times: a burst's steps share its call's time, not each the whole of it.
+    times = burst["step_s"]
+    assert sum(times) <= burst["elapsed_s"]
+    assert any(
+        times[i] == times[i + 1] == times[i + 2] == times[i + 3] for i in range(len(times) - 3)
+    )
