@@ -79,6 +79,7 @@ from engines.embedded.shapes import TARGET_SHAPES, dflash_draft_for
 
 logger = logging.getLogger("bench.decode_gpu")
 PROMPT_LEN, NEW_TOKENS = 512, 64
+SPEC_BURST = 4  # drafting steps per host round trip in the engine_k15_burst run
 
 
 def tensor_bytes(tensors: Any) -> int:
@@ -176,6 +177,20 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
         single["output_ids"] == result["engine_k0"]["output_ids"]
     )
     result["engine_k0"]["plain_burst"] = burst
+    # k = 15 steps 4 to a host round trip (Engine.spec_burst; off by default): what the
+    # host's time between drafting steps costs them, and that the tokens stay the same.
+    engine.spec_burst = SPEC_BURST
+    try:
+        bursts = run_engine(engine, prompt, NEW_TOKENS, runner.block_size - 1)
+    finally:
+        engine.spec_burst = 1
+    result["engine_k15_burst"] = {
+        key: bursts[key] for key in ("ms_per_step_wall", "ms_per_step_device", "num_steps")
+    }
+    result["engine_k15_burst"]["spec_burst"] = SPEC_BURST
+    result["engine_k15_burst"]["same_tokens"] = (
+        bursts["output_ids"] == result["engine_k15"]["output_ids"]
+    )
     # The same k = 0 steps through the general step (the runner's plain-step path off):
     # what that path saves a step, and that it emits the same tokens.
     runner.plain_fast_path = False

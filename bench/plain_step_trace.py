@@ -26,7 +26,9 @@ a random order each round (``--order-seed``): ``bursts`` gives per length the wa
 plain step of each round (a call's wall over the steps it ran) and their mean and spread,
 and on CUDA the ratio to the batch's weight-read floor (``bench/decode_gpu.py``'s: the
 target's and the draft context's weights and each row's K/V, over the measured copy
-bandwidth).
+bandwidth). ``--k K`` makes every step a drafting one at k = K instead (the random weights'
+drafts are almost never accepted: about a token a step) and the bursts drafting bursts
+(``Engine(spec_burst=n)``); no floor then.
 
 ``--trace`` also writes the Chrome trace (gzip) for a look at the timeline. ``--tiny --device
 cpu``: a tiny random pair without compiling (graphs as static calls), CPU activity only: the
@@ -69,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of --bursts (default 5)")
     parser.add_argument("--order-seed", type=int, default=0, help="seed of each round's order")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=0,
+        help="k of every row (default 0: plain steps; above 0 the bursts are drafting ones, "
+        "Engine.spec_burst, and the trace is of drafting steps)",
+    )
     args = parser.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1 or args.rounds < 1:
         parser.error("--batch, --steps, --warmup, --top and --rounds must be >= 1")
@@ -78,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--bursts {args.bursts!r}: comma-separated integers")
     if any(not 1 <= b <= 16 for b in args.bursts):
         parser.error("--bursts: each length from 1 to 16")
+    if not 0 <= args.k <= 15:
+        parser.error("--k: from 0 to 15")
     return args
 
 
@@ -116,7 +127,10 @@ def new_tokens(args: argparse.Namespace) -> int:
     """Tokens each request may make: warm-up, the timed and the traced steps, every burst
     round (a settling burst, then the steps rounded up to whole bursts), room to spare."""
     rounds = args.rounds * sum(args.steps + 2 * b for b in args.bursts)
-    return args.warmup + 2 * args.steps + rounds + 16
+    # Drafting steps: the random weights' drafts are almost never accepted (about a token a
+    # step), and a drafting burst needs room for k + 1 tokens a step to the end.
+    room = (args.k + 1) * 2 * max(args.bursts, default=1) if args.k else 16
+    return args.warmup + 2 * args.steps + rounds + room
 
 
 def add_requests(engine: Any, shape: Any, args: argparse.Namespace) -> None:
@@ -128,7 +142,7 @@ def add_requests(engine: Any, shape: Any, args: argparse.Namespace) -> None:
     for row in range(args.batch):
         prompt = torch.randint(0, shape.vocab_size, (PROMPT_LEN,)).tolist()
         params = SamplingParams(max_new_tokens=new_tokens(args))
-        engine.add(Request(f"plain{row}", prompt, params, lambda view: 0, {}))
+        engine.add(Request(f"plain{row}", prompt, params, lambda view, k=args.k: k, {}))
 
 
 def timed_steps(engine: Any, steps: int, synchronize: Any) -> list[float]:
@@ -171,10 +185,10 @@ def compare_bursts(
         order_rng.shuffle(order)
         orders.append(order)
         for burst in order:
-            engine.plain_burst = burst
+            engine.plain_burst = engine.spec_burst = burst
             timed_burst(engine, burst, synchronize)  # settle into this length
             runs[burst].append(1e3 * timed_burst(engine, args.steps, synchronize))
-    engine.plain_burst = 1
+    engine.plain_burst = engine.spec_burst = 1
     out: dict[str, Any] = {"orders": orders}
     for burst, values in runs.items():
         mean = statistics.fmean(values)
@@ -259,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         traced = timed_steps(engine, args.steps, synchronize)
     summary = summarise(prof, args.steps, args.top)
     traced_ms = 1e3 * statistics.fmean(traced)
-    floor = floor_of(engine, args.batch) if cuda else {}
+    floor = floor_of(engine, args.batch) if cuda and args.k == 0 else {}
     bursts = compare_bursts(engine, args, synchronize, floor.get("floor_ms")) if args.bursts else {}
     runner = engine.runner
     report = {
@@ -268,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "shape": "tiny" if args.tiny else args.shape,
         "batch": args.batch,
+        "k": args.k,
         "steps": args.steps,
         "runner": runner.kernel_settings(),
         "start_s": round(start_s, 1),

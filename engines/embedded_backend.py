@@ -156,6 +156,7 @@ class EmbeddedEngineBackend:
             linear=c.linear,
             defer_context=c.defer_context,
             plain_burst=c.plain_burst,
+            spec_burst=c.spec_burst,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )
@@ -170,8 +171,12 @@ class EmbeddedEngineBackend:
 
         c = self.config
         device = str(engine.runner.device)
-        # The plain bursts change what a k = 0 step costs: part of what the table depends on.
-        kernels = {**engine.runner.kernel_settings(), "plain_burst": engine.plain_burst}
+        # Bursts change what a step costs: part of what the table depends on.
+        kernels = {
+            **engine.runner.kernel_settings(),
+            "plain_burst": engine.plain_burst,
+            "spec_burst": engine.spec_burst,
+        }
         key = cache_key(c.target, c.draft, device, c.max_batch_size, c.max_seq_len, kernels)
         describe = {"target": str(c.target), "draft": str(c.draft), "device": device, **kernels}
         table, origin = cached_or_profiled(

@@ -95,6 +95,7 @@ class AsyncEngine:
         linear: LinearChoice = "auto",
         defer_context: bool = True,
         plain_burst: int = PLAIN_BURST,
+        spec_burst: int = 1,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -111,7 +112,8 @@ class AsyncEngine:
         linear layers' kernel (``auto``: the fused few-token kernel on CUDA, else aten);
         ``defer_context``: on a CUDA device, k = 0 steps stash the draft's context
         (``ModelRunner``); ``plain_burst``: on a CUDA device, plain steps per host round
-        trip when every row has k = 0 (``Engine``; elsewhere 1)."""
+        trip when every row has k = 0, and ``spec_burst`` for one-phase drafting steps
+        (``Engine``; elsewhere 1)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -133,8 +135,15 @@ class AsyncEngine:
             defer_context=None if defer_context else False,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
-        burst = plain_burst if torch_device.type == "cuda" else 1
-        engine = Engine(runner, max_batch_size, max_seq_len, planner, plain_burst=burst)
+        cuda = torch_device.type == "cuda"
+        engine = Engine(
+            runner,
+            max_batch_size,
+            max_seq_len,
+            planner,
+            plain_burst=plain_burst if cuda else 1,
+            spec_burst=spec_burst if cuda else 1,
+        )
         if before_serving is not None:
             before_serving(engine)
         return cls(engine, tokenizer, str(torch_device))

@@ -92,16 +92,21 @@ class Engine:
         max_seq_len: int,
         planner: StepPlanner | None = None,
         plain_burst: int | None = None,
+        spec_burst: int = 1,
     ) -> None:
         """``plain_burst`` (default: ``PLAIN_BURST`` on a CUDA device, else 1): a step where
         every row has k = 0 runs up to this many plain steps queued back to back, with one
         host round trip (``ModelRunner.plain_steps``); their tokens and reports come out as
-        that many steps' events. 1: one step per ``step()`` call."""
+        that many steps' events. 1: one step per ``step()`` call. ``spec_burst`` (default 1:
+        off): the same for one-phase drafting steps (``ModelRunner.spec_steps``), each row at
+        the k planned for the burst's first step."""
         if plain_burst is None:
             plain_burst = PLAIN_BURST if runner.device.type == "cuda" else 1
-        if not 1 <= plain_burst <= DEFERRED_POSITIONS:
-            raise ValueError(f"plain_burst={plain_burst}: use 1 to {DEFERRED_POSITIONS}")
+        for name, value in (("plain_burst", plain_burst), ("spec_burst", spec_burst)):
+            if not 1 <= value <= DEFERRED_POSITIONS:
+                raise ValueError(f"{name}={value}: use 1 to {DEFERRED_POSITIONS}")
         self.plain_burst = plain_burst
+        self.spec_burst = spec_burst
         self.runner = runner
         self.planner = planner
         # This step's rows as the planner saw them, and their controllers.
@@ -241,9 +246,10 @@ class Engine:
                 events.append((request, self._failed(request, "prepare", exc)))
                 self._release(request)
         running = list(self.scheduler.running)
-        steps = self._burst_length(running, [plans[r.request_id][0] for r in running])
+        drafting = [plans[r.request_id][0] for r in running]
+        steps = self._burst_length(running, drafting)
         if steps > 1:
-            burst = self._plain_burst(running, [plans[r.request_id][1] for r in running], steps)
+            burst = self._burst(running, drafting, [plans[r.request_id][1] for r in running], steps)
             if burst is not None:
                 return events + burst
         # Uniforms are drawn once, above: a step re-run after dropping a culprit samples
@@ -291,23 +297,43 @@ class Engine:
         return events
 
     def _burst_length(self, rows: list[Request], spec_tokens: list[int]) -> int:
-        """How many plain steps this step runs: up to ``plain_burst`` when every row has k = 0,
-        no more than the longest-running row still needs."""
-        if self.plain_burst == 1 or any(spec_tokens) or not rows:
+        """How many steps this step runs back to back: up to ``plain_burst`` when every row has
+        k = 0 (no more than the longest-running row still needs); up to ``spec_burst`` for a
+        one-phase drafting step, no more than every row has room for at its k + 1 tokens a
+        step (so no row writes past its own end)."""
+        if not rows:
             return 1
-        if not getattr(self.runner, "takes_plain_bursts", False):  # (test doubles)
+        if not any(spec_tokens):
+            if self.plain_burst == 1 or not getattr(self.runner, "takes_plain_bursts", False):
+                return 1  # (test doubles have no plain bursts)
+            return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
+        if self.spec_burst == 1 or not self._one_phase() or not hasattr(self.runner, "spec_steps"):
             return 1
-        return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
+        if getattr(self.runner, "synthetic", None) is not None:
+            return 1
+        room = min(r.num_remaining // (k + 1) for r, k in zip(rows, spec_tokens, strict=True))
+        return max(1, min(self.spec_burst, room))
 
-    def _plain_burst(
-        self, rows: list[Request], first: list[torch.Tensor], steps: int
+    def _one_phase(self) -> bool:
+        """Whether the planner's step (if any) drafts each row's planned k and verifies it,
+        with no allocation after the draft."""
+        planner = self.planner
+        if _implements(planner, DeviceSlotPlanner):
+            device = cast(DeviceSlotPlanner, planner)
+            if device.allocates() and device.allocates_on_device():
+                return False
+        return not (_implements(planner, SlotPlanner) and cast(SlotPlanner, planner).allocates())
+
+    def _burst(
+        self, rows: list[Request], spec_tokens: list[int], first: list[torch.Tensor], steps: int
     ) -> list[StepEvent] | None:
-        """``steps`` plain steps of every running row with one host round trip
-        (``ModelRunner.plain_steps``); the events of each step in turn, a row's ending with
-        the step that finishes it (its later tokens are dropped: scratch). None if the burst
-        raised: the caller then runs one ordinary step, whose culprit search finds the row
-        to blame (its first uniforms are ``first``, drawn for it; a seeded sampled row's
-        later draws were spent on the failed burst)."""
+        """``steps`` steps of every running row with one host round trip
+        (``ModelRunner.plain_steps`` when every row has k = 0, else ``spec_steps``); the events
+        of each step in turn, a row's ending with the step that finishes it (its later tokens
+        are dropped: scratch). None if the burst raised: the caller then runs one ordinary
+        step, whose culprit search finds the row to blame (its first uniforms are ``first``,
+        drawn for it; a seeded sampled row's later draws were spent on the failed burst)."""
+        plain = not any(spec_tokens)
         try:
             drawn = [first]
             for _ in range(steps - 1):
@@ -316,15 +342,19 @@ class Engine:
                 uniforms = torch.zeros(steps, len(rows), self._greedy_uniforms.shape[0])
             else:
                 uniforms = torch.stack([torch.stack(step) for step in drawn])
-            results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
+            if plain:
+                results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
+            else:
+                results = self.runner.spec_steps(rows, spec_tokens, uniforms, overlap=self._overlap)
         except Exception:
-            logger.warning("a burst of %d plain steps failed; stepping once instead", steps)
+            kind = "plain" if plain else "drafting"
+            logger.warning("a burst of %d %s steps failed; stepping once instead", steps, kind)
             return None
         events: list[StepEvent] = []
         recorded: list[list[StepEvent]] = []
         alive = list(enumerate(rows))
         for result in results:
-            stepped = [self._postprocess(r, i, 0, result) for i, r in alive]
+            stepped = [self._postprocess(r, i, spec_tokens[i], result) for i, r in alive]
             recorded.append(stepped)
             events += stepped
             alive = [

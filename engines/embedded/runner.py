@@ -869,26 +869,11 @@ class ModelRunner:
                 "acceptance draws none (give it a confidence_auc)"
             )
         offsets = torch.arange(self.block_size, device=self.device)
-        drafts = torch.zeros(len(rows), widest, dtype=torch.long, device=self.device)
-        draft_probs = None
-        if widest > 0:
-            block = torch.full(
-                (len(rows), self.block_size),
-                self.mask_token_id,
-                dtype=torch.long,
-                device=self.device,
-            )
-            block[:, 0] = last
-            draft_logits = self._run_draft(block, start[:, None] + offsets, spec_tokens, eager)[
-                :, :widest
-            ]
-            if params is None:
-                drafts = draft_logits.argmax(dim=-1)
-            else:
-                draft_probs = sampling_probs(draft_logits, *params)
-                drafts = sample_from_probs(draft_probs, u[:, :widest])
-            if measured:
-                confidence = self._confidence(draft_logits, draft_probs, params)
+        drafts, draft_probs, drafted_confidence = self._drafted(
+            last, start, spec_tokens, params, u, eager, measured
+        )
+        if drafted_confidence is not None:
+            confidence = drafted_confidence
         verified: torch.Tensor | None = None  # on the device: k per row [B]
         plan = None
         if on_device:
@@ -931,12 +916,7 @@ class ModelRunner:
             if draft_probs is not None:
                 draft_probs = draft_probs[:, :widest]
         if verified is None:
-            ids = torch.cat([last[:, None], drafts], dim=1)
-            if width > ids.shape[1]:
-                ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
-            logits = self._run_verify(ids, start[:, None] + offsets[:width], spec_tokens, eager)[
-                :, : widest + 1
-            ]
+            logits = self._verified(last, drafts, start, width, spec_tokens, eager)
         if allocate is not None and widest > 0:
             self.last_two_phase_s = (synced - waiting, time.perf_counter() - synced)
         if self.synthetic is not None:
@@ -946,26 +926,8 @@ class ModelRunner:
                 rows, spec_tokens, drafts, logits, params, u, started, draws, overlap, verified
             )
             return replace(result, on_device=verified is not None)
-        if params is None:
-            accepted, bonus = verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
-        else:
-            target_probs = sampling_probs(logits, *params)
-            if draft_probs is None:
-                draft_probs = target_probs.new_zeros(len(rows), 0, target_probs.shape[-1])
-            accepted, bonus = verify_rejection(
-                drafts,
-                num_draft,
-                draft_probs,
-                target_probs,
-                u[:, self.block_size : self.block_size + widest],
-                u[:, -1],
-            )
-        # Confidence travels in the same device->host copy, as fixed point (1e-6 steps).
-        fixed = (confidence * CONFIDENCE_SCALE).round().long()
-        parts = [accepted.long(), drafts, bonus[:, None], fixed]
-        if verified is not None:  # what each row verified travels in the same copy
-            parts.append(verified[:, None])
-        packed = torch.cat(parts, dim=1)
+        accepted, bonus = self._accepted(drafts, num_draft, logits, params, draft_probs, u)
+        packed = self._packed(accepted, drafts, bonus, confidence, verified)
         if overlap is not None:
             overlap()
         host_packed = packed.cpu()  # the sync
@@ -975,6 +937,169 @@ class ModelRunner:
         result = self._unpack(host_packed, spec_tokens, widest, self._clock() - started, drafted)
         result = replace(result, on_device=verified is not None)
         return result if measured else replace(result, draft_confidence=None)
+
+    def _drafted(
+        self,
+        last: torch.Tensor,
+        start: torch.Tensor,
+        spec_tokens: list[int],
+        params: tuple[torch.Tensor, ...] | None,
+        u: torch.Tensor,
+        eager: bool,
+        measured: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The draft forward of a step (none when no row drafts): each row's block is its last
+        token then mask tokens; the drafts [B, widest] (argmax, or sampled with the step's
+        draft uniforms), their distributions when sampling, and (``measured``) the draft's
+        confidence [B, widest]."""
+        rows, widest = last.shape[0], max(spec_tokens)
+        drafts = torch.zeros(rows, widest, dtype=torch.long, device=self.device)
+        if widest == 0:
+            return drafts, None, None
+        offsets = torch.arange(self.block_size, device=self.device)
+        block = torch.full(
+            (rows, self.block_size), self.mask_token_id, dtype=torch.long, device=self.device
+        )
+        block[:, 0] = last
+        draft_logits = self._run_draft(block, start[:, None] + offsets, spec_tokens, eager)[
+            :, :widest
+        ]
+        draft_probs = None
+        if params is None:
+            drafts = draft_logits.argmax(dim=-1)
+        else:
+            draft_probs = sampling_probs(draft_logits, *params)
+            drafts = sample_from_probs(draft_probs, u[:, :widest])
+        confidence = self._confidence(draft_logits, draft_probs, params) if measured else None
+        return drafts, draft_probs, confidence
+
+    def _verified(
+        self,
+        last: torch.Tensor,
+        drafts: torch.Tensor,
+        start: torch.Tensor,
+        width: int,
+        spec_tokens: list[int],
+        eager: bool,
+    ) -> torch.Tensor:
+        """The verify forward of each row's last token and drafts (padded to ``width``):
+        logits [B, widest + 1, vocab]."""
+        ids = torch.cat([last[:, None], drafts], dim=1)
+        if width > ids.shape[1]:
+            ids = torch.cat([ids, ids.new_zeros(ids.shape[0], width - ids.shape[1])], dim=1)
+        positions = start[:, None] + torch.arange(width, device=self.device)
+        return self._run_verify(ids, positions, spec_tokens, eager)[:, : drafts.shape[1] + 1]
+
+    def _accepted(
+        self,
+        drafts: torch.Tensor,
+        num_draft: torch.Tensor,
+        logits: torch.Tensor,
+        params: tuple[torch.Tensor, ...] | None,
+        draft_probs: torch.Tensor | None,
+        u: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's accepted prefix of its drafts [B, widest] and its bonus token [B]:
+        greedy (``verify_greedy``) or speculative sampling with the step's accept and bonus
+        uniforms (``verify_rejection``)."""
+        if params is None:
+            return verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
+        widest = drafts.shape[1]
+        target_probs = sampling_probs(logits, *params)
+        if draft_probs is None:
+            draft_probs = target_probs.new_zeros(drafts.shape[0], 0, target_probs.shape[-1])
+        return verify_rejection(
+            drafts,
+            num_draft,
+            draft_probs,
+            target_probs,
+            u[:, self.block_size : self.block_size + widest],
+            u[:, -1],
+        )
+
+    @staticmethod
+    def _packed(
+        accepted: torch.Tensor,
+        drafts: torch.Tensor,
+        bonus: torch.Tensor,
+        confidence: torch.Tensor,
+        verified: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """What a step copies to the host, one row each: [accepted (widest), drafts (widest),
+        bonus, confidence (fixed point, 1e-6 steps), and what the row verified when the
+        device allocated it] (``_unpack`` reads it)."""
+        fixed = (confidence * CONFIDENCE_SCALE).round().long()
+        parts = [accepted.long(), drafts, bonus[:, None], fixed]
+        if verified is not None:
+            parts.append(verified[:, None])
+        return torch.cat(parts, dim=1)
+
+    @torch.inference_mode()
+    def spec_steps(
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        uniforms: torch.Tensor,
+        overlap: Callable[[], None] | None = None,
+    ) -> list[StepResult]:
+        """``len(uniforms)`` one-phase steps of ``rows`` at ``spec_tokens`` (some row > 0)
+        queued back to back with one sync at the end: step i's last token is step i - 1's
+        bonus and its start that step's start plus its accept length, both on the device, so
+        the device drafts and verifies without waiting for the host between the steps.
+        ``uniforms`` [steps, B, 2 * block_size + 1] (CPU), each step's as ``step`` takes them.
+        The same tokens and accept masks as that many ``step`` calls at these k with those
+        uniforms; the caller drops a row's tokens after its stop token or length limit
+        (``Request.append``: the later steps are scratch). Each row must have room for
+        ``steps * (k + 1)`` more positions (its ``num_remaining``: the engine's
+        ``spec_burst_length``). Each result is one step's; ``step_time_s`` the burst's time over
+        ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Not with
+        synthetic acceptance (its outcome is decided on the host)."""
+        steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
+        widest = max(spec_tokens, default=0)
+        if steps < 1 or uniforms.shape[1] != len(rows) or len(spec_tokens) != len(rows):
+            raise ValueError(
+                f"uniforms {tuple(uniforms.shape)}: [steps >= 1, rows={len(rows)}, uniforms], "
+                f"and one k per row ({len(spec_tokens)} given)"
+            )
+        if widest == 0 or self.synthetic is not None:
+            raise ValueError("spec_steps drafts (some k > 0) and draws no synthetic acceptance")
+        started = self._clock()
+        measured = self.measure_confidence
+        width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
+        host = torch.tensor(
+            [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
+        )
+        last, start, num_draft = host.to(self.device).unbind(1)
+        self._insert_deferred(rows, False)  # the drafts below read every row's context
+        params = None
+        if not all(r.params.temperature <= 0 for r in rows):
+            params = self._params_tensors(rows)
+        drawn = uniforms.to(self.device)
+        no_confidence = torch.zeros(len(rows), 0, device=self.device)
+        out = []
+        for i in range(steps):
+            u = drawn[i]
+            drafts, draft_probs, confidence = self._drafted(
+                last, start, spec_tokens, params, u, False, measured
+            )
+            logits = self._verified(last, drafts, start, width, spec_tokens, False)
+            accepted, bonus = self._accepted(drafts, num_draft, logits, params, draft_probs, u)
+            out.append(
+                self._packed(
+                    accepted,
+                    drafts,
+                    bonus,
+                    no_confidence if confidence is None else confidence,
+                    None,
+                )
+            )
+            last, start = bonus, start + accepted.sum(dim=1) + 1
+        if overlap is not None:
+            overlap()
+        host_packed = torch.stack(out).cpu()  # the sync
+        elapsed_s = (self._clock() - started) / steps
+        results = [self._unpack(p, spec_tokens, widest, elapsed_s) for p in host_packed]
+        return results if measured else [replace(r, draft_confidence=None) for r in results]
 
     @property
     def takes_plain_bursts(self) -> bool:

@@ -80,10 +80,73 @@ def test_bursts_are_timed_per_plain_step(tmp_path: Path) -> None:
     assert engine.plain_burst == 1
 
 
+def test_drafting_bursts_are_timed_at_k(tmp_path: Path) -> None:
+    """``--k 3``: every row drafts 3 a step, and the compared bursts are drafting bursts."""
+    from bench import plain_step_trace
+
+    args = plain_step_trace.parse_args(
+        [
+            "--tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "4",
+            "--bursts",
+            "1,2",
+            "--rounds",
+            "2",
+            "--k",
+            "3",
+            "--out",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    engine, shape = plain_step_trace.build_engine(args)
+    plain_step_trace.add_requests(engine, shape, args)
+    engine.step()
+    seen: list[int] = []
+    spec_steps = engine.runner.spec_steps
+
+    def counted(rows, spec_tokens, uniforms, overlap=None):  # type: ignore[no-untyped-def]
+        assert spec_tokens == [3]
+        seen.append(int(uniforms.shape[0]))
+        return spec_steps(rows, spec_tokens, uniforms, overlap=overlap)
+
+    engine.runner.spec_steps = counted
+    result = plain_step_trace.compare_bursts(engine, args, lambda: None, None)
+    assert set(seen) == {2} and len(result["2"]["ms_per_step"]) == 2
+    assert engine.spec_burst == engine.plain_burst == 1
+    assert (
+        main(
+            [
+                "--tiny",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--k",
+                "3",
+                "--bursts",
+                "1,2",
+                "--rounds",
+                "1",
+                "--out",
+                str(tmp_path / "k.json"),
+            ]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "k.json").read_text())["k"] == 3
+
+
 def test_the_full_shape_is_refused_on_the_cpu(tmp_path: Path) -> None:
     assert main(["--device", "cpu", "--out", str(tmp_path / "t.json")]) == 2
     with pytest.raises(SystemExit):
         main(["--tiny", "--device", "cpu", "--steps", "0", "--out", str(tmp_path / "t.json")])
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--device", "cpu", "--k", "16", "--out", str(tmp_path / "t.json")])
     for bad in ("0", "17", "4,x"):
         with pytest.raises(SystemExit):
             main(["--tiny", "--device", "cpu", "--bursts", bad, "--out", str(tmp_path / "t.json")])

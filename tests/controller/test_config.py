@@ -192,6 +192,7 @@ def test_plain_burst_defaults_to_4_and_names_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]
     assert isinstance(backend, EmbeddedConfig) and backend.plain_burst == 4
+    assert backend.spec_burst == 1
     off = parse_config(text.replace("d}", "d, plain_burst: 1}"), Path("/cfg"))
     assert off.backends[0].plain_burst == 1  # type: ignore[union-attr]
     (problem,) = _problems(text.replace("d}", "d, plain_burst: 17}"))

@@ -71,10 +71,14 @@ def test_start_passes_the_compile_settings_to_the_engine(
     monkeypatch.setattr(AsyncEngine, "load", load)
     for ahead, burst in ((True, 4), (False, 1)):
         backend = _backend(
-            tmp_path, compile_attention_ahead=ahead, attention="sdpa", plain_burst=burst
+            tmp_path,
+            compile_attention_ahead=ahead,
+            attention="sdpa",
+            plain_burst=burst,
+            spec_burst=burst + 1,
         )
         with pytest.raises(RuntimeError, match="stop here"):
             asyncio.run(backend.start())
         assert seen["compile_attention_ahead"] is ahead
         assert seen["attention"] == "sdpa"
-        assert seen["plain_burst"] == burst
+        assert seen["plain_burst"] == burst and seen["spec_burst"] == burst + 1

@@ -95,8 +95,10 @@ async def test_abandoned_stream_frees_its_slot(engine) -> None:
 
 
 async def test_generate_after_close_raises(agreeing_pair) -> None:
-    engine = AsyncEngine.load(agreeing_pair[0], agreeing_pair[1], device="cpu", plain_burst=8)
-    assert engine._engine.plain_burst == 1  # plain bursts are for CUDA devices only
+    engine = AsyncEngine.load(
+        agreeing_pair[0], agreeing_pair[1], device="cpu", plain_burst=8, spec_burst=3
+    )
+    assert engine._engine.plain_burst == engine._engine.spec_burst == 1  # bursts: CUDA only
     await engine.close()
     with pytest.raises(EngineClosed):
         await collect(engine, [1, 2], SamplingParams(max_new_tokens=2), lambda v: 0)

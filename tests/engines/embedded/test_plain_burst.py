@@ -323,3 +323,176 @@ def test_synthetic_acceptance_takes_the_plain_path_and_bursts(tiny_pair: tuple[P
         assert (sizes.count(4) >= 4) == (burst == 4), sizes
         assert any(a > 1 for r in requests for a in r.accept_lengths)
     assert runs[0] == runs[1] == runs[2]
+
+
+# -- drafting bursts (Engine(spec_burst=n), ModelRunner.spec_steps) -------------------------
+
+
+def _spec_requests(sampled: bool) -> list[Request]:
+    """Rows at their own constant k (so a burst's k is the k of each of its steps), joining
+    and leaving at their lengths, one stopping on a token it meets, seeded sampled rows."""
+    ks = [3, BLOCK_SIZE - 1, 1, 5, 0, 2]
+    return [
+        Request(
+            f"d{i}",
+            random_prompt(140 + i, PROMPT_LEN),
+            SamplingParams(
+                max_new_tokens=20 + 9 * i,
+                temperature=0.9 if sampled and i % 2 else 0.0,
+                top_p=0.95,
+                seed=400 + i,
+                stop_token_ids=(BIAS_TOKEN,) if i == 3 else (),
+            ),
+            fixed_k(k),
+            {},
+        )
+        for i, k in enumerate(ks)
+    ]
+
+
+def _spec_engine(pair: tuple[Path, Path], burst: int, graphs: bool, defer: bool) -> Engine:
+    runner = load_runner(
+        *pair, torch.device("cpu"), 4, 160, use_cuda_graphs=graphs, defer_context=defer
+    )
+    return Engine(runner, 4, 160, plain_burst=burst, spec_burst=burst)
+
+
+def _counted_spec_bursts(engine: Engine) -> list[int]:
+    sizes: list[int] = []
+    spec_steps = engine.runner.spec_steps
+
+    def counted(rows, spec_tokens, uniforms, overlap=None):  # type: ignore[no-untyped-def]
+        sizes.append(int(uniforms.shape[0]))
+        return spec_steps(rows, spec_tokens, uniforms, overlap=overlap)
+
+    engine.runner.spec_steps = counted  # type: ignore[method-assign]
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("graphs", "defer", "sampled"),
+    [(False, False, False), (True, True, False), (True, False, True), (False, True, True)],
+)
+def test_drafting_bursts_give_the_tokens_and_accept_lengths_of_single_steps(
+    agreeing_pair: tuple[Path, Path], graphs: bool, defer: bool, sampled: bool
+) -> None:
+    """Engines stepping once per call and in bursts of 3, on requests joining one per step:
+    the same tokens, accept lengths and finish reasons (the accept lengths say each burst
+    step's draft read the context a single step's would); drafting bursts ran, some cut
+    short by a row's room."""
+    outputs = []
+    for burst in (1, 3):
+        engine = _spec_engine(agreeing_pair, burst, graphs, defer)
+        sizes = _counted_spec_bursts(engine)
+        requests = _spec_requests(sampled)
+        run_staggered(engine, requests)
+        outputs.append([(r.output_ids, r.accept_lengths, r.finish_reason) for r in requests])
+        if burst == 1:
+            assert sizes == []
+        else:
+            assert sizes.count(3) >= 3 and any(s < 3 for s in sizes), sizes
+    assert outputs[0] == outputs[1]
+    assert any(reason == "stop" for *_, reason in outputs[0])
+    assert any(a > 2 for _, accepts, _ in outputs[0] for a in accepts)
+
+
+def test_drafting_bursts_equal_target_only_greedy(agreeing_pair: tuple[Path, Path]) -> None:
+    """Greedy rows at k = 5 in bursts of 4 emit exactly what one request at k = 0 does."""
+    prompts = [random_prompt(160 + i, PROMPT_LEN) for i in range(3)]
+    engine = _spec_engine(agreeing_pair, 4, True, True)
+    sizes = _counted_spec_bursts(engine)
+    reference = _spec_engine(agreeing_pair, 1, False, False)
+    bursts = [
+        Request(f"b{i}", p, SamplingParams(40), fixed_k(5), {}) for i, p in enumerate(prompts)
+    ]
+    plain = [Request(f"p{i}", p, SamplingParams(40), fixed_k(0), {}) for i, p in enumerate(prompts)]
+    for engine_, batch in ((engine, bursts), (reference, plain)):
+        for request in batch:
+            engine_.add(request)
+        while engine_.has_work:
+            engine_.step()
+    assert [r.output_ids for r in bursts] == [r.output_ids for r in plain]
+    assert 4 in sizes
+
+
+def test_when_a_drafting_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
+    """Off by default; with ``spec_burst`` a one-phase step bursts up to the rows' room
+    (``num_remaining // (k + 1)``); a planner's two-phase step and synthetic acceptance
+    do not; a failing burst falls back to one step; bad settings are refused."""
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
+    assert Engine(runner, 2, 128).spec_burst == 1
+    for bad in (0, DEFERRED_POSITIONS + 1):
+        with pytest.raises(ValueError, match="spec_burst"):
+            Engine(runner, 2, 128, spec_burst=bad)
+    engine = Engine(runner, 2, 128, spec_burst=8)
+    sizes = _counted_spec_bursts(engine)
+    request = Request("r", random_prompt(7, PROMPT_LEN), SamplingParams(30), fixed_k(4), {})
+    engine.add(request)
+    engine.step()  # the prefill (1 token), then 29 // 5 = 5 steps of room
+    assert sizes == [5]
+    while engine.has_work:
+        engine.step()
+    assert len(request.output_ids) == 30
+
+    class TwoPhase(RecordingPlanner):
+        def plan(self, views, controllers):  # type: ignore[no-untyped-def]
+            return [4] * len(views)
+
+        def allocates(self) -> bool:
+            return True
+
+        def allocate(self, views, controllers, confidence):  # type: ignore[no-untyped-def]
+            return [len(c) for c in confidence]
+
+    two_phase = Engine(
+        load_runner(*agreeing_pair, torch.device("cpu"), 2, 128), 2, 128, TwoPhase(), spec_burst=8
+    )
+    two_sizes = _counted_spec_bursts(two_phase)
+    two_phase.add(Request("t", random_prompt(8, PROMPT_LEN), SamplingParams(30), fixed_k(4), {}))
+    two_phase.step()
+    assert two_sizes == []
+
+    from tests.engines.embedded.test_synthetic import tiny_profiles
+
+    synthetic = Engine(
+        load_runner(*agreeing_pair, torch.device("cpu"), 2, 128, synthetic=tiny_profiles()),
+        2,
+        128,
+        spec_burst=8,
+    )
+    synthetic_sizes = _counted_spec_bursts(synthetic)
+    synthetic.add(
+        Request("s", random_prompt(9, PROMPT_LEN), SamplingParams(30), fixed_k(4), {"task": "math"})
+    )
+    synthetic.step()
+    assert synthetic_sizes == []
+    with pytest.raises(ValueError, match="synthetic"):
+        synthetic.runner.spec_steps(
+            list(synthetic.scheduler.running), [4], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1)
+        )
+
+    failing = Engine(load_runner(*agreeing_pair, torch.device("cpu"), 2, 128), 2, 128, spec_burst=4)
+
+    def broken(*args: object, **kwargs: object) -> list[Any]:
+        raise RuntimeError("device fault")
+
+    failing.runner.spec_steps = broken  # type: ignore[method-assign]
+    row = Request("f", random_prompt(10, PROMPT_LEN), SamplingParams(25), fixed_k(3), {})
+    failing.add(row)
+    while failing.has_work:
+        failing.step()
+    assert row.finish_reason == "length" and len(row.output_ids) == 25
+    assert len(row.accept_lengths) == len(row.spec_tokens)
+
+
+def test_spec_steps_refuses_what_it_cannot_run(agreeing_pair: tuple[Path, Path]) -> None:
+    runner: ModelRunner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
+    row = Request("r", random_prompt(11, PROMPT_LEN), SamplingParams(5), fixed_k(0), {})
+    row.slot = 0
+    runner.prefill(row, torch.zeros(2 * BLOCK_SIZE + 1))
+    row.append([1])
+    for k, shape in (([3], (2, 2 * BLOCK_SIZE + 1)), ([3], (0, 1, 17)), ([3, 3], (2, 1, 17))):
+        with pytest.raises(ValueError, match="steps"):
+            runner.spec_steps([row], k, torch.zeros(shape))
+    with pytest.raises(ValueError, match="some k > 0"):
+        runner.spec_steps([row], [0], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1))
