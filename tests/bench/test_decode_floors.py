@@ -48,3 +48,29 @@ def test_an_older_table_reads_its_step_ms_as_the_eager_reference(tmp_path: Path)
     assert written["resummarised_from"] == str(source)
     with pytest.raises(ValueError, match="no runner's step_ms"):
         fastest_runner({"1": {"floor_ms": 1.0}})
+
+
+def test_a_variant_run_is_reported_beside_its_reference() -> None:
+    """decode_gpu's engine variants (bursts on and off, the general path): a setting held for
+    the block and restored after it, even when the run raises; per-step times kept and the
+    tokens compared with the reference run's."""
+    from types import SimpleNamespace
+
+    from bench.decode_gpu import _setting, _variant
+
+    engine = SimpleNamespace(plain_burst=4)
+    with _setting(engine, "plain_burst", 1):
+        assert engine.plain_burst == 1
+    assert engine.plain_burst == 4
+    with pytest.raises(RuntimeError), _setting(engine, "plain_burst", 2):
+        raise RuntimeError("run failed")
+    assert engine.plain_burst == 4
+    result = {"engine_k0": {"output_ids": [1, 2, 3]}}
+    run = {"ms_per_step_wall": 5.0, "ms_per_step_device": 4.9, "num_steps": 3, "output_ids": [1, 2]}
+    _variant(result, "engine_k0_single", run, "engine_k0")
+    assert result["engine_k0_single"] == {
+        "ms_per_step_wall": 5.0,
+        "ms_per_step_device": 4.9,
+        "num_steps": 3,
+        "same_tokens": False,
+    }

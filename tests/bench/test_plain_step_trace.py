@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,31 +39,26 @@ def test_the_smoke_run_summarises_the_host_operators_per_step(tmp_path: Path) ->
         assert "ratio_to_floor" not in cell  # no floor on the CPU
 
 
+def _prefilled(tmp_path: Path, *options: str) -> tuple[Any, Any]:
+    """plain_step_trace's tiny CPU engine and arguments, its requests added and prefilled."""
+    from bench import plain_step_trace
+
+    argv = ["--tiny", "--device", "cpu", *options, "--out", str(tmp_path / "t.json")]
+    args = plain_step_trace.parse_args(argv)
+    engine, shape = plain_step_trace.build_engine(args)
+    plain_step_trace.add_requests(engine, shape, args)
+    engine.step()  # the prefills
+    return engine, args
+
+
 def test_bursts_are_timed_per_plain_step(tmp_path: Path) -> None:
     """Each round times at least --steps plain steps of the burst length under test: the
     engine ran bursts of exactly that length (a call's steps counted per row)."""
     from bench import plain_step_trace
 
-    args = plain_step_trace.parse_args(
-        [
-            "--tiny",
-            "--device",
-            "cpu",
-            "--batch",
-            "2",
-            "--steps",
-            "6",
-            "--bursts",
-            "3",
-            "--rounds",
-            "2",
-            "--out",
-            str(tmp_path / "t.json"),
-        ]
+    engine, args = _prefilled(
+        tmp_path, "--batch", "2", "--steps", "6", "--bursts", "3", "--rounds", "2"
     )
-    engine, shape = plain_step_trace.build_engine(args)
-    plain_step_trace.add_requests(engine, shape, args)
-    engine.step()  # the prefills
     seen: list[int] = []
     plain_steps = engine.runner.plain_steps
 
@@ -84,26 +80,9 @@ def test_drafting_bursts_are_timed_at_k(tmp_path: Path) -> None:
     """``--k 3``: every row drafts 3 a step, and the compared bursts are drafting bursts."""
     from bench import plain_step_trace
 
-    args = plain_step_trace.parse_args(
-        [
-            "--tiny",
-            "--device",
-            "cpu",
-            "--steps",
-            "4",
-            "--bursts",
-            "1,2",
-            "--rounds",
-            "2",
-            "--k",
-            "3",
-            "--out",
-            str(tmp_path / "t.json"),
-        ]
+    engine, args = _prefilled(
+        tmp_path, "--steps", "4", "--bursts", "1,2", "--rounds", "2", "--k", "3"
     )
-    engine, shape = plain_step_trace.build_engine(args)
-    plain_step_trace.add_requests(engine, shape, args)
-    engine.step()
     seen: list[int] = []
     spec_steps = engine.runner.spec_steps
 
