@@ -700,8 +700,11 @@ class ModelRunner:
             lengths = [k + 1 for k in spec_tokens]
             num_tokens = self.ragged_shapes.choose(lengths, batch, width)
             if num_tokens is not None:
-                # Built on the host from k (no device sync); one small host->device copy.
-                index = ragged_index(lengths, batch, width, num_tokens).to(self.device)
+                # Built on the host from k; one small host->device copy through pinned memory,
+                # so the host does not wait for the draft queued before it (a pageable copy
+                # synchronises the stream first, and the device would then idle while the
+                # verify is launched; in a burst, every step would wait for the one before).
+                index = self._to_device(ragged_index(lengths, batch, width, num_tokens))
                 graph = self._ragged_graphs[batch, width, num_tokens]
                 return graph(ids, positions, index)[:rows]
         return self._run("verify", ids, positions, self._verify_packing(spec_tokens), eager=eager)
@@ -860,7 +863,7 @@ class ModelRunner:
             )
             return plain if measured else replace(plain, draft_confidence=None)
         self._insert_deferred(rows, eager)  # the draft below reads every row's context
-        u = uniforms.to(self.device)
+        u = self._to_device(uniforms)  # no stream sync: an insert may be queued before it
         params = None if is_greedy else self._params_tensors(rows)
         draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
         if on_device and self.synthetic is not None and self.synthetic.confidence_auc is None:
@@ -1074,7 +1077,7 @@ class ModelRunner:
         params = None
         if not all(r.params.temperature <= 0 for r in rows):
             params = self._params_tensors(rows)
-        drawn = uniforms.to(self.device)
+        drawn = self._to_device(uniforms)
         no_confidence = torch.zeros(len(rows), 0, device=self.device)
         out = []
         for i in range(steps):
@@ -1195,7 +1198,7 @@ class ModelRunner:
             self._insert_deferred(rows, eager)
             pending = torch.zeros_like(pending)
         params = None if is_greedy else self._params_tensors(rows)
-        drawn = None if is_greedy else bonus_uniforms.to(self.device)
+        drawn = None if is_greedy else self._to_device(bonus_uniforms)
         ids, positions, columns = last[:, None], start[:, None], pending
         plain = [0] * len(rows)
         out = []
