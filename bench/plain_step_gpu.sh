@@ -14,11 +14,13 @@
 #      step spends the time outside its graph (0.46-0.68 ms a batch-1 step in session 28),
 #      then plain bursts of 1, 4 and 8 steps per host round trip timed in 5 rounds of random
 #      order (session 29) -> $OUT/plain_step_trace_b{1,64}.json and a gzip Chrome trace of
-#      batch 1.
+#      batch 1;
+#   4. the same at k = 15 (drafting bursts, Engine.spec_burst) at batch 1 (SPEC_BATCHES) ->
+#      $OUT/spec_step_trace_b1.json.
 #
 # On the GPU (device tool `run`, carry .whl, prefix as README "GPU runs" shows):
 #   OUT=$OUT bash bench/plain_step_gpu.sh
-# Skip a part: GEMV=0, DECODE=0 or TRACE=0; LINEAR and CONTEXT pick decode_gpu's runners
+# Skip a part: GEMV=0, DECODE=0, TRACE=0 or SPEC=0; LINEAR and CONTEXT pick decode_gpu's runners
 # (default aten,fused and defer); TRACE_BATCHES the trace's batch sizes. PY picks the interpreter (default python3).
 set -uo pipefail
 OUT=${OUT:?set OUT to the results folder}
@@ -28,13 +30,29 @@ status=0
 if [ "${GEMV:-1}" = 1 ]; then
   timeout "${GEMV_TIMEOUT_S:-180}" "$PY" bench/gemv_gpu.py --shapes qwen3-8b --every-config \
     --out "$OUT/gemv_gpu.json" > "$OUT/gemv_gpu.log" 2>&1 || status=$?
-  echo "gemv_gpu: exit $status"; tail -n 3 "$OUT/gemv_gpu.log"
+  echo "gemv_gpu: if [ "${SPEC:-1}" = 1 ]; then
+  for batch in ${SPEC_BATCHES:-1}; do
+    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
+      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
+      || status=$?
+    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
+  done
+fi
+exit $status"; tail -n 3 "$OUT/gemv_gpu.log"
 fi
 if [ "${DECODE:-1}" = 1 ]; then
   timeout "${DECODE_TIMEOUT_S:-400}" "$PY" bench/decode_gpu.py --out-dir "$OUT" \
     --shapes qwen3-8b --compile-scope layer --attention triton --linear "${LINEAR:-aten,fused}" \
     --context "${CONTEXT:-defer}" --compiled-only > "$OUT/decode_gpu.log" 2>&1 || status=$?
-  echo "decode_gpu: exit $status"; tail -n 3 "$OUT/decode_gpu.log"
+  echo "decode_gpu: if [ "${SPEC:-1}" = 1 ]; then
+  for batch in ${SPEC_BATCHES:-1}; do
+    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
+      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
+      || status=$?
+    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
+  done
+fi
+exit $status"; tail -n 3 "$OUT/decode_gpu.log"
 fi
 if [ "${TRACE:-1}" = 1 ]; then
   for batch in ${TRACE_BATCHES:-1 64}; do
@@ -43,7 +61,23 @@ if [ "${TRACE:-1}" = 1 ]; then
     timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" \
       --out "$OUT/plain_step_trace_b$batch.json" "${trace[@]}" \
       > "$OUT/plain_step_trace_b$batch.log" 2>&1 || status=$?
-    echo "plain_step_trace b$batch: exit $status"; tail -n 1 "$OUT/plain_step_trace_b$batch.log"
+    echo "plain_step_trace b$batch: if [ "${SPEC:-1}" = 1 ]; then
+  for batch in ${SPEC_BATCHES:-1}; do
+    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
+      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
+      || status=$?
+    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
+  done
+fi
+exit $status"; tail -n 1 "$OUT/plain_step_trace_b$batch.log"
+  done
+fi
+if [ "${SPEC:-1}" = 1 ]; then
+  for batch in ${SPEC_BATCHES:-1}; do
+    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
+      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
+      || status=$?
+    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
   done
 fi
 exit $status
