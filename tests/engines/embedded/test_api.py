@@ -189,3 +189,53 @@ def test_cli_generate_points_the_compile_caches_at_its_folder(
     assert "torch_compile needs CUDA graphs" in caplog.text
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder.resolve())
     assert (folder / "triton").is_dir()
+
+
+async def test_bursts_stream_every_step_and_abort_mid_stream(agreeing_pair) -> None:
+    """An AsyncEngine whose engine runs plain and drafting bursts (several steps per loop
+    turn): concurrent streams get the tokens of an engine stepping once per turn, one event
+    per step in order (each with its report), the last one finished; a stream closed early
+    leaves the engine idle."""
+    prompts = [random_prompt(60 + i) for i in range(3)]
+    ks = [0, 5, 0]
+    runs = []
+    for burst in (1, 4):
+        engine = AsyncEngine.load(
+            agreeing_pair[0], agreeing_pair[1], device="cpu", max_batch_size=4, max_seq_len=128
+        )
+        engine._engine.plain_burst = engine._engine.spec_burst = burst
+        runner, calls = engine._engine.runner, {"plain": 0, "spec": 0}
+        for kind in ("plain", "spec"):
+            real = getattr(runner, f"{kind}_steps")
+
+            def counted(*args, kind=kind, real=real, calls=calls, **kwargs):  # type: ignore[no-untyped-def]
+                calls[kind] += 1
+                return real(*args, **kwargs)
+
+            setattr(runner, f"{kind}_steps", counted)
+        try:
+            streams = [
+                collect(engine, p, SamplingParams(max_new_tokens=30), lambda v, k=k: k)
+                for p, k in zip(prompts, ks, strict=True)
+            ]
+            results = await asyncio.gather(*streams)
+            for events in results:
+                assert events[-1].finished and not any(e.finished for e in events[:-1])
+                assert all(e.report is not None for e in events[1:])
+                plain = [e for e in events[1:] if e.report and e.report.spec_tokens == 0]
+                assert all(len(e.token_ids) == 1 for e in plain)
+            runs.append([[t for e in events for t in e.token_ids] for events in results])
+            early = engine.generate(prompts[0], SamplingParams(max_new_tokens=60), lambda v: 0)
+            for _ in range(6):
+                await anext(early)
+            await early.aclose()
+            for _ in range(200):
+                scheduler = engine._engine.scheduler
+                if not scheduler.running and not scheduler.waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert not engine._engine.scheduler.running
+            assert (calls["plain"] > 0 and calls["spec"] > 0) == (burst > 1), calls
+        finally:
+            await engine.close()
+    assert runs[0] == runs[1]
