@@ -488,10 +488,10 @@ class Engine:
         if self.planner is None:
             return
         for stepped in steps:
+            if not stepped:
+                continue
             done = [(r.controller, e.report) for r, e in stepped if isinstance(e, TokenEvent)]
             reports = [report for _, report in done if report is not None]
-            if not reports:
-                continue
             try:
                 self.planner.record([c for c, report in done if report is not None], reports)
             except Exception:
