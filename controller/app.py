@@ -65,6 +65,9 @@ class Probes:
                 self.metrics.set_device_scorings(
                     backend.name, steps.scored_ahead, steps.scored_late
                 )
+            counts = getattr(backend, "step_counts", None)  # the embedded engine's steps
+            if counts is not None:
+                self.metrics.set_engine_steps(backend.name, counts())
 
     async def api_stats(self, request: Request) -> Response:
         snapshot = self.stats.snapshot(

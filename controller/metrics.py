@@ -101,6 +101,14 @@ class Metrics:
             ["backend", "made"],
             registry=r,
         )
+        self.engine_steps = Gauge(
+            "draftctl_engine_steps",
+            "Embedded engine: decode steps run since start, by kind (plain: every row at k = 0; "
+            "drafting) and what they cost the host (steps, round_trips: one per runner call; "
+            "steps per round trip above 1 when plain_burst / spec_burst batch them)",
+            ["backend", "kind", "count"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
         self._accept: dict[tuple[str, str], Gauge] = {}
 
@@ -140,6 +148,12 @@ class Metrics:
         """``StepController.scored_ahead`` / ``scored_late`` of one embedded backend."""
         self.device_scorings.labels(backend, "ahead").set(ahead)
         self.device_scorings.labels(backend, "late").set(late)
+
+    def set_engine_steps(self, backend: str, counts: dict[str, tuple[int, int]]) -> None:
+        """``EmbeddedEngineBackend.step_counts()`` of one backend."""
+        for kind, (steps, round_trips) in counts.items():
+            self.engine_steps.labels(backend, kind, "steps").set(steps)
+            self.engine_steps.labels(backend, kind, "round_trips").set(round_trips)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -126,6 +126,11 @@ class EmbeddedEngineBackend:
     def num_inflight(self) -> int:
         return self._num_inflight
 
+    def step_counts(self) -> dict[str, tuple[int, int]]:
+        """The engine's decode steps and host round trips per kind (empty before it loads)."""
+        engine = self._engine
+        return {} if engine is None else engine.step_counts()
+
     def num_servers(self) -> int:
         return 1  # one engine; its batch is the load
 

@@ -185,6 +185,12 @@ class AsyncEngine:
             if not finished:
                 self._inbox.put(("abort", request_id))
 
+    def step_counts(self) -> dict[str, tuple[int, int]]:
+        """Per kind (plain, drafting): decode steps run and the host round trips they took
+        (``Engine.step_counts``; steps per round trip above 1 when bursts run). Read from
+        any thread: two integers each, written by the engine thread."""
+        return {kind: (c.steps, c.round_trips) for kind, c in self._engine.step_counts.items()}
+
     def is_alive(self) -> bool:
         """True while the step loop runs; False after close() or once its thread has ended."""
         return not self._closed and self._thread.is_alive()

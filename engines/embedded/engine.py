@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -51,6 +52,18 @@ PREFILL_PADDED_TOKENS = 4096
 # ``plain_burst``): the device's idle time between steps (the host's bookkeeping, the
 # inputs' copies, the graph launch) comes once per burst.
 PLAIN_BURST = 4
+
+
+@dataclass
+class StepCount:
+    """Decode steps of one kind and the host round trips (``runner`` calls) they took."""
+
+    steps: int = 0
+    round_trips: int = 0
+
+    def add(self, steps: int) -> None:
+        self.steps += steps
+        self.round_trips += 1
 
 
 # isinstance against a runtime-checkable protocol walks the protocol's members on every call
@@ -107,6 +120,9 @@ class Engine:
                 raise ValueError(f"{name}={value}: use 1 to {DEFERRED_POSITIONS}")
         self.plain_burst = plain_burst
         self.spec_burst = spec_burst
+        # Decode steps run and the host round trips they took, plain (every row at k = 0)
+        # and drafting: steps over round trips is how much the bursts batch (metrics).
+        self.step_counts: dict[str, StepCount] = {"plain": StepCount(), "drafting": StepCount()}
         self.runner = runner
         self.planner = planner
         # This step's rows as the planner saw them, and their controllers.
@@ -293,6 +309,7 @@ class Engine:
             ]
             self._unrecorded = [stepped]  # told to the planner while the next step runs
             events += stepped
+            self.step_counts["drafting" if any(spec_tokens) else "plain"].add(1)
             break
         return events
 
@@ -350,6 +367,7 @@ class Engine:
             kind = "plain" if plain else "drafting"
             logger.warning("a burst of %d %s steps failed; stepping once instead", steps, kind)
             return None
+        self.step_counts["plain" if plain else "drafting"].add(len(results))
         events: list[StepEvent] = []
         recorded: list[list[StepEvent]] = []
         alive = list(enumerate(rows))

@@ -87,3 +87,21 @@ def test_scrapes_export_when_device_allocated_steps_were_scored() -> None:
     name = "draftctl_device_scored_steps"
     assert got[(name, (("backend", "emb"), ("made", "ahead")))] == 40.0
     assert got[(name, (("backend", "emb"), ("made", "late")))] == 3.0
+
+
+def test_scrapes_export_the_engines_steps_and_round_trips() -> None:
+    """An embedded backend's decode steps per kind and the host round trips they took (steps
+    per round trip above 1: its plain or drafting bursts ran)."""
+    metrics = Metrics()
+    counts = {"plain": (400, 100), "drafting": (50, 50)}
+    backend: Any = SimpleNamespace(
+        name="emb", num_inflight=lambda: 1, is_healthy=lambda: True, step_counts=lambda: counts
+    )
+    fleet: Any = SimpleNamespace(backends=[backend])
+    policy: Any = lambda: SimpleNamespace(version=1)  # noqa: E731
+    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
+    got = samples(metrics)
+    name = "draftctl_engine_steps"
+    for kind, (steps, trips) in counts.items():
+        assert got[(name, (("backend", "emb"), ("count", "steps"), ("kind", kind)))] == steps
+        assert got[(name, (("backend", "emb"), ("count", "round_trips"), ("kind", kind)))] == trips

@@ -54,6 +54,7 @@ def test_not_ready_until_loaded_and_while_the_loop_is_dead_or_stalled(tmp_path: 
 def test_k_range_is_adjustable_up_to_the_block(tmp_path: Path) -> None:
     backend = _backend(tmp_path)
     assert backend.is_adjustable and backend.max_spec_tokens == backend.block_size - 1
+    assert backend.step_counts() == {}  # no engine loaded yet
 
 
 def test_start_passes_the_compile_settings_to_the_engine(

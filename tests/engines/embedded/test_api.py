@@ -236,6 +236,10 @@ async def test_bursts_stream_every_step_and_abort_mid_stream(agreeing_pair) -> N
                 await asyncio.sleep(0.01)
             assert not engine._engine.scheduler.running
             assert (calls["plain"] > 0 and calls["spec"] > 0) == (burst > 1), calls
+            counts = engine.step_counts()  # steps, host round trips
+            for kind in ("plain", "drafting"):
+                steps, trips = counts[kind]
+                assert steps > 0 and (steps > trips) == (burst > 1), counts
         finally:
             await engine.close()
     assert runs[0] == runs[1]
