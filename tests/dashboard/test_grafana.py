@@ -45,6 +45,7 @@ def exported_series() -> dict[str, set[str]]:
     metrics.request_seconds.observe(0.2)
     metrics.policy_version.set(3)
     metrics.backend_up.labels("pool-a").set(1)
+    metrics.set_engine_steps("pool-a", {"plain": (8, 2)})
     series: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
