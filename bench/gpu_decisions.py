@@ -143,6 +143,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="k = 0 steps stash the draft's context (ModelRunner(defer_context=True)); the arm "
         "info records it",
     )
+    parser.add_argument(
+        "--plain-burst",
+        type=int,
+        default=1,
+        choices=range(1, 17),
+        metavar="N",
+        help="k = 0 steps run up to N at a time per host round trip (Engine(plain_burst=N); "
+        "default 1, as the calls before session 29 ran; the engine's CUDA default is 4); the "
+        "arm info records it when above 1",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",

@@ -134,7 +134,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         verify_mode=args.verify_mode,
         **_compile(args),
     )
-    engine = Engine(runner, MAX_BATCH, max_seq_len)
+    engine = Engine(runner, MAX_BATCH, max_seq_len, plain_burst=args.plain_burst)
     if args.cost_table == ENGINE_PROFILE:
         table = _engine_table(engine)
     else:
@@ -188,7 +188,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
         return list(rng.choice(by_task[task]))
 
-    engine = Engine(runner, MAX_BATCH, max_seq_len)
+    engine = Engine(runner, MAX_BATCH, max_seq_len, plain_burst=args.plain_burst)
     if args.cost_table == ENGINE_PROFILE:
         table = _engine_table(engine)
     else:
@@ -239,6 +239,7 @@ def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
         **({"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}),
         **({"linear": args.linear} if args.linear != "aten" else {}),
         **({"defer_context": True} if args.defer_context else {}),
+        **({"plain_burst": args.plain_burst} if args.plain_burst != 1 else {}),
     }
 
 
