@@ -304,8 +304,10 @@ class Engine:
             two_phase = allocate is not None or result.on_device
             if result.on_device:
                 self._defer_scores(rows, result)
+            shared = None if two_phase or any(verified) else _plain_report(result)
             stepped = [
-                self._postprocess(r, i, verified[i], result, two_phase) for i, r in enumerate(rows)
+                self._postprocess(r, i, verified[i], result, two_phase, shared)
+                for i, r in enumerate(rows)
             ]
             self._unrecorded = [stepped]  # told to the planner while the next step runs
             events += stepped
@@ -372,7 +374,10 @@ class Engine:
         recorded: list[list[StepEvent]] = []
         alive = list(enumerate(rows))
         for result in results:
-            stepped = [self._postprocess(r, i, spec_tokens[i], result) for i, r in alive]
+            shared = _plain_report(result) if plain else None
+            stepped = [
+                self._postprocess(r, i, spec_tokens[i], result, False, shared) for i, r in alive
+            ]
             recorded.append(stepped)
             events += stepped
             alive = [
@@ -557,9 +562,12 @@ class Engine:
         spec_tokens: int,
         result: StepResult,
         two_phase: bool = False,
+        plain: StepReport | None = None,
     ) -> StepEvent:
+        """``plain``: a plain step's report, the same for every row (k = 0, one token, no
+        drafts: built once per step instead of once per row)."""
         try:
-            report = StepReport(
+            report = plain or StepReport(
                 spec_tokens=spec_tokens,
                 accept_length=len(result.new_tokens[index]),
                 accepted=result.accepted[index],
@@ -652,6 +660,17 @@ class Engine:
         size = 2 * self.block_size + 1
         generator = self._generators.get(request.request_id, self._shared_generator)
         return torch.rand(size, generator=generator)
+
+
+def _plain_report(result: StepResult) -> StepReport:
+    """The report of every row of a plain step (each emitted one token, drafted nothing)."""
+    return StepReport(
+        spec_tokens=0,
+        accept_length=1,
+        accepted=[],
+        step_time_s=result.step_time_s,
+        batch_size=len(result.new_tokens),
+    )
 
 
 def _is_token(value: object, vocab_size: int) -> bool:

@@ -496,3 +496,27 @@ def test_spec_steps_refuses_what_it_cannot_run(agreeing_pair: tuple[Path, Path])
             runner.spec_steps([row], k, torch.zeros(shape))
     with pytest.raises(ValueError, match="some k > 0"):
         runner.spec_steps([row], [0], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1))
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+def test_a_plain_steps_rows_share_the_report_each_would_get(
+    agreeing_pair: tuple[Path, Path], burst: int
+) -> None:
+    """Every row of a plain step (single or in a burst) is reported as k = 0, one token, no
+    drafts, no confidence, one-phase, at the step's batch size and time: one report object
+    for the step's rows."""
+    planner = RecordingPlanner()
+    engine = _engine(agreeing_pair, burst, planner=planner)
+    for i in range(3):
+        engine.add(
+            Request(f"s{i}", random_prompt(170 + i, PROMPT_LEN), SamplingParams(12), fixed_k(0), {})
+        )
+    while engine.has_work:
+        engine.step()
+    engine._tell_planner()
+    assert planner.steps
+    for step in planner.steps:
+        first = step[0]
+        assert all(report is first for report in step)
+        assert first == StepReport(0, 1, [], first.step_time_s, len(step), (), False)
+        assert first.step_time_s > 0
