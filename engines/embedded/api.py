@@ -246,8 +246,7 @@ class AsyncEngine:
         """Apply commands and step while there is work; return once close is requested."""
         while self._drain_inbox():
             if self._engine.has_work:
-                for request, event in self._engine.step():
-                    self._deliver(request.request_id, event)
+                self._deliver_step(self._engine.step())
                 self._progress_s = time.monotonic()
 
     def _drain_inbox(self) -> bool:
@@ -288,6 +287,29 @@ class AsyncEngine:
         sink = self._sinks.get(request_id)
         if sink is not None and not _put(sink, item):
             self._engine.abort(request_id)  # its event loop is closed: nobody reads the stream
+
+    def _deliver_step(self, events: list[tuple[Request, Any]]) -> None:
+        """A step's events, in order, with one hand-over per consumer event loop instead of
+        one per event: each ``call_soon_threadsafe`` wakes the loop through its self-pipe
+        (~5 us of this thread's time on the CPU measured, while the device waits for the
+        next step; 64 rows, or a burst's steps, made that a per-step cost)."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any, str]]] = {}
+        for request, event in events:
+            sink = self._sinks.get(request.request_id)
+            if sink is not None:
+                batches.setdefault(sink[0], []).append((sink[1], event, request.request_id))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that loop is closed: nobody reads those streams
+                for request_id in dict.fromkeys(request_id for _, _, request_id in items):
+                    self._engine.abort(request_id)
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Any, str]]) -> None:
+    """On the consumers' event loop: each item into its stream's queue, in order."""
+    for queue_, item, _ in items:
+        queue_.put_nowait(item)
 
 
 def _put(sink: _Sink, item: Any) -> bool:

@@ -243,3 +243,56 @@ async def test_bursts_stream_every_step_and_abort_mid_stream(agreeing_pair) -> N
         finally:
             await engine.close()
     assert runs[0] == runs[1]
+
+
+async def test_a_steps_events_reach_the_loop_in_one_hand_over(engine, monkeypatch) -> None:
+    """Every stream of one event loop gets a step's events through one
+    ``call_soon_threadsafe`` (each wakes the loop through its self-pipe): fewer hand-overs
+    than events, and every stream still gets all its tokens in order."""
+    loop = asyncio.get_running_loop()
+    real = loop.call_soon_threadsafe
+    calls = {"n": 0}
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    prompts = [random_prompt(80 + i) for i in range(4)]
+    streams = [collect(engine, p, SamplingParams(max_new_tokens=12), lambda v: 0) for p in prompts]
+    results = await asyncio.gather(*streams)
+    events = sum(len(r) for r in results)
+    assert all(sum(len(e.token_ids) for e in r) == 12 and r[-1].finished for r in results)
+    assert calls["n"] < events / 2, (calls, events)
+
+
+def test_a_stream_whose_event_loop_closed_is_aborted(agreeing_pair) -> None:
+    """A consumer's event loop closed with its stream still open: the engine's next hand-over
+    to it fails, and the request is aborted instead of decoding for nobody."""
+    import time
+
+    engine = AsyncEngine.load(agreeing_pair[0], agreeing_pair[1], device="cpu", max_seq_len=600)
+    added = []
+    add = engine._engine.add
+
+    def recorded(request):  # type: ignore[no-untyped-def]
+        added.append(request)
+        add(request)
+
+    engine._engine.add = recorded  # type: ignore[method-assign]
+    loop = asyncio.new_event_loop()
+
+    async def start():  # type: ignore[no-untyped-def]
+        stream = engine.generate(random_prompt(90), SamplingParams(max_new_tokens=500), lambda v: 0)
+        await anext(stream)
+        return stream
+
+    stream = loop.run_until_complete(start())
+    loop.close()
+    deadline = time.monotonic() + 20
+    while engine._engine.has_work and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine._engine.has_work and stream is not None
+    (request,) = added
+    assert request.finish_reason is None and len(request.output_ids) < 500  # aborted
+    asyncio.run(engine.close())
