@@ -30,29 +30,13 @@ status=0
 if [ "${GEMV:-1}" = 1 ]; then
   timeout "${GEMV_TIMEOUT_S:-180}" "$PY" bench/gemv_gpu.py --shapes qwen3-8b --every-config \
     --out "$OUT/gemv_gpu.json" > "$OUT/gemv_gpu.log" 2>&1 || status=$?
-  echo "gemv_gpu: if [ "${SPEC:-1}" = 1 ]; then
-  for batch in ${SPEC_BATCHES:-1}; do
-    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
-      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
-      || status=$?
-    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
-  done
-fi
-exit $status"; tail -n 3 "$OUT/gemv_gpu.log"
+  echo "gemv_gpu: exit $status"; tail -n 3 "$OUT/gemv_gpu.log"
 fi
 if [ "${DECODE:-1}" = 1 ]; then
   timeout "${DECODE_TIMEOUT_S:-400}" "$PY" bench/decode_gpu.py --out-dir "$OUT" \
     --shapes qwen3-8b --compile-scope layer --attention triton --linear "${LINEAR:-aten,fused}" \
     --context "${CONTEXT:-defer}" --compiled-only > "$OUT/decode_gpu.log" 2>&1 || status=$?
-  echo "decode_gpu: if [ "${SPEC:-1}" = 1 ]; then
-  for batch in ${SPEC_BATCHES:-1}; do
-    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
-      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
-      || status=$?
-    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
-  done
-fi
-exit $status"; tail -n 3 "$OUT/decode_gpu.log"
+  echo "decode_gpu: exit $status"; tail -n 3 "$OUT/decode_gpu.log"
 fi
 if [ "${TRACE:-1}" = 1 ]; then
   for batch in ${TRACE_BATCHES:-1 64}; do
@@ -61,15 +45,7 @@ if [ "${TRACE:-1}" = 1 ]; then
     timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" \
       --out "$OUT/plain_step_trace_b$batch.json" "${trace[@]}" \
       > "$OUT/plain_step_trace_b$batch.log" 2>&1 || status=$?
-    echo "plain_step_trace b$batch: if [ "${SPEC:-1}" = 1 ]; then
-  for batch in ${SPEC_BATCHES:-1}; do
-    timeout "${TRACE_TIMEOUT_S:-200}" "$PY" bench/plain_step_trace.py --batch "$batch" --k 15 \
-      --out "$OUT/spec_step_trace_b$batch.json" > "$OUT/spec_step_trace_b$batch.log" 2>&1 \
-      || status=$?
-    echo "spec_step_trace b$batch: exit $status"; tail -n 1 "$OUT/spec_step_trace_b$batch.log"
-  done
-fi
-exit $status"; tail -n 1 "$OUT/plain_step_trace_b$batch.log"
+    echo "plain_step_trace b$batch: exit $status"; tail -n 1 "$OUT/plain_step_trace_b$batch.log"
   done
 fi
 if [ "${SPEC:-1}" = 1 ]; then
