@@ -323,7 +323,7 @@ class Engine:
         if not rows:
             return 1
         if not any(spec_tokens):
-            if self.plain_burst == 1 or not getattr(self.runner, "takes_plain_bursts", False):
+            if self.plain_burst == 1 or not getattr(self.runner, "plain_fast_path", False):
                 return 1  # (test doubles have no plain bursts)
             return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
         if self.spec_burst == 1 or not self._one_phase() or not hasattr(self.runner, "spec_steps"):

@@ -1053,8 +1053,8 @@ class ModelRunner:
         The same tokens and accept masks as that many ``step`` calls at these k with those
         uniforms; the caller drops a row's tokens after its stop token or length limit
         (``Request.append``: the later steps are scratch). Each row must have room for
-        ``steps * (k + 1)`` more positions (its ``num_remaining``: the engine's
-        ``spec_burst_length``). Each result is one step's; ``step_time_s`` the burst's time over
+        ``steps * (k + 1)`` more positions (its ``num_remaining``: ``Engine._burst_length``
+        caps the burst so). Each result is one step's; ``step_time_s`` the burst's time over
         ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Not with
         synthetic acceptance (its outcome is decided on the host)."""
         steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
@@ -1104,13 +1104,6 @@ class ModelRunner:
         results = [self._unpack(p, spec_tokens, widest, elapsed_s) for p in host_packed]
         return results if measured else [replace(r, draft_confidence=None) for r in results]
 
-    @property
-    def takes_plain_bursts(self) -> bool:
-        """Whether ``plain_steps`` may run (the plain fast path is on). Synthetic acceptance
-        draws nothing for a k = 0 step (its draws are functions of the row and the step
-        index), so its plain steps are the real engine's."""
-        return self.plain_fast_path
-
     @torch.inference_mode()
     def plain_steps(
         self,
@@ -1135,7 +1128,7 @@ class ModelRunner:
                 f"uniforms {tuple(uniforms.shape)}: [steps, rows={len(rows)}, uniforms] with "
                 f"1 <= steps <= {DEFERRED_POSITIONS}"
             )
-        if not self.takes_plain_bursts:
+        if not self.plain_fast_path:  # (synthetic acceptance draws nothing at k = 0)
             raise ValueError("plain_steps needs the plain fast path (plain_fast_path is off)")
         started = self._clock()
         host = torch.tensor([[r.last_token, r.position, r.pending_context] for r in rows])
