@@ -28,7 +28,10 @@ from tests.integration.processes import free_port, start, wait_ready
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def repeat(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+def record(folder: Path, args: argparse.Namespace) -> Path:
+    """Serve the embedded demo pair with recording on, drive it with ``draftctl bench``
+    (``args``: data_dir, datasets, concurrency, requests, max_tokens), stop it; returns the
+    served trace (``folder/served.jsonl``; bench's rows in ``folder/bench``)."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     port = free_port()
     config["server"].update(port=port, drain_grace_s=0)
@@ -60,6 +63,11 @@ def repeat(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(bench, check=True, cwd=ROOT, capture_output=True)
     finally:
         daemon.stop()
+    return folder / "served.jsonl"
+
+
+def repeat(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    record(folder, args)
     replay = [
         sys.executable, "-m", "controller.cli", "simulate", "--replay",
         str(folder / "served.jsonl"), "--policy", str(ROOT / "policy.yaml"),

@@ -1,15 +1,19 @@
-"""A closed-loop load on a fleet of simulated engine instances behind a router.
+"""A load on a fleet of simulated engine instances behind a router.
 
 Discrete events in time order: a phase starts (its idle clients send), a request arrives
 (the router picks its instance from the instances' loads at that moment), or the busy
-instance whose clock is earliest runs one step (``sim/instance.py``). A finished request
-frees its client, whose next request arrives at that time. Instances step independently;
-a request arriving while an instance is mid-step waits for the step to end, as on a server.
+instance whose clock is earliest runs one step (``sim/instance.py``). Closed loop: a
+finished request frees its client, whose next request arrives at that time. Open loop
+(a phase's ``arrival_rate``): requests arrive at Poisson times drawn from the scenario's
+seed and the phase alone, so every fleet gets the same arrivals however fast it serves them.
+Instances step independently; a request arriving while an instance is mid-step waits for the
+step to end, as on a server.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Callable, Sequence
 
 from policies.costmodel import CostModel
@@ -55,6 +59,7 @@ class FleetServer:
         self._busy_clients: set[int] = set()
         self._counters: dict[tuple[int, int], int] = {}
         self._phase = -1
+        self._open: random.Random | None = None  # the open-loop phase's arrival times
 
     def run(self) -> RunStats:
         end = self.stats.duration_s
@@ -70,7 +75,10 @@ class FleetServer:
             if phase_at <= min(step_at, arrival_at):
                 self._enter_phase()
             elif arrival_at <= step_at:
-                self._route(heapq.heappop(self._arrivals)[2])
+                request = heapq.heappop(self._arrivals)[2]
+                self._route(request)
+                if request.client < 0:
+                    self._next_open(request)
             else:
                 min(busy, key=lambda inst: inst.now_s).step()
             if self._progress is not None and now - reported >= 1.0:
@@ -78,6 +86,10 @@ class FleetServer:
                 reported = now
         if self._progress is not None:
             self._progress(end - reported)
+        for inst in self.instances:
+            for request in [*inst.running, *inst.waiting]:
+                if request.finish_s is None and request.arrival_s <= end:
+                    self.stats.add_unfinished(request.arrival_s)
         return self.stats
 
     def _next_phase_start(self) -> float:
@@ -88,9 +100,32 @@ class FleetServer:
     def _enter_phase(self) -> None:
         self._phase += 1
         start = self.stats.phase_start(self._phase)
-        for client in range(self._scenario.phases[self._phase].concurrency):
+        phase = self._scenario.phases[self._phase]
+        if phase.is_open:
+            self._open = random.Random(f"{self._scenario.seed}:arrivals:{self._phase}")
+            self._open_arrival(start, 0)
+            return
+        for client in range(phase.clients):
             if client not in self._busy_clients:
                 self._arrive(self._phase, client, start)
+
+    def _open_arrival(self, after_s: float, index: int) -> None:
+        """The open-loop phase's next arrival after ``after_s``, if it falls inside the phase
+        (requests ``(phase, index, 0)``; client ``-1 - index``, which no finish re-sends)."""
+        rate = self._scenario.phases[self._phase].arrival_rate or 0.0
+        if self._open is None or rate <= 0:
+            return
+        at = after_s + self._open.expovariate(rate)
+        if at < self._next_phase_start():
+            spec = self._workload.request(self._phase, index, 0)
+            self._num_arrivals += 1
+            request = SimRequest(spec=spec, client=-1 - index, arrival_s=at)
+            heapq.heappush(self._arrivals, (at, self._num_arrivals, request))
+
+    def _next_open(self, request: SimRequest) -> None:
+        phase, index, _ = request.spec.key
+        if phase == self._phase:
+            self._open_arrival(request.arrival_s, index + 1)
 
     def _arrive(self, phase: int, client: int, arrival_s: float) -> None:
         index = self._counters.get((phase, client), 0)
@@ -108,6 +143,6 @@ class FleetServer:
     def _finished(self, request: SimRequest, now_s: float) -> None:
         self._busy_clients.discard(request.client)
         phase_now = self.stats.phase_index(now_s)
-        concurrency = self._scenario.phases[phase_now].concurrency
-        if request.client < concurrency and now_s < self.stats.duration_s:
+        clients = self._scenario.phases[phase_now].clients
+        if 0 <= request.client < clients and now_s < self.stats.duration_s:
             self._arrive(phase_now, request.client, now_s)

@@ -5,7 +5,8 @@ task pools: every grouping of the tasks into 2 or 3 pools and every split of the
 each pool with the schedule ``export-schedule`` fits to its tasks), simulate each on the
 traffic shortened by ``search_scale`` (same shape, fewer requests), then re-simulate the
 finalists at full length: the best there is recommended, with its gain over the best uniform
-fleet. Task pools are routed
+fleet: in goodput for closed-loop traffic, in mean request latency for open-loop traffic
+(arrival rates: every fleet that keeps up serves the same tokens). Task pools are routed
 as the gateway routes them with the config the plan writes: home pool by task, and load spill
 when ``spill_margin`` is given (written to the policy as ``spill_margin``; docs/fleet.md);
 ``spill_margin="auto"`` tries every layout at each of ``SPILL_MARGINS`` and writes the
@@ -23,6 +24,7 @@ from policies.types import TASKS, Task
 from sim.fleet_build import FitInputs, build_fleet, standard_layouts
 from sim.fleet_config import FleetLayout, FleetSpec, PoolLayout
 from sim.fleet_runner import fit_inputs, simulate_fleet
+from sim.objective import FIELDS, Objective, objective_of, score
 from sim.scenario import Scenario
 from sim.workload import Workload
 
@@ -56,14 +58,17 @@ MIN_GAIN = 0.005
 class PlanResult:
     recommended: str
     best_uniform: str
-    search: dict[str, float]  # layout -> goodput (tokens/s) on the shortened traffic
+    search: dict[str, float]  # layout -> its objective's figure on the shortened traffic
     full: dict[str, dict[str, Any]]  # the two finalists' full-length report entries
     layouts: dict[str, FleetLayout]
+    objective: Objective = "goodput"
 
     @property
     def gain_vs_best_uniform(self) -> float:
-        best = self.full[self.best_uniform]["goodput_tok_s"]
-        return float(self.full[self.recommended]["goodput_tok_s"]) / float(best)
+        """The recommended layout's score over the best uniform fleet's (> 1: better)."""
+        return score(self.full[self.recommended], self.objective) / score(
+            self.full[self.best_uniform], self.objective
+        )
 
 
 def candidates(
@@ -127,12 +132,14 @@ def search(
     """Simulate every candidate on the shortened traffic; the finalists (the search's top
     ``NUM_FINALISTS`` and its best uniform fleet) at full length decide. A pooled layout must
     beat the best uniform finalist by ``MIN_GAIN`` there, else the uniform fleet is simpler."""
-    layouts = {
-        c.name: c
-        for c in candidates(instances, static_spec_tokens, scenario.block_size, spill_margin)
-    }
-    goodput = _simulate_all(scaled(scenario, search_scale), layouts, progress)
-    ranked = sorted(goodput, key=lambda n: -goodput[n])
+    # a smaller block (8: the demo pair's) caps the static candidates at its widest k
+    ks = sorted({min(k, scenario.block_size - 1) for k in static_spec_tokens})
+    layouts = {c.name: c for c in candidates(instances, ks, scenario.block_size, spill_margin)}
+    objective = objective_of(scenario)
+    searched = _simulate_all(scaled(scenario, search_scale), layouts, progress)
+    figures = {name: float(e[FIELDS[objective]] or 0.0) for name, e in searched.items()}
+    scores = {name: score(entry, objective) for name, entry in searched.items()}
+    ranked = sorted(scores, key=lambda n: -scores[n])
     best_uniform = next(n for n in ranked if n.startswith("uniform-"))
     workload = Workload(scenario)
     fit = fit_inputs(scenario, workload)
@@ -141,29 +148,28 @@ def search(
         if progress is not None:
             progress(f"full-length run: {name}")
         full[name] = simulate_fleet(scenario, workload, build_fleet(layouts[name], fit))
-    best = max(full, key=lambda n: full[n]["goodput_tok_s"])
+    best = max(full, key=lambda n: score(full[n], objective))
     uniform = [n for n in full if n.startswith("uniform-")]
-    best_uniform = max(uniform, key=lambda n: full[n]["goodput_tok_s"])
-    uniform_rate = full[best_uniform]["goodput_tok_s"]
+    best_uniform = max(uniform, key=lambda n: score(full[n], objective))
+    uniform_score = score(full[best_uniform], objective)
     if (
         not best.startswith("uniform-")
-        and full[best]["goodput_tok_s"] < (1 + MIN_GAIN) * uniform_rate
+        and score(full[best], objective) < (1 + MIN_GAIN) * uniform_score
     ):
         best = best_uniform
-    return PlanResult(best, best_uniform, goodput, full, layouts)
+    return PlanResult(best, best_uniform, figures, full, layouts, objective)
 
 
 def _simulate_all(
     scenario: Scenario, layouts: dict[str, FleetLayout], progress: Progress | None
-) -> dict[str, float]:
+) -> dict[str, dict[str, Any]]:
     workload = Workload(scenario)
     fit: FitInputs = fit_inputs(scenario, workload)
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, layout in layouts.items():
         if progress is not None:
             progress(name)
-        entry = simulate_fleet(scenario, workload, build_fleet(layout, fit))
-        out[name] = float(entry["goodput_tok_s"])
+        out[name] = simulate_fleet(scenario, workload, build_fleet(layout, fit))
     return out
 
 

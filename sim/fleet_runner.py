@@ -2,7 +2,8 @@
 
 Schedules are fitted to what ``draftctl policy export-schedule --models`` would read from a
 warmed-up daemon: each task's mean per-position acceptance over the scenario's own requests,
-and the traffic's task mix (phases weighted by duration x concurrency). Modelling
+and the traffic's task mix (phases weighted by duration x concurrency, or x arrival rate in
+an open-loop scenario). Modelling
 assumptions are listed in docs/fleet.md.
 """
 
@@ -27,6 +28,7 @@ from sim.fleet_build import (
     standard_layouts,
 )
 from sim.fleet_config import FleetLayout, FleetSpec
+from sim.objective import Objective, objective_of, score
 from sim.runner import engine_cost
 from sim.scenario import Scenario
 from sim.stats import RunStats
@@ -45,12 +47,16 @@ def fleet_spec(scenario: Scenario) -> FleetSpec:
 
 
 def traffic_mix(scenario: Scenario) -> dict[Task, float]:
-    """Task shares of the requests: each phase's mix weighted by duration x concurrency."""
+    """Task shares of the requests: each phase's mix weighted by duration x concurrency (or x
+    arrival rate; by duration alone if every phase is idle)."""
+    loads = [p.concurrency if p.arrival_rate is None else p.arrival_rate for p in scenario.phases]
+    if not any(loads):
+        loads = [1.0] * len(loads)
     mix: dict[Task, float] = {}
-    for phase in scenario.phases:
+    for phase, load in zip(scenario.phases, loads, strict=True):
         total = sum(phase.mix.values())
         for task, share in phase.mix.items():
-            weight = phase.duration_s * phase.concurrency * share / total
+            weight = phase.duration_s * (load or 0.0) * share / total
             mix[task] = mix.get(task, 0.0) + weight
     total = sum(mix.values())
     return {t: w / total for t, w in mix.items() if w > 0}
@@ -151,24 +157,29 @@ def run_fleets(
         "schedule_rates": {t.value: [round(r, 4) for r in rs] for t, rs in fit.rates.items()},
         "homogeneous_batch_bound": homogeneous_bound(fit),
         "fleets": results,
-        "summary": summarise_fleets(results),
+        "summary": summarise_fleets(results, objective_of(scenario)),
     }
 
 
-def summarise_fleets(fleets: Mapping[str, Any]) -> dict[str, Any]:
-    """Each pooled fleet against the uniform ones: the issue's four checks. Bounds (a fleet
-    with an oracle pool) are compared too but never count as the best uniform fleet."""
+def summarise_fleets(fleets: Mapping[str, Any], objective: Objective = "goodput") -> dict[str, Any]:
+    """Each pooled fleet against the uniform ones: the issue's four checks, the ratios in
+    ``objective``'s score (goodput; open-loop traffic: 1 / mean request latency). Bounds (a
+    fleet with an oracle pool) are compared too but never count as the best uniform fleet."""
     uniform = {n: f for n, f in fleets.items() if n.startswith("uniform-") and not is_bound(f)}
     statics = {n: f for n, f in uniform.items() if n.startswith("uniform-static-k")}
     if not statics or "uniform-no-spec" not in uniform:
         return {}
-    best_static = max(statics, key=lambda n: statics[n]["goodput_tok_s"])
-    best_uniform = max(uniform, key=lambda n: uniform[n]["goodput_tok_s"])
-    out: dict[str, Any] = {"best_uniform_static": best_static, "best_uniform": best_uniform}
+    best_static = max(statics, key=lambda n: score(statics[n], objective))
+    best_uniform = max(uniform, key=lambda n: score(uniform[n], objective))
+    out: dict[str, Any] = {
+        "objective": objective,
+        "best_uniform_static": best_static,
+        "best_uniform": best_uniform,
+    }
     for name, fleet in fleets.items():
         if name.startswith("uniform-"):
             continue
-        out[name] = _checks(fleet, uniform, statics[best_static], uniform[best_uniform])
+        out[name] = _checks(fleet, uniform, statics[best_static], uniform[best_uniform], objective)
     return out
 
 
@@ -182,13 +193,14 @@ def _checks(
     uniform: Mapping[str, Any],
     best_static: Mapping[str, Any],
     best_uniform: Mapping[str, Any],
+    objective: Objective,
 ) -> dict[str, Any]:
     def ratio(other: Mapping[str, Any]) -> float:
-        return float(fleet["goodput_tok_s"]) / float(other["goodput_tok_s"])
+        return score(fleet, objective) / max(1e-12, score(other, objective))
 
     no_spec = uniform["uniform-no-spec"]["phases"]
     phases = {
-        phase: figures["goodput_tok_s"] / max(1e-9, no_spec[phase]["goodput_tok_s"])
+        phase: score(figures, objective) / max(1e-12, score(no_spec[phase], objective))
         for phase, figures in fleet["phases"].items()
     }
     out: dict[str, Any] = {

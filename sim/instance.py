@@ -132,7 +132,8 @@ class Instance:
             request.finish_s = self.now_s
             assert request.first_token_s is not None, "finished before its first token"
             generated = max(1, request.spec.num_output_tokens - 1)
-            self._stats.add_finish(self.now_s, (self.now_s - request.first_token_s) / generated)
+            tpot_s = (self.now_s - request.first_token_s) / generated
+            self._stats.add_finish(self.now_s, tpot_s, request.arrival_s)
             self._on_finish(request, self.now_s)
 
 

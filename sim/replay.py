@@ -68,10 +68,8 @@ class Trace:
 
 def load_trace(path: Path, last_s: float | None = None) -> Trace:
     """The served requests at ``path`` (and its rotated files), the last ``last_s`` seconds."""
-    files = trace_files(path) if not path.is_dir() else sorted(path.glob("*.jsonl*"))
-    if not files:
-        raise TraceError(f"{path}: no trace file there; enable recording in config.yaml")
-    headers, lines = _read_lines(files)
+    files = served_files(path)
+    headers, lines = read_lines(files)
     if not lines:
         raise TraceError(f"{path}: the trace holds no served request yet")
     backend = _main_backend(lines)
@@ -93,7 +91,16 @@ def load_trace(path: Path, last_s: float | None = None) -> Trace:
     return Trace(engine, _requests(lines, block_size), [str(f) for f in files])
 
 
-def _read_lines(files: Iterable[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def served_files(path: Path) -> list[Path]:
+    """The served trace at ``path`` with its rotated files (oldest first), or a folder's."""
+    files = trace_files(path) if not path.is_dir() else sorted(path.glob("*.jsonl*"))
+    if not files:
+        raise TraceError(f"{path}: no trace file there; enable recording in config.yaml")
+    return files
+
+
+def read_lines(files: Iterable[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The engine headers by backend and the served request lines (with output) of ``files``."""
     headers: dict[str, Any] = {}
     lines: list[dict[str, Any]] = []
     for file in files:

@@ -1,9 +1,10 @@
 """Scenario files for ``draftctl simulate``: what load to run, on which costs and traces.
 
-A scenario is a list of phases (closed-loop concurrency and task mix, each for a duration),
-per-task prompt/output lengths, where acceptance comes from (trace files, else a labelled
-parametric model) and the cost table. Relative paths resolve against the scenario file.
-Defaults live here; unknown keys are errors (``<dotted.key>: <message> (line N)``).
+A scenario is a list of phases (closed-loop concurrency or an open-loop arrival rate, and a
+task mix, each for a duration), per-task prompt/output lengths, where acceptance comes from
+(trace files, else a labelled parametric model) and the cost table. Relative paths resolve
+against the scenario file. Defaults live here; unknown keys are errors
+(``<dotted.key>: <message> (line N)``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ class Phase(Section):
     name: str
     duration_s: float = Field(gt=0)
     # Closed loop: this many clients, each sending its next request when the last finishes.
-    concurrency: int = Field(ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    # Open loop instead: requests arrive at this mean rate (per second, all servers together),
+    # at Poisson times drawn from the scenario's seed, whatever the servers' speed. 0: idle.
+    arrival_rate: float | None = Field(default=None, ge=0)
     # Share of requests per task (normalised; missing tasks get 0).
     mix: dict[Task, float]
 
@@ -37,7 +41,22 @@ class Phase(Section):
     def _mix(self) -> Phase:
         if any(v < 0 for v in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ValueError("mix needs non-negative shares with a positive sum")
+        if (self.concurrency is None) == (self.arrival_rate is None):
+            raise ValueError(
+                "give either concurrency (closed loop: clients) or arrival_rate (open loop: "
+                "requests per second), not both or neither"
+            )
         return self
+
+    @property
+    def is_open(self) -> bool:
+        """Open loop: arrivals at a rate, not clients that wait for their answers."""
+        return self.arrival_rate is not None
+
+    @property
+    def clients(self) -> int:
+        """A closed-loop phase's clients (0 for an open-loop phase)."""
+        return self.concurrency or 0
 
 
 class Lengths(Section):
@@ -178,6 +197,15 @@ class Scenario(Section):
     # Present: simulate fleets of instances (sim/fleet_config.py) instead of one server.
     fleet: FleetSpec | None = None
     base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _one_loop(self) -> Scenario:
+        if len({p.is_open for p in self.phases}) > 1:
+            raise ValueError(
+                "phases mix closed-loop (concurrency) and open-loop (arrival_rate) load; use "
+                "one kind in a scenario (the fitted schedules weigh phases by their requests)"
+            )
+        return self
 
     @property
     def duration_s(self) -> float:

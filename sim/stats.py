@@ -20,6 +20,11 @@ class PhaseStats:
     num_no_draft: int = 0
     ttft_s: list[float] = field(default_factory=list)
     tpot_s: list[float] = field(default_factory=list)
+    # Arrival to last token of the requests that arrived in this phase; a request still
+    # running when the run ends counts up to the end (a lower bound), ``num_unfinished`` of
+    # them.
+    latency_s: list[float] = field(default_factory=list)
+    num_unfinished: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         decisions = max(1, self.num_decisions)
@@ -32,6 +37,8 @@ class PhaseStats:
             "tpot_ms_p50": _pct_ms(self.tpot_s, 0.5),
             "ttft_ms_mean": _mean_ms(self.ttft_s),
             "ttft_ms_p95": _pct_ms(self.ttft_s, 0.95),
+            "latency_ms_mean": _mean_ms(self.latency_s),
+            "num_unfinished": self.num_unfinished,
             "mean_spec_tokens": self.sum_spec_tokens / decisions,
             "share_no_draft": self.num_no_draft / decisions,
             "num_steps": self.num_steps,
@@ -97,19 +104,31 @@ class RunStats:
     def add_first_token(self, arrival_s: float, ttft_s: float) -> None:
         self.phases[self.phase_index(arrival_s)].ttft_s.append(ttft_s)
 
-    def add_finish(self, t: float, tpot_s: float) -> None:
+    def add_finish(self, t: float, tpot_s: float, arrival_s: float) -> None:
         if t <= self.duration_s:
             self.phases[self.phase_index(t)].tpot_s.append(tpot_s)
+            self.phases[self.phase_index(arrival_s)].latency_s.append(t - arrival_s)
+        else:  # its last step ended past the run: not counted as finished inside it
+            self.add_unfinished(arrival_s)
+
+    def add_unfinished(self, arrival_s: float) -> None:
+        """A request still queued or running at the run's end: its latency so far."""
+        phase = self.phases[self.phase_index(arrival_s)]
+        phase.latency_s.append(self.duration_s - arrival_s)
+        phase.num_unfinished += 1
 
     def as_dict(self) -> dict[str, Any]:
         tokens = sum(p.num_tokens for p in self.phases)
         tpots = [x for p in self.phases for x in p.tpot_s]
         ttfts = [x for p in self.phases for x in p.ttft_s]
+        latencies = [x for p in self.phases for x in p.latency_s]
         return {
             "goodput_tok_s": tokens / self.duration_s,
             "num_tokens": tokens,
             "tpot_ms_mean": _mean_ms(tpots),
             "ttft_ms_mean": _mean_ms(ttfts),
+            "latency_ms_mean": _mean_ms(latencies),
+            "num_unfinished": sum(p.num_unfinished for p in self.phases),
             "phases": {p.name: p.as_dict() for p in self.phases},
             "series": {
                 "bin_s": self.bin_s,

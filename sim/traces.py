@@ -14,7 +14,12 @@ L. Replay follows output positions, not recorded steps: after a run cut short by
 step starts inside the recorded run and keeps accepting up to its hard token. Assumption: a
 step that accepted the whole block marks no hard token, so its bonus token counts as
 draftable. With k = block_size - 1 this replays the recorded steps exactly; the oracle reads
-the same structure ahead of time.
+the same structure ahead of time. A line may instead give the hard positions themselves::
+
+    {"task": "chat", "block_size": 16, "prompt_tokens": 90, "output_tokens": 412,
+     "hard_positions": [3, 5, 11, ...]}
+
+(what ``draftctl plan --traffic-log`` derives from a daemon's served requests, sim/traffic_log.py).
 
 Without trace files the fallback is a *parametric* model (labelled as such in every report):
 per-task conditional acceptance per position, with a per-request logit offset.
@@ -23,6 +28,7 @@ per-task conditional acceptance per position, with a per-request logit offset.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import random
@@ -134,12 +140,37 @@ def _record(data: dict[str, object], block_size: int) -> TraceRecord:
     recorded_block = int(str(data.get("block_size", block_size)))
     if recorded_block != block_size:
         raise ValueError(f"block_size {recorded_block} != scenario block_size {block_size}")
-    lengths = data["accept_lengths"]
-    if not isinstance(lengths, list) or not lengths:
-        raise ValueError("accept_lengths must be a non-empty list")
     prompt = data.get("prompt_tokens")
+    if "hard_positions" in data:
+        trace = _hard_trace(data["hard_positions"], data.get("output_tokens"), block_size)
+    else:
+        lengths = data["accept_lengths"]
+        if not isinstance(lengths, list) or not lengths:
+            raise ValueError("accept_lengths must be a non-empty list")
+        trace = trace_from_accept_lengths([int(x) for x in lengths], block_size)
     return TraceRecord(
         task=Task(str(data["task"])),
         prompt_tokens=None if prompt is None else int(str(prompt)),
-        trace=trace_from_accept_lengths([int(x) for x in lengths], block_size),
+        trace=trace,
     )
+
+
+def _hard_trace(hard: object, output_tokens: object, block_size: int) -> AcceptanceTrace:
+    """A line in the hard-token form (``{"output_tokens": N, "hard_positions": [...]}``, what
+    ``draftctl plan --traffic-log`` derives from served requests), with the per-position rates
+    of the full-block steps it implies (as a full-block recording's)."""
+    if not isinstance(hard, list) or output_tokens is None:
+        raise ValueError("hard_positions must be a list, with output_tokens beside it")
+    positions = [int(x) for x in hard]
+    num_output = int(str(output_tokens))
+    if num_output < 1:
+        raise ValueError(f"output_tokens must be >= 1, got {num_output}")
+    if any(b <= a for a, b in itertools.pairwise(positions)) or (positions and positions[0] < 0):
+        raise ValueError("hard_positions must be increasing positions >= 0")
+    trace = AcceptanceTrace(num_output, tuple(positions))
+    lengths, position, hint = [], 0, 0
+    while position < num_output:
+        accepted, hint = trace.accepted_at(position, block_size - 1, hint)
+        lengths.append(accepted + 1)
+        position += accepted + 1
+    return AcceptanceTrace(num_output, trace.hard_positions, recorded_rates(lengths, block_size))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +26,46 @@ def register(subparsers: Any) -> None:
             "export-schedule fits to its tasks) on the traffic described by a scenario file "
             "(phases of clients and task mix, lengths, acceptance traces or parametric rates, "
             "cost table; docs/fleet.md), shortened by --search-scale; re-simulates the top 3 "
-            "and the best uniform fleet at full length and recommends the best there (a "
-            "pooled layout must beat the best uniform fleet by 0.5%), with its gain, and "
+            "and the best uniform fleet at full length and recommends the best there (by "
+            "goodput for phases of clients, by mean request latency for phases of arrival "
+            "rates; a pooled layout must beat the best uniform fleet by 0.5%), with its gain, and "
             "writes the vLLM/SGLang launch commands and the matching draftctl config and "
-            "policy files."
+            "policy files. With --traffic-log the traffic comes from a daemon's recorded trace "
+            "instead (recording.enabled): open-loop windows of its arrival rate and task mix, "
+            "its drafted requests' lengths and acceptance (docs/fleet.md)."
         ),
     )
-    parser.add_argument(
-        "--traffic", required=True, type=Path, help="scenario YAML describing the traffic"
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--traffic", type=Path, help="scenario YAML describing the traffic")
+    source.add_argument(
+        "--traffic-log",
+        type=Path,
+        help="the daemon's served trace (file, with its rotated files, or a folder of them)",
+    )
+    log = parser.add_argument_group("with --traffic-log")
+    log.add_argument(
+        "--window-s",
+        type=float,
+        default=60.0,
+        help="seconds of the trace per simulated phase (its arrival rate and mix; default 60)",
+    )
+    log.add_argument("--last", type=float, help="keep only the trace's newest seconds")
+    log.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="multiply the recorded arrival rates (plan for growth; default 1)",
+    )
+    log.add_argument(
+        "--cost-table",
+        type=Path,
+        help="the servers' cost table (draftctl profile-cost); default: the trace header's",
+    )
+    log.add_argument(
+        "--draft-cost-fraction",
+        type=float,
+        default=0.16,
+        help="the draft forward's cost as a share of a full-block target forward (default 0.16)",
     )
     parser.add_argument(
         "--instances", type=int, help="servers in the fleet (default: the file's fleet.instances)"
@@ -79,23 +113,59 @@ def _spill_margin(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 < args.search_scale <= 1:
+        logger.error("--search-scale must be in (0, 1], got %s", args.search_scale)
+        return 2
+    if args.traffic_log is None:
+        return _run(args, args.traffic, None)
+    if not 0 <= args.draft_cost_fraction <= 1:
+        logger.error("--draft-cost-fraction must be in [0, 1], got %s", args.draft_cost_fraction)
+        return 2
+    if args.out_dir is not None:
+        return _from_log(args, args.out_dir)
+    with tempfile.TemporaryDirectory(prefix="draftctl-plan-") as scratch:
+        return _from_log(args, Path(scratch))
+
+
+def _from_log(args: argparse.Namespace, folder: Path) -> int:
+    """Describe the recorded traffic as a scenario in ``folder`` (traffic.yaml), then plan."""
+    from sim.replay import TraceError
+    from sim.traffic_log import read_traffic, write_traffic
+
+    try:
+        traffic = read_traffic(args.traffic_log, args.window_s, args.last, args.rate_scale)
+        path = write_traffic(
+            traffic, folder, args.cost_table, args.instances, args.draft_cost_fraction
+        )
+    except (TraceError, OSError) as exc:
+        logger.error("--traffic-log %s: %s", args.traffic_log, exc)
+        return 2
+    logger.info(
+        "traffic from %s: %d requests in %d windows, %d drafted (%s)",
+        args.traffic_log, traffic.summary["requests"], len(traffic.windows),
+        traffic.summary["drafted_requests"], path,
+    )  # fmt: skip
+    return _run(args, path, traffic.summary)
+
+
+def _run(args: argparse.Namespace, path: Path, logged: dict[str, Any] | None) -> int:
     from controller.commands.simulate import read_scenario
 
-    scenario = read_scenario(args.traffic)
+    scenario = read_scenario(path)
     if scenario is None:
         return 2
     instances = args.instances or (scenario.fleet.instances if scenario.fleet else None)
     if instances is None or instances < 1:
-        logger.error("--instances N (>= 1) is needed: %s has no fleet.instances", args.traffic)
-        return 2
-    if not 0 < args.search_scale <= 1:
-        logger.error("--search-scale must be in (0, 1], got %s", args.search_scale)
+        logger.error("--instances N (>= 1) is needed: %s has no fleet.instances", path)
         return 2
     try:
         plan = _plan(scenario, instances, args)
     except ValueError as exc:
-        logger.error("plan for %s: %s", args.traffic, exc)
+        logger.error("plan for %s: %s", path, exc)
         return 2
+    if logged is not None:
+        plan["traffic"] = str(args.traffic_log)
+        plan["traffic_log"] = logged | {"scenario": str(path) if args.out_dir else None}
     if args.out_dir is not None:
         _write(plan, args.out_dir)
     sys.stdout.write((json.dumps(plan, indent=1) if args.json else _summary(plan)) + "\n")
@@ -104,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, Any]:
     from sim.fleet_plan import search, task_homes
+    from sim.objective import FIELDS
     from sim.plan_outputs import Servers, config_yaml, policy_yaml, sglang_commands, vllm_commands
 
     def progress(name: str) -> None:
@@ -124,10 +195,15 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
         "instances": instances,
         "recommended": result.recommended,
         "layout": layout,
+        "objective": result.objective,
         "gain_vs_best_uniform": result.gain_vs_best_uniform,
         "best_uniform": result.best_uniform,
         "full_length": {
-            name: {"goodput_tok_s": e["goodput_tok_s"], "ttft_p99_s": e["ttft_p99_s"]}
+            name: {
+                "goodput_tok_s": e["goodput_tok_s"],
+                "ttft_p99_s": e["ttft_p99_s"],
+                "latency_ms_mean": e["latency_ms_mean"],
+            }
             for name, e in result.full.items()
         },
         "spill_margin": spill_margin,
@@ -138,7 +214,7 @@ def _plan(scenario: Any, instances: int, args: argparse.Namespace) -> dict[str, 
             if spill_margin is not None
             else "by task only, as simulated"
         ),
-        "search_goodput_tok_s": result.search,
+        f"search_{FIELDS[result.objective]}": result.search,
         "search_scale": args.search_scale,
         "vllm_commands": vllm_commands(layout, servers),
         "sglang_commands": sglang_commands(layout, servers),
@@ -160,10 +236,12 @@ def _write(plan: dict[str, Any], out_dir: Path) -> None:
 
 
 def _summary(plan: dict[str, Any]) -> str:
+    latency = plan["objective"] == "latency"
+    measure = "1 / mean request latency" if latency else "goodput"
     lines = [
         f"recommended for {plan['instances']} instances: {plan['recommended']} "
-        f"({plan['gain_vs_best_uniform']:.3f}x the best uniform fleet, {plan['best_uniform']}, "
-        "at full length)",
+        f"({plan['gain_vs_best_uniform']:.3f}x the best uniform fleet's {measure}, "
+        f"{plan['best_uniform']}, at full length)",
     ]
     for name, pool in plan["layout"]["pools"].items():
         tasks = ", ".join(pool["tasks"]) or "every task"
@@ -172,7 +250,11 @@ def _summary(plan: dict[str, Any]) -> str:
             f"  pool {name}: {pool['instances']} instances, {tasks}; "
             f"num_speculative_tokens {pool['num_speculative_tokens']}; schedule {schedule}"
         )
-    lines.append("search (shortened traffic, tokens/s):")
-    ranked = sorted(plan["search_goodput_tok_s"].items(), key=lambda kv: -kv[1])
+    if latency:
+        lines.append("search (shortened traffic, mean request latency ms):")
+        ranked = sorted(plan["search_latency_ms_mean"].items(), key=lambda kv: kv[1] or math.inf)
+    else:
+        lines.append("search (shortened traffic, tokens/s):")
+        ranked = sorted(plan["search_goodput_tok_s"].items(), key=lambda kv: -kv[1])
     lines += [f"  {name:<40} {value:8.0f}" for name, value in ranked]
     return "\n".join(lines)

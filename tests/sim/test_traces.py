@@ -98,3 +98,18 @@ def test_recorded_traces_replay_exactly_at_full_block() -> None:
         assert _replay(records[0].trace, 7) == first[task]["accept_lengths"]
         # The demo traces carry no prompt length: the scenario draws one.
         assert records[0].prompt_tokens is None
+
+
+def test_a_line_of_hard_positions_is_the_recording_it_came_from(tmp_path: Path) -> None:
+    lengths = [3, 16, 5, 1, 8, 16, 2]
+    recorded = trace_from_accept_lengths(lengths, 16)
+    line = {"task": "code", "block_size": 16, "prompt_tokens": 40,
+            "output_tokens": recorded.num_output_tokens,
+            "hard_positions": list(recorded.hard_positions)}  # fmt: skip
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(line) + "\n" + json.dumps({**line, "hard_positions": [4, 2]}))
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: .*increasing"):
+        load_traces(path, 16)
+    path.write_text(json.dumps(line) + "\n")
+    (record,) = load_traces(path, 16)[Task.CODE]
+    assert record.prompt_tokens == 40 and record.trace == recorded  # the rates too

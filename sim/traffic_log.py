@@ -1,0 +1,302 @@
+"""Traffic described from a daemon's recorded trace, for ``draftctl plan --traffic-log``.
+
+The served trace (controller/recording.py; ``recording.enabled``) holds one line per finished
+request: arrival time, task, prompt and output tokens and, when the request drafted, its
+steps' k and accept lengths. From it this module writes a scenario (sim/scenario.py) that
+the fleet planner simulates like any described traffic:
+
+- **phases**: the trace's span cut into windows of ``window_s`` seconds (a tail shorter than
+  half a window joins the one before), each an *open-loop* phase whose arrival rate is the
+  window's requests per second (times ``rate_scale``, to plan for growth) and whose task mix
+  is the window's; every request counts, whichever backend served it and whether it drafted
+  or not. The planner then ranks layouts by mean request latency (sim/fleet_plan.py).
+- **requests**: the recorded requests that drafted, each with its prompt and output length
+  and the hard-token acceptance model the what-if replay uses (sim/replay.py): a step that
+  accepted fewer drafts than its k marks its correction token as one the drafter gets wrong;
+  a step that accepted all k says nothing past k, so those tokens count as draftable
+  (optimistic for wider k than recorded; the summary gives that share per task). The
+  simulator draws each arrival's request from its task's recorded ones. Requests that never
+  drafted carry no acceptance and are left out of these draws (their arrivals still count).
+- **engine and costs**: the block size and batch limit of the backend that served most
+  requests (its header line), and a cost table: the one given, else that header's (the
+  embedded engine's start-up profile).
+
+Nothing here reads prompt text (the trace holds none). Pure: files in, files out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from policies.types import TASKS, Task
+from sim.replay import TraceError, acceptance, read_lines, served_files
+
+SCENARIO_FILE = "traffic.yaml"
+ACCEPTANCE_FILE = "traffic-acceptance.jsonl"
+COST_FILE = "traffic-cost.json"
+MIN_WINDOW_S = 1.0  # the last window is never shorter (a trace of one request spans 0 s)
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    duration_s: float
+    num_requests: int
+    mix: dict[Task, float]  # shares of the window's requests (the whole trace's if empty)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One recorded request that drafted, in ``traffic-acceptance.jsonl``'s form."""
+
+    task: Task
+    prompt_tokens: int
+    output_tokens: int
+    hard_positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoggedTraffic:
+    files: list[str]
+    backend: str
+    block_size: int
+    max_batch_size: int
+    cost_table: dict[str, Any] | None  # the main backend's header table, if it has one
+    windows: list[Window]
+    requests: list[Drafted]
+    rate_scale: float
+    summary: dict[str, Any]
+
+
+def read_traffic(
+    path: Path,
+    window_s: float,
+    last_s: float | None = None,
+    rate_scale: float = 1.0,
+) -> LoggedTraffic:
+    """The traffic of the served trace at ``path`` (a file with its rotated ones, or a folder),
+    the newest ``last_s`` seconds of it; raises TraceError naming what is wrong."""
+    if not window_s > 0 or not rate_scale > 0 or (last_s is not None and not last_s > 0):
+        raise TraceError("window, rate scale and --last must be > 0")
+    files = served_files(path)
+    headers, lines = read_lines(files)
+    lines = [line for line in lines if not line.get("error")]
+    if not lines:
+        raise TraceError(f"{path}: the trace holds no served request yet")
+    for line in lines:
+        _check(path, line)
+    if last_s is not None:
+        newest = max(float(line["t"]) for line in lines)
+        lines = [line for line in lines if float(line["t"]) >= newest - last_s]
+    backend = Counter(str(line["backend"]) for line in lines).most_common(1)[0][0]
+    header = headers.get(backend)
+    if header is None:
+        raise TraceError(f"{path}: no engine header line for backend {backend!r}")
+    block_size = int(header["block_size"])
+    same_block = {name for name, h in headers.items() if int(h["block_size"]) == block_size}
+    windows = _windows(lines, window_s)
+    requests = [
+        _drafted(line, block_size)
+        for line in lines
+        if str(line["backend"]) in same_block and _did_draft(line)
+    ]
+    return LoggedTraffic(
+        files=[str(f) for f in files],
+        backend=backend,
+        block_size=block_size,
+        max_batch_size=int(header.get("max_batch_size") or 128),
+        cost_table=header.get("cost_table"),
+        windows=windows,
+        requests=requests,
+        rate_scale=rate_scale,
+        summary=_summary(lines, windows, requests, block_size, same_block),
+    )
+
+
+def _check(path: Path, line: dict[str, Any]) -> None:
+    where = f"{path}: the request recorded at t={line.get('t')!r}"
+    try:
+        float(line["t"])
+        Task(str(line["task"]))
+        if int(line["output_tokens"]) < 1 or int(line.get("prompt_tokens") or 0) < 0:
+            raise ValueError("token counts out of range")
+        str(line["backend"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{where} is not a served-request line ({exc})") from exc
+
+
+def _did_draft(line: dict[str, Any]) -> bool:
+    return bool(line.get("accept_lengths")) or bool(line.get("num_drafts"))
+
+
+def _drafted(line: dict[str, Any], block_size: int) -> Drafted:
+    trace = acceptance(line, block_size)
+    return Drafted(
+        task=Task(str(line["task"])),
+        prompt_tokens=int(line.get("prompt_tokens") or 0),
+        output_tokens=trace.num_output_tokens,
+        hard_positions=trace.hard_positions,
+    )
+
+
+def _windows(lines: Sequence[dict[str, Any]], window_s: float) -> list[Window]:
+    times = [float(line["t"]) for line in lines]
+    start, span = min(times), max(times) - min(times)
+    count = max(1, math.ceil(span / window_s))
+    if count > 1 and span - (count - 1) * window_s < window_s / 2:
+        count -= 1  # a short tail joins the window before it (its rate would be noise)
+    overall = _mix([Task(str(line["task"])) for line in lines])
+    out = []
+    for i in range(count):
+        lo = start + i * window_s
+        last = i == count - 1  # holds the newest request, also when it ends the span exactly
+        tasks = [
+            Task(str(line["task"]))
+            for line, t in zip(lines, times, strict=True)
+            if lo <= t and (t < lo + window_s or last)
+        ]
+        duration = max(MIN_WINDOW_S, span - i * window_s) if last else window_s
+        out.append(Window(f"w{i + 1}", duration, len(tasks), _mix(tasks) or overall))
+    return out
+
+
+def _mix(tasks: Sequence[Task]) -> dict[Task, float]:
+    counts = Counter(tasks)
+    return {t: counts[t] / len(tasks) for t in TASKS if counts[t]}
+
+
+def _summary(
+    lines: Sequence[dict[str, Any]],
+    windows: Sequence[Window],
+    requests: Sequence[Drafted],
+    block_size: int,
+    same_block: set[str],
+) -> dict[str, Any]:
+    """What the plan rests on, per task: requests, how many drafted (acceptance known), their
+    mean recorded k, and the share of drafting steps that accepted every draft (nothing known
+    past their k: the hard-token model counts those tokens as draftable)."""
+    per_task: dict[str, Any] = {}
+    for task in TASKS:
+        mine = [line for line in lines if line["task"] == task.value]
+        drafted = [line for line in mine if str(line["backend"]) in same_block and _did_draft(line)]
+        ks = [k for line in drafted for k in line.get("step_spec_tokens") or []]
+        full = sum(
+            1
+            for line in drafted
+            for length, k in zip(
+                line.get("accept_lengths") or [], line.get("step_spec_tokens") or [], strict=False
+            )
+            if length >= k + 1
+        )
+        per_task[task.value] = {
+            "requests": len(mine),
+            "drafted_requests": len(drafted),
+            "detailed_steps": len(ks),
+            "mean_recorded_k": round(sum(ks) / len(ks), 2) if ks else None,
+            "max_recorded_k": max(ks) if ks else None,
+            "all_accepted_step_share": round(full / len(ks), 3) if ks else None,
+        }
+    times = [float(line["t"]) for line in lines]
+    return {
+        "requests": len(lines),
+        "span_s": round(max(times) - min(times), 3),
+        "windows": len(windows),
+        "block_size": block_size,
+        "drafted_requests": len(requests),
+        "tasks": per_task,
+    }
+
+
+def write_traffic(
+    traffic: LoggedTraffic,
+    out_dir: Path,
+    cost_table: Path | None = None,
+    instances: int | None = None,
+    draft_cost_fraction: float = 0.16,
+) -> Path:
+    """Write ``traffic.yaml`` (the scenario), ``traffic-acceptance.jsonl`` (the drafted
+    requests) and, when the table comes from the trace's header, ``traffic-cost.json`` into
+    ``out_dir``; returns the scenario's path. Raises TraceError if there is no cost table or a
+    task of the traffic has no drafted request to draw from."""
+    missing = sorted(
+        {t.value for w in traffic.windows if w.num_requests for t in w.mix}
+        - {r.task.value for r in traffic.requests}
+    )
+    if missing:
+        raise TraceError(
+            f"no recorded request of task(s) {', '.join(missing)} drafted, so their acceptance "
+            "is unknown: record traffic with drafting on for them (a pool at k > 0; a vLLM "
+            "pool needs --per-request-spec-decode-metrics), or describe the traffic in a "
+            "scenario file with acceptance traces (--traffic)"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cost_table is None:
+        if traffic.cost_table is None:
+            raise TraceError(
+                f"backend {traffic.backend!r}'s header has no cost table: pass --cost-table "
+                "(draftctl profile-cost measures one on the servers' GPU)"
+            )
+        cost_table = out_dir / COST_FILE
+        cost_table.write_text(json.dumps(traffic.cost_table, indent=1) + "\n")
+    with (out_dir / ACCEPTANCE_FILE).open("w") as f:
+        for r in traffic.requests:
+            line = {
+                "task": r.task.value,
+                "block_size": traffic.block_size,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "hard_positions": list(r.hard_positions),
+            }
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    path = out_dir / SCENARIO_FILE
+    # relative to the scenario, as scenario paths resolve: the folder can move with its table
+    table = Path(os.path.relpath(cost_table.resolve(), out_dir.resolve()))
+    path.write_text(_scenario_text(traffic, table, instances, draft_cost_fraction))
+    return path
+
+
+def _scenario_text(
+    traffic: LoggedTraffic, cost_table: Path, instances: int | None, draft_cost_fraction: float
+) -> str:
+    s = traffic.summary
+    lines = [
+        "# Written by draftctl plan --traffic-log from the served trace:",
+        *(f"#   {f}" for f in traffic.files),
+        f"# {s['requests']} requests over {s['span_s']} s; {s['drafted_requests']} drafted "
+        f"(backend {traffic.backend!r}, block {traffic.block_size}) give the acceptance.",
+        "# Phases: open-loop windows of the recorded arrival rate"
+        + (f" x {traffic.rate_scale}" if traffic.rate_scale != 1 else "")
+        + " and task mix. Edit and re-plan with --traffic.",
+        "name: traffic-log",
+        f'description: "recorded traffic: {s["requests"]} requests, {len(traffic.windows)} '
+        'open-loop windows (draftctl plan --traffic-log)"',
+        "seed: 0",
+        f"block_size: {traffic.block_size}",
+        f"max_batch_size: {traffic.max_batch_size}",
+        "cost:",
+        f"  table: {json.dumps(str(cost_table))}",
+        "  verify_width_multiple: 1     # vLLM verifies k + 1 tokens a row, graphs on total tokens",
+        f"  draft_cost_fraction: {draft_cost_fraction}   # assumed: the draft forward's share",
+        "  batch_verify: padded         # one k per step for the batch (fixed k or a schedule)",
+        "  prefill_batching: batched",
+        "acceptance:",
+        f"  traces: {ACCEPTANCE_FILE}",
+        "phases:",
+    ]
+    for w in traffic.windows:
+        rate = w.num_requests / w.duration_s * traffic.rate_scale
+        mix = ", ".join(f"{t.value}: {v!r}" for t, v in w.mix.items())
+        lines.append(
+            f"  - {{name: {w.name}, duration_s: {w.duration_s!r}, "
+            f"arrival_rate: {rate!r}, mix: {{{mix}}}}}  # {w.num_requests} requests"
+        )
+    if instances is not None:
+        lines += ["fleet:", f"  instances: {instances}"]
+    return "\n".join(lines) + "\n"
