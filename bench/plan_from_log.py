@@ -49,7 +49,8 @@ def main() -> None:
             trace = record(Path(folder), args)
             shutil.copy(trace, args.out_dir / "served.jsonl")
             shutil.copy(Path(folder) / "bench" / "bench.json", args.out_dir / "bench.json")
-    runs = {"cpu-demo": [], "h200-8b-table": ["--cost-table", str(args.cost_table)]}
+    h200 = ["--cost-table", str(args.cost_table), "--max-batch-size", "128"]
+    runs = {"cpu-demo": [], "h200-8b-table": h200}
     for name, extra in runs.items():
         argv = [
             sys.executable, "-m", "controller.cli", "plan", "--traffic-log",

@@ -220,11 +220,13 @@ def write_traffic(
     cost_table: Path | None = None,
     instances: int | None = None,
     draft_cost_fraction: float = 0.16,
+    max_batch_size: int | None = None,
 ) -> Path:
-    """Write ``traffic.yaml`` (the scenario), ``traffic-acceptance.jsonl`` (the drafted
-    requests) and, when the table comes from the trace's header, ``traffic-cost.json`` into
-    ``out_dir``; returns the scenario's path. Raises TraceError if there is no cost table or a
-    task of the traffic has no drafted request to draw from."""
+    """Write ``traffic.yaml`` (the scenario; ``max_batch_size`` default: the trace header's),
+    ``traffic-acceptance.jsonl`` (the drafted requests) and, when the table comes from the
+    trace's header, ``traffic-cost.json`` into ``out_dir``; returns the scenario's path.
+    Raises TraceError if there is no cost table or a task of the traffic has no drafted
+    request to draw from."""
     missing = sorted(
         {t.value for w in traffic.windows if w.num_requests for t in w.mix}
         - {r.task.value for r in traffic.requests}
@@ -258,12 +260,17 @@ def write_traffic(
     path = out_dir / SCENARIO_FILE
     # relative to the scenario, as scenario paths resolve: the folder can move with its table
     table = Path(os.path.relpath(cost_table.resolve(), out_dir.resolve()))
-    path.write_text(_scenario_text(traffic, table, instances, draft_cost_fraction))
+    batch = max_batch_size or traffic.max_batch_size
+    path.write_text(_scenario_text(traffic, table, instances, draft_cost_fraction, batch))
     return path
 
 
 def _scenario_text(
-    traffic: LoggedTraffic, cost_table: Path, instances: int | None, draft_cost_fraction: float
+    traffic: LoggedTraffic,
+    cost_table: Path,
+    instances: int | None,
+    draft_cost_fraction: float,
+    max_batch_size: int,
 ) -> str:
     s = traffic.summary
     lines = [
@@ -279,7 +286,7 @@ def _scenario_text(
         'open-loop windows (draftctl plan --traffic-log)"',
         "seed: 0",
         f"block_size: {traffic.block_size}",
-        f"max_batch_size: {traffic.max_batch_size}",
+        f"max_batch_size: {max_batch_size}",
         "cost:",
         f"  table: {json.dumps(str(cost_table))}",
         "  verify_width_multiple: 1     # vLLM verifies k + 1 tokens a row, graphs on total tokens",

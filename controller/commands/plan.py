@@ -62,6 +62,11 @@ def register(subparsers: Any) -> None:
         help="the servers' cost table (draftctl profile-cost); default: the trace header's",
     )
     log.add_argument(
+        "--max-batch-size",
+        type=int,
+        help="the planned servers' batch limit (vLLM max_num_seqs; default: the trace header's)",
+    )
+    log.add_argument(
         "--draft-cost-fraction",
         type=float,
         default=0.16,
@@ -121,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.draft_cost_fraction <= 1:
         logger.error("--draft-cost-fraction must be in [0, 1], got %s", args.draft_cost_fraction)
         return 2
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        logger.error("--max-batch-size must be >= 1, got %s", args.max_batch_size)
+        return 2
     if args.out_dir is not None:
         return _from_log(args, args.out_dir)
     with tempfile.TemporaryDirectory(prefix="draftctl-plan-") as scratch:
@@ -135,7 +143,12 @@ def _from_log(args: argparse.Namespace, folder: Path) -> int:
     try:
         traffic = read_traffic(args.traffic_log, args.window_s, args.last, args.rate_scale)
         path = write_traffic(
-            traffic, folder, args.cost_table, args.instances, args.draft_cost_fraction
+            traffic,
+            folder,
+            args.cost_table,
+            args.instances,
+            args.draft_cost_fraction,
+            args.max_batch_size,
         )
     except (TraceError, OSError) as exc:
         logger.error("--traffic-log %s: %s", args.traffic_log, exc)

@@ -83,6 +83,8 @@ def test_the_written_scenario_draws_the_recorded_requests(tmp_path: Path) -> Non
     scenario = load_scenario(write_traffic(traffic, tmp_path / "out", instances=3))
     assert scenario.fleet is not None and scenario.fleet.instances == 3
     assert scenario.block_size == 8 and scenario.max_batch_size == 8
+    wider = write_traffic(traffic, tmp_path / "wide", max_batch_size=256)
+    assert load_scenario(wider).max_batch_size == 256
     assert [p.arrival_rate for p in scenario.phases] == [pytest.approx(10 / 60), 0.5]
     assert json.loads((tmp_path / "out" / "traffic-cost.json").read_text()) == TABLE
     recorded = {
