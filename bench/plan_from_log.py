@@ -23,18 +23,14 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.replay_check import record
+from bench.replay_check import add_record_arguments, record
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--datasets", default="gsm8k,humaneval,mt-bench")
-    parser.add_argument("--concurrency", default="1,4,8")
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    add_record_arguments(parser)
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--cost-table", type=Path, default=ROOT / "cost_tables/qwen3-8b-h200.json")

@@ -88,13 +88,18 @@ def repeat(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    """``record``'s settings: the prompts and the bench's load."""
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--datasets", default="gsm8k,humaneval,mt-bench")
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_record_arguments(parser)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -3,37 +3,17 @@ and policies that differ where they should."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from policies.model import parse_policy
 from sim.replay import TraceError, acceptance, compare, load_trace
-
-TABLE = {
-    "batch_sizes": [1, 2, 4, 8],
-    "tokens_per_request": [1, 8],
-    "step_time_s": [[0.010, 0.020], [0.012, 0.026], [0.015, 0.035], [0.020, 0.060]],
-    "includes_draft": True,
-}
-HEADER = {"type": "engine", "backend": "e", "block_size": 8, "max_batch_size": 8,
-          "cost_table": TABLE}  # fmt: skip
+from tests.sim.served_trace import request_line, write_trace
 
 
 def _request(t: float, latency_ms: float, lengths: list[int], ks: list[int]) -> dict[str, object]:
-    return {
-        "type": "request", "t": t, "task": "math", "backend": "e", "spec_tokens": 7,
-        "concurrency": 1, "prompt_tokens": 20, "output_tokens": 1 + sum(lengths),
-        "ttft_ms": 10.0, "decode_ms": latency_ms - 10.0, "latency_ms": latency_ms,
-        "accept_lengths": lengths, "step_spec_tokens": ks, "num_plain_steps": 0,
-        "step_ms": [20.0] * len(lengths), "plain_step_ms": [], "error": False,
-    }  # fmt: skip
-
-
-def _write(path: Path, lines: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in [HEADER, *lines]))
-    return path
+    return request_line(t, lengths, ks, latency_ms=latency_ms)
 
 
 def test_acceptance_marks_only_rejections_as_hard() -> None:
@@ -51,14 +31,14 @@ def test_a_request_right_after_another_ends_is_its_clients_next(tmp_path: Path) 
         _request(100.21, 200.0, [4, 4], [7, 7]),  # 10 ms after the first ended
         _request(105.0, 200.0, [4, 4], [7, 7]),  # open loop: long after
     ]
-    trace = load_trace(_write(tmp_path / "t.jsonl", lines))
+    trace = load_trace(write_trace(tmp_path / "t.jsonl", lines))
     assert [r.predecessor for r in trace.requests] == [None, 0, None]
     assert trace.requests[1].gap_s == pytest.approx(0.01)
 
 
 def test_no_drafting_is_slower_than_drafting_on_easy_traffic(tmp_path: Path) -> None:
     lines = [_request(100.0 + 0.3 * i, 250.0, [8] * 12, [7] * 12) for i in range(6)]
-    trace = load_trace(_write(tmp_path / "t.jsonl", lines))
+    trace = load_trace(write_trace(tmp_path / "t.jsonl", lines))
     k7 = parse_policy("kind: static\nstatic:\n  concurrency_bands: []\n  spec_tokens:\n"
                       "    math: [7]\n    code: [7]\n    chat: [7]\n")  # fmt: skip
     off = parse_policy("kind: static\nstatic:\n  concurrency_bands: []\n  spec_tokens:\n"
@@ -72,6 +52,6 @@ def test_no_drafting_is_slower_than_drafting_on_easy_traffic(tmp_path: Path) -> 
 
 def test_a_trace_without_requests_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no served request"):
-        load_trace(_write(tmp_path / "t.jsonl", []))
+        load_trace(write_trace(tmp_path / "t.jsonl", []))
     with pytest.raises(TraceError, match="no trace file"):
         load_trace(tmp_path / "missing.jsonl")

@@ -15,30 +15,15 @@ from sim.replay import TraceError, acceptance
 from sim.scenario import load_scenario
 from sim.traffic_log import read_traffic, write_traffic
 from sim.workload import Workload
-
-TABLE = {
-    "batch_sizes": [1, 2, 4, 8],
-    "tokens_per_request": [1, 8],
-    "step_time_s": [[0.010, 0.020], [0.012, 0.026], [0.015, 0.035], [0.020, 0.060]],
-    "includes_draft": True,
-}
-HEADER = {"type": "engine", "backend": "e", "block_size": 8, "max_batch_size": 8,
-          "cost_table": TABLE}  # fmt: skip
+from tests.sim.served_trace import HEADER, TABLE, request_line, write_trace
 
 
 def _request(t: float, task: str, lengths: list[int], ks: list[int]) -> dict[str, Any]:
-    return {
-        "type": "request", "t": t, "task": task, "backend": "e", "spec_tokens": max(ks or [0]),
-        "concurrency": 1, "prompt_tokens": 30 + int(t) % 7, "output_tokens": 1 + sum(lengths),
-        "ttft_ms": 10.0, "decode_ms": 90.0, "latency_ms": 100.0, "accept_lengths": lengths,
-        "step_spec_tokens": ks, "num_plain_steps": 0 if ks else 12,
-        "step_ms": [20.0] * len(lengths), "plain_step_ms": [], "error": False,
-    }  # fmt: skip
+    return request_line(t, lengths, ks, task=task, prompt_tokens=30 + int(t) % 7)
 
 
 def _trace(path: Path, lines: list[dict[str, Any]], header: dict[str, Any] = HEADER) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in [header, *lines]))
-    return path
+    return write_trace(path, lines, header)
 
 
 def _two_windows(path: Path) -> Path:
