@@ -42,6 +42,7 @@ SCENARIO_FILE = "traffic.yaml"
 ACCEPTANCE_FILE = "traffic-acceptance.jsonl"
 COST_FILE = "traffic-cost.json"
 MIN_WINDOW_S = 1.0  # the last window is never shorter (a trace of one request spans 0 s)
+MAX_WINDOWS = 1000  # phases a plan simulates (a day in windows of ~90 s)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,11 @@ def _windows(lines: Sequence[dict[str, Any]], window_s: float) -> list[Window]:
     times = [float(line["t"]) for line in lines]
     start, span = min(times), max(times) - min(times)
     count = max(1, math.ceil(span / window_s))
+    if count > MAX_WINDOWS:
+        raise TraceError(
+            f"the trace spans {span:.0f} s: windows of {window_s:g} s make {count} phases (at "
+            f"most {MAX_WINDOWS}); use a longer --window-s or keep the --last seconds"
+        )
     if count > 1 and span - (count - 1) * window_s < window_s / 2:
         count -= 1  # a short tail joins the window before it (its rate would be noise)
     overall = _mix([Task(str(line["task"])) for line in lines])

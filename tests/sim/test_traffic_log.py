@@ -100,6 +100,8 @@ def test_errors_say_what_to_do(tmp_path: Path) -> None:
         read_traffic(tmp_path / "missing.jsonl", window_s=60)
     with pytest.raises(TraceError, match="> 0"):
         read_traffic(path, window_s=0)
+    with pytest.raises(TraceError, match="longer --window-s"):
+        read_traffic(_two_windows(tmp_path / "d.jsonl"), window_s=0.1)
 
 
 def test_plan_from_a_traffic_log_writes_the_scenario_it_simulated(
