@@ -68,3 +68,10 @@ PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py \
   --scenario scenarios/fleet-mixed-shift-ragged.yaml \
   --keep uniform-no-spec,uniform-static-k5,uniform-static-k7,uniform-schedule,draftctl-routed-ragged-spill1 \
   > "$out/fleet-mixed-shift-ragged-seeds.json"
+# Session 30 (docs/fleet.md "Open-loop traffic", "Against ragged servers"): the trace as
+# open-loop arrival rates (~3 min), and task pools of vLLM-AV ragged servers (~2.5 min).
+.venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-open.yaml --no-progress \
+  --out "$out/fleet-mixed-shift-open.json" > "$out/fleet-mixed-shift-open.txt"
+.venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-ragged-av-pools.yaml \
+  --no-progress --out "$out/fleet-mixed-shift-ragged-av-pools.json" \
+  > "$out/fleet-mixed-shift-ragged-av-pools.txt"
