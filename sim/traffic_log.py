@@ -244,6 +244,8 @@ def write_traffic(
             "pool needs --per-request-spec-decode-metrics), or describe the traffic in a "
             "scenario file with acceptance traces (--traffic)"
         )
+    if cost_table is not None and not cost_table.is_file():
+        raise TraceError(f"--cost-table {cost_table}: no such file")
     out_dir.mkdir(parents=True, exist_ok=True)
     if cost_table is None:
         if traffic.cost_table is None:

@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.search_scale <= 1:
         logger.error("--search-scale must be in (0, 1], got %s", args.search_scale)
         return 2
+    if args.instances is not None and args.instances < 1:
+        logger.error("--instances must be >= 1, got %s", args.instances)
+        return 2
     if args.traffic_log is None:
         return _run(args, args.traffic, None)
     if not 0 <= args.draft_cost_fraction <= 1:
@@ -153,9 +156,10 @@ def _from_log(args: argparse.Namespace, folder: Path) -> int:
     except (TraceError, OSError) as exc:
         logger.error("--traffic-log %s: %s", args.traffic_log, exc)
         return 2
+    windows = len(traffic.windows)
     logger.info(
-        "traffic from %s: %d requests in %d windows, %d drafted (%s)",
-        args.traffic_log, traffic.summary["requests"], len(traffic.windows),
+        "traffic from %s: %d requests in %d window%s, %d drafted (%s)",
+        args.traffic_log, traffic.summary["requests"], windows, "" if windows == 1 else "s",
         traffic.summary["drafted_requests"], path,
     )  # fmt: skip
     return _run(args, path, traffic.summary)

@@ -93,6 +93,8 @@ def test_errors_say_what_to_do(tmp_path: Path) -> None:
     path = _trace(tmp_path / "b.jsonl", [_request(1000.0, "math", [2], [7])], bare)
     with pytest.raises(TraceError, match="--cost-table"):
         write_traffic(read_traffic(path, window_s=60), tmp_path / "b")
+    with pytest.raises(TraceError, match=r"missing\.json: no such file"):
+        write_traffic(read_traffic(path, window_s=60), tmp_path / "b", tmp_path / "missing.json")
     path = _trace(tmp_path / "c.jsonl", [{**_request(1000.0, "math", [2], [7]), "task": "poem"}])
     with pytest.raises(TraceError, match=r"t=1000\.0 is not a served-request line"):
         read_traffic(path, window_s=60)
@@ -137,3 +139,5 @@ def test_plan_refuses_a_log_it_cannot_use(tmp_path: Path, caplog: pytest.LogCapt
     assert "chat drafted" in caplog.text
     assert main(["plan", "--traffic-log", str(path), "--draft-cost-fraction", "2"]) == 2
     assert "--draft-cost-fraction" in caplog.text
+    assert main(["plan", "--traffic-log", str(path), "--instances", "0"]) == 2
+    assert "--instances must be >= 1" in caplog.text
