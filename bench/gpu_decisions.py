@@ -153,6 +153,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default 1, as the calls before session 29 ran; the engine's CUDA default is 4); the "
         "arm info records it when above 1",
     )
+    parser.add_argument(
+        "--spec-burst",
+        type=int,
+        default=1,
+        choices=range(1, 17),
+        metavar="N",
+        help="one-phase drafting steps run up to N at a time per host round trip "
+        "(Engine(spec_burst=N), synthetic acceptance included; default 1, the engine's "
+        "default); the arm info records it when above 1",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--warm-up",

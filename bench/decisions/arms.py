@@ -134,7 +134,7 @@ def _synthetic(args: argparse.Namespace) -> Arm:
         verify_mode=args.verify_mode,
         **_compile(args),
     )
-    engine = Engine(runner, MAX_BATCH, max_seq_len, plain_burst=args.plain_burst)
+    engine = _engine(runner, max_seq_len, args)
     if args.cost_table == ENGINE_PROFILE:
         table = _engine_table(engine)
     else:
@@ -188,7 +188,7 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     def prompt_for(rng: random.Random, task: Task, length: int) -> list[int]:
         return list(rng.choice(by_task[task]))
 
-    engine = Engine(runner, MAX_BATCH, max_seq_len, plain_burst=args.plain_burst)
+    engine = _engine(runner, max_seq_len, args)
     if args.cost_table == ENGINE_PROFILE:
         table = _engine_table(engine)
     else:
@@ -230,6 +230,17 @@ def _compile(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _engine(runner: Any, max_seq_len: int, args: argparse.Namespace) -> Engine:
+    """The arm's engine, with the bursts asked for (``--plain-burst``, ``--spec-burst``)."""
+    return Engine(
+        runner,
+        MAX_BATCH,
+        max_seq_len,
+        plain_burst=args.plain_burst,
+        spec_burst=args.spec_burst,
+    )
+
+
 def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
     """What the arm info records of the runner's kernels beyond the defaults (calls of
     different kernels do not pool)."""
@@ -240,6 +251,7 @@ def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
         **({"linear": args.linear} if args.linear != "aten" else {}),
         **({"defer_context": True} if args.defer_context else {}),
         **({"plain_burst": args.plain_burst} if args.plain_burst != 1 else {}),
+        **({"spec_burst": args.spec_burst} if args.spec_burst != 1 else {}),
     }
 
 

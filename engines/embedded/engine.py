@@ -328,8 +328,6 @@ class Engine:
             return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
         if self.spec_burst == 1 or not self._one_phase() or not hasattr(self.runner, "spec_steps"):
             return 1
-        if getattr(self.runner, "synthetic", None) is not None:
-            return 1
         room = min(r.num_remaining // (k + 1) for r, k in zip(rows, spec_tokens, strict=True))
         return max(1, min(self.spec_burst, room))
 

@@ -1055,8 +1055,10 @@ class ModelRunner:
         (``Request.append``: the later steps are scratch). Each row must have room for
         ``steps * (k + 1)`` more positions (its ``num_remaining``: ``Engine._burst_length``
         caps the burst so). Each result is one step's; ``step_time_s`` the burst's time over
-        ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Not with
-        synthetic acceptance (its outcome is decided on the host)."""
+        ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Synthetic
+        acceptance: every step's runs are drawn on the host first (they are functions of each
+        row's key and step index) and go to the device with the uniforms; a row then accepts
+        min(k, run) drafts and emits the target's token there, as a single synthetic step."""
         steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
         widest = max(spec_tokens, default=0)
         if steps < 1 or uniforms.shape[1] != len(rows) or len(spec_tokens) != len(rows):
@@ -1064,8 +1066,8 @@ class ModelRunner:
                 f"uniforms {tuple(uniforms.shape)}: [steps >= 1, rows={len(rows)}, uniforms], "
                 f"and one k per row ({len(spec_tokens)} given)"
             )
-        if widest == 0 or self.synthetic is not None:
-            raise ValueError("spec_steps drafts (some k > 0) and draws no synthetic acceptance")
+        if widest == 0:
+            raise ValueError("spec_steps drafts: it needs some k > 0")
         started = self._clock()
         measured = self.measure_confidence
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
@@ -1078,6 +1080,11 @@ class ModelRunner:
         if not all(r.params.temperature <= 0 for r in rows):
             params = self._params_tensors(rows)
         drawn = self._to_device(uniforms)
+        draws: list[_Draws] = []  # synthetic mode: each step's runs (and confidence)
+        runs = None
+        if self.synthetic is not None:
+            draws = [self._drawn(self._draw_rows(rows, i), measured) for i in range(steps)]
+            runs = self._to_device(torch.from_numpy(np.stack([d.runs for d in draws])))
         no_confidence = torch.zeros(len(rows), 0, device=self.device)
         out = []
         for i in range(steps):
@@ -1086,6 +1093,13 @@ class ModelRunner:
                 last, start, spec_tokens, params, u, False, measured
             )
             logits = self._verified(last, drafts, start, width, spec_tokens, False)
+            if runs is not None:  # drawn decisions: min(k, run) drafts, the target's token
+                targets = self._synthetic_targets(logits, params, u)
+                count = torch.minimum(runs[i], num_draft)
+                last = targets.gather(1, count[:, None]).squeeze(1)
+                out.append(torch.cat([drafts, targets], dim=1))
+                start = start + count + 1
+                continue
             accepted, bonus = self._accepted(drafts, num_draft, logits, params, draft_probs, u)
             out.append(
                 self._packed(
@@ -1101,6 +1115,11 @@ class ModelRunner:
             overlap()
         host_packed = torch.stack(out).cpu()  # the sync
         elapsed_s = (self._clock() - started) / steps
+        if draws:
+            return [
+                self._drawn_result(p.tolist(), spec_tokens, widest, elapsed_s, d)
+                for p, d in zip(host_packed, draws, strict=True)
+            ]
         results = [self._unpack(p, spec_tokens, widest, elapsed_s) for p in host_packed]
         return results if measured else [replace(r, draft_confidence=None) for r in results]
 
@@ -1363,11 +1382,7 @@ class ModelRunner:
         and so is the draft confidence the step reports (when it measures it). ``verified``:
         a device-allocated step's k per row (the reported confidence then covers what each
         row drafted)."""
-        if params is None:
-            targets = logits.argmax(dim=-1)  # [B, widest + 1]
-        else:
-            probs = sampling_probs(logits, *params)
-            targets = sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
+        targets = self._synthetic_targets(logits, params, u)
         parts = [drafts, targets] if verified is None else [drafts, targets, verified[:, None]]
         if overlap is not None:
             overlap()
@@ -1375,14 +1390,40 @@ class ModelRunner:
         drafted = spec_tokens
         if verified is not None:
             spec_tokens = packed[:, -1].tolist()
-        accepted, tokens = assemble_rows(
-            packed.tolist(), spec_tokens, draws.runs.tolist(), drafts.shape[1]
+        elapsed_s = self._clock() - started
+        return self._drawn_result(
+            packed.tolist(), spec_tokens, drafts.shape[1], elapsed_s, draws, drafted
         )
+
+    @staticmethod
+    def _synthetic_targets(
+        logits: torch.Tensor, params: tuple[torch.Tensor, ...] | None, u: torch.Tensor
+    ) -> torch.Tensor:
+        """The target's token at every position [B, widest + 1]: its argmax, or a sample of
+        its distribution there with the step's bonus uniform."""
+        if params is None:
+            return logits.argmax(dim=-1)
+        probs = sampling_probs(logits, *params)
+        return sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
+
+    @staticmethod
+    def _drawn_result(
+        packed: list[list[int]],
+        spec_tokens: list[int],
+        widest: int,
+        elapsed_s: float,
+        draws: _Draws,
+        drafted: list[int] | None = None,
+    ) -> StepResult:
+        """A synthetic step's result from its copied [drafts, targets] rows and its draws
+        (``drafted``: the positions each row's reported confidence covers; default its k)."""
+        accepted, tokens = assemble_rows(packed, spec_tokens, draws.runs.tolist(), widest)
         confidence = None
         if draws.confidence is not None:
             values = draws.confidence.tolist()
-            confidence = [row[:k] for row, k in zip(values, drafted, strict=True)]
-        return StepResult(accepted, tokens, self._clock() - started, confidence, spec_tokens)
+            covered = spec_tokens if drafted is None else drafted
+            confidence = [row[:k] for row, k in zip(values, covered, strict=True)]
+        return StepResult(accepted, tokens, elapsed_s, confidence, spec_tokens)
 
     def _draws(self, rows: list[Request], measured: bool) -> _Draws:
         """Synthetic mode's host draws for a step (no device sync): each row's run over every

@@ -1,7 +1,8 @@
-"""The GPU-decisions harness's driver (bench/decisions/driver.py) tallies a plain burst
-(``Engine.plain_burst``: several k = 0 steps in one ``engine.step()`` call) as its steps: one
-timeline entry per step with its rows, the call's time split between them, and the phase's
-tokens, row-steps and verified tokens unchanged against an engine stepping once per call."""
+"""The GPU-decisions harness's driver (bench/decisions/driver.py) tallies a burst
+(``Engine.plain_burst`` / ``spec_burst``: several steps in one ``engine.step()`` call) as its
+steps: one timeline entry per step with its rows, the call's time split between them, and the
+phase's tokens, row-steps and verified tokens unchanged against an engine stepping once per
+call."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_tiny_pair(tmp_path_factory.mktemp("driver"), block_size=8, seed=0)
 
 
-def _tally(pair: tuple[Path, Path], burst: int, k: int) -> dict:  # type: ignore[type-arg]
+def _tally(pair: tuple[Path, Path], burst: int, k: int, spec: int = 1) -> dict:  # type: ignore[type-arg]
     runner = load_runner(pair[0], pair[1], torch.device("cpu"), 4, 128)
-    engine = Engine(runner, 4, 128, plain_burst=burst)
+    engine = Engine(runner, 4, 128, plain_burst=burst, spec_burst=spec)
     jobs = [Job(f"j{i}", Task.CHAT, tuple(range(3 + i, 13 + i)), 9 + 4 * i) for i in range(6)]
     phase = Phase("p", 3, len(jobs), {Task.CHAT: 1.0})
     built = Built(None, lambda job: lambda view: k, lambda: (0.0, 0))
@@ -60,4 +61,18 @@ def test_a_burst_is_tallied_as_its_steps(pair: tuple[Path, Path], k: int) -> Non
     assert sum(times) <= burst["elapsed_s"]
     assert any(
         times[i] == times[i + 1] == times[i + 2] == times[i + 3] for i in range(len(times) - 3)
+    )
+
+
+def test_a_drafting_burst_is_tallied_as_its_steps(pair: tuple[Path, Path]) -> None:
+    """Drafting bursts (k = 3, ``spec_burst`` 4): the same tokens, row-steps, verified tokens
+    and steps as one step a call, each burst's steps sharing its call's time."""
+    single, burst = _tally(pair, 1, 3), _tally(pair, 1, 3, spec=4)
+    for key in ("tokens", "row_steps", "verify_tokens", "steps"):
+        assert single[key] == burst[key], key
+    times = burst["step_s"]
+    assert any(times[i] == times[i + 1] == times[i + 2] for i in range(len(times) - 2))
+    assert not any(
+        single["step_s"][i] == single["step_s"][i + 1] == single["step_s"][i + 2]
+        for i in range(len(single["step_s"]) - 2)
     )

@@ -417,7 +417,12 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
         main(["--arm", "synthetic-tiny", "--device", "cpu", "--linear", "gemv"])
     kernels = {"linear": "aten", "defer_context": False}
     layer = argparse.Namespace(
-        compile_scope="layer", attention="sdpa", compile_mode="default", plain_burst=1, **kernels
+        compile_scope="layer",
+        attention="sdpa",
+        compile_mode="default",
+        plain_burst=1,
+        spec_burst=1,
+        **kernels,
     )
     assert _compile(layer) == {
         "compile_forwards": True,
@@ -433,6 +438,7 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
         linear="gemv",
         defer_context=True,
         plain_burst=4,
+        spec_burst=3,
     )
     assert _compile(off) == {"attention": "triton", "linear": "gemv", "defer_context": True}
     assert _kernel_info(off) == {
@@ -440,6 +446,7 @@ def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path
         "linear": "gemv",
         "defer_context": True,
         "plain_burst": 4,
+        "spec_burst": 3,
     }
     assert _kernel_info(layer) == {"compile_scope": "layer"}
 

@@ -417,8 +417,8 @@ def test_drafting_bursts_equal_target_only_greedy(agreeing_pair: tuple[Path, Pat
 
 def test_when_a_drafting_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
     """Off by default; with ``spec_burst`` a one-phase step bursts up to the rows' room
-    (``num_remaining // (k + 1)``); a planner's two-phase step and synthetic acceptance
-    do not; a failing burst falls back to one step; bad settings are refused."""
+    (``num_remaining // (k + 1)``), synthetic acceptance too; a planner's two-phase step does
+    not; a failing burst falls back to one step; bad settings are refused."""
     runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
     assert Engine(runner, 2, 128).spec_burst == 1
     for bad in (0, DEFERRED_POSITIONS + 1):
@@ -465,11 +465,7 @@ def test_when_a_drafting_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
         Request("s", random_prompt(9, PROMPT_LEN), SamplingParams(30), fixed_k(4), {"task": "math"})
     )
     synthetic.step()
-    assert synthetic_sizes == []
-    with pytest.raises(ValueError, match="synthetic"):
-        synthetic.runner.spec_steps(
-            list(synthetic.scheduler.running), [4], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1)
-        )
+    assert synthetic_sizes == [5]
 
     failing = Engine(load_runner(*agreeing_pair, torch.device("cpu"), 2, 128), 2, 128, spec_burst=4)
 
@@ -520,3 +516,57 @@ def test_a_plain_steps_rows_share_the_report_each_would_get(
         assert all(report is first for report in step)
         assert first == StepReport(0, 1, [], first.step_time_s, len(step), (), False)
         assert first.step_time_s > 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_synthetic_drafting_bursts_give_the_draws_of_single_steps(
+    tiny_pair: tuple[Path, Path], graphs: bool
+) -> None:
+    """Synthetic acceptance (the GPU harness's engines) in drafting bursts of 4: each step of
+    a burst accepts min(k, its drawn run) and emits the target's token there, as single steps
+    do, so tokens, accept lengths and the drawn confidence each step reports are the same;
+    a greedy and a seeded sampled row, a row finishing mid-burst."""
+    from engines.embedded.synthetic import SyntheticAcceptance, TaskProfile
+
+    profiles = SyntheticAcceptance(
+        {
+            "math": TaskProfile.from_accept_length(4.5, BLOCK_SIZE - 1, decay=0.9),
+            "chat": TaskProfile.from_accept_length(2.5, BLOCK_SIZE - 1, decay=0.5),
+        },
+        seed=5,
+        name="tiny-confident",
+        confidence_auc=0.8,
+    )
+    runs = []
+    for burst in (1, 4):
+        runner = load_runner(
+            *tiny_pair, torch.device("cpu"), 4, 160, use_cuda_graphs=graphs, synthetic=profiles
+        )
+        runner.measure_confidence = True
+        engine = Engine(runner, 4, 160, spec_burst=burst)
+        sizes = _counted_spec_bursts(engine)
+        requests = [
+            Request(
+                f"s{i}",
+                random_prompt(200 + i, PROMPT_LEN),
+                SamplingParams(max_new_tokens=37 + 11 * i, temperature=0.8 * (i == 1), seed=i),
+                fixed_k((3, BLOCK_SIZE - 1, 5)[i]),
+                {"task": ("math", "chat")[i % 2], "synthetic_key": f"k{i}"},
+            )
+            for i in range(3)
+        ]
+        for request in requests:
+            engine.add(request)
+        confidence: dict[str, list[tuple[float, ...]]] = {r.request_id: [] for r in requests}
+        while engine.has_work:
+            for request, event in engine.step():
+                report = getattr(event, "report", None)
+                if report is not None:
+                    confidence[request.request_id].append(report.draft_confidence)
+        runs.append([(r.output_ids, r.accept_lengths, confidence[r.request_id]) for r in requests])
+        assert (4 in sizes) == (burst == 4), sizes
+    assert runs[0] == runs[1]
+    assert any(a > 2 for _, accepts, _ in runs[0] for a in accepts)
+    assert all(
+        c and len(c[0]) == k for (_, _, c), k in zip(runs[0], (3, BLOCK_SIZE - 1, 5), strict=True)
+    )
