@@ -73,7 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default=",".join((*NAMES, "oracle")),
-        help="comma-separated (bench/decisions/policies.py); on a ragged arm NAME@padded runs "
+        help="comma-separated (bench/decisions/policies.py); NAME@burst<N> runs NAME with its "
+        "one-phase drafting steps in bursts of N (Engine.spec_burst, 2-16); on a ragged arm "
+        "NAME@padded runs "
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
         "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
         "(N a number) is another instance of NAME, reported on its own: goodput#2 beside "
@@ -215,12 +217,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 f"policy {name}#{instance}: the instance after '#' must be a number (goodput#2)"
             )
         _, at, engine = name.partition("@")
+        if at and _burst_of(name) is not None:
+            continue
         if at and (engine != "padded" or args.verify_mode != "ragged"):
             parser.error(
-                f"policy {name.strip()!r}: the only suffix is @padded, on a ragged arm "
-                "(--verify-mode ragged): it runs the policy on the same runner's padded graphs"
+                f"policy {name.strip()!r}: the suffixes are @padded, on a ragged arm "
+                "(--verify-mode ragged: the policy on the same runner's padded graphs), and "
+                "@burst<N>, N from 2 to 16 (its one-phase drafting steps in bursts of N)"
             )
     return args
+
+
+def _burst_of(name: str) -> int | None:
+    """``NAME@burst<N>``'s N (the engine's ``spec_burst`` for that policy's runs), else None."""
+    suffix = name.partition("#")[0].partition("@")[2]
+    digits = suffix.removeprefix("burst")
+    if suffix.startswith("burst") and digits.isdigit() and 2 <= int(digits) <= 16:
+        return int(digits)
+    return None
 
 
 def _graphs(runner: Any) -> dict[str, Any]:
@@ -320,11 +334,12 @@ def _main(args: argparse.Namespace) -> int:
 
 def _context(arm: Arm, name: str) -> tuple[str, Context]:
     """The policy's base name and the context it is built for: ``NAME@padded`` is NAME built
-    as for a padded engine (it runs on the ragged runner's padded graphs); ``NAME#N`` is NAME
-    (another instance: an A/A twin)."""
+    as for a padded engine (it runs on the ragged runner's padded graphs); ``NAME@burst<N>``
+    is NAME (run with drafting bursts: ``_run``); ``NAME#N`` is NAME (another instance: an A/A
+    twin)."""
     base, _, engine = name.partition("#")[0].partition("@")
     context = arm.context
-    if engine:
+    if engine and _burst_of(name) is None:
         context = dataclasses.replace(context, verify_mode=engine)  # type: ignore[arg-type]
     return base, context
 
@@ -345,11 +360,14 @@ def _run(
 ) -> dict[str, Any]:
     """One run of the named policy over the trace, built afresh unless ``warm`` (a policy
     built once, carrying what its earlier runs taught it); the runner's verify mode is the
-    context's for the run (``NAME@padded``: padded graphs) and switched back after."""
+    context's for the run (``NAME@padded``: padded graphs) and the engine's ``spec_burst``
+    the name's (``NAME@burst<N>``: N; else the arm's ``--spec-burst``), both switched back
+    after."""
     base, context = _context(arm, name) if warm is None else (name, warm[1])
     runner = arm.engine.runner
-    before = runner.verify_mode
+    before, bursts = runner.verify_mode, arm.engine.spec_burst
     runner.verify_mode = context.verify_mode
+    arm.engine.spec_burst = _burst_of(name) or bursts
     try:
         built = build(base, context) if warm is None else warm[0]
         scored = _device_scored(built)
@@ -358,6 +376,7 @@ def _run(
         )
     finally:
         runner.verify_mode = before
+        arm.engine.spec_burst = bursts
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
     run: dict[str, Any] = {

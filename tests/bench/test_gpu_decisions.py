@@ -734,3 +734,42 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
         build("goodput-device-min0", context)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-kmin1", context)
+
+
+def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> None:
+    """``NAME@burst<N>`` runs NAME with the engine's ``spec_burst`` at N (switched back after):
+    on the synthetic arm static-k7 and static-k7@burst4 emit the same tokens (the draws are
+    the same), the burst variant in fewer engine calls; a bad N is refused."""
+    import bench.gpu_decisions as harness
+    from bench.decisions import driver
+
+    calls: dict[int, int] = {}
+    real = driver.run_policy
+
+    def counted(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        step = engine.step
+        count = 0
+
+        def stepped() -> Any:
+            nonlocal count
+            count += 1
+            return step()
+
+        engine.step = stepped
+        try:
+            return real(engine, *args, **kwargs)
+        finally:
+            del engine.step
+            calls[engine.spec_burst] = calls.get(engine.spec_burst, 0) + count
+
+    out = tmp_path / "burst.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "run_policy", counted)
+        assert main(_tiny_argv(out, "static-k7,static-k7@burst4", 1, "--no-warm-run")) == 0
+    runs = {r["policy"]: r for r in json.loads(out.read_text())["runs"]}
+    tokens = {name: sum(p["tokens"] for p in run["phases"].values()) for name, run in runs.items()}
+    assert tokens["static-k7"] == tokens["static-k7@burst4"] > 0
+    assert set(calls) == {1, 4} and calls[4] < calls[1]
+    for bad in ("static-k7@burst1", "static-k7@burst17", "static-k7@bursts"):
+        with pytest.raises(SystemExit):
+            main(_tiny_argv(tmp_path / "bad.json", bad, 1))
