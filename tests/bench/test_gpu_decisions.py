@@ -392,11 +392,14 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
 
     monkeypatch.setattr(harness, "build", fake_build)
     monkeypatch.setattr(harness, "run_policy", failing_run)
-    arm = SimpleNamespace(engine=SimpleNamespace(runner=runner), context=context)
+    arm = SimpleNamespace(engine=SimpleNamespace(runner=runner, spec_burst=1), context=context)
     with pytest.raises(RuntimeError, match="the run failed"):
         harness._run(arm, "goodput@padded", 0, [], [])  # type: ignore[arg-type]
     assert seen == [("goodput", "padded", "padded")]
-    assert runner.verify_mode == "ragged"
+    assert runner.verify_mode == "ragged" and arm.engine.spec_burst == 1
+    with pytest.raises(RuntimeError, match="the run failed"):
+        harness._run(arm, "goodput@burst4", 0, [], [])  # type: ignore[arg-type]
+    assert seen[-1] == ("goodput", "ragged", "ragged") and arm.engine.spec_burst == 1
 
 
 def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path) -> None:
