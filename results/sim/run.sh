@@ -75,3 +75,8 @@ PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py \
 .venv/bin/draftctl simulate --scenario scenarios/fleet-mixed-shift-ragged-av-pools.yaml \
   --no-progress --out "$out/fleet-mixed-shift-ragged-av-pools.json" \
   > "$out/fleet-mixed-shift-ragged-av-pools.txt"
+# Seeds 1-5 of the open-loop trace (~5 min; ratios of 1 / mean request latency there).
+PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py \
+  --scenario scenarios/fleet-mixed-shift-open.yaml \
+  --keep uniform-no-spec,uniform-static-k5,uniform-static-k7,uniform-schedule,draftctl-routed-spill1,plan-open-auto \
+  > "$out/fleet-mixed-shift-open-seeds.json"
