@@ -5,7 +5,7 @@ context intact for the steps that draft afterwards."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +289,23 @@ def test_plain_steps_refuses_what_it_cannot_run(agreeing_pair: tuple[Path, Path]
         runner.plain_steps([row], torch.zeros(2, 1, 2 * BLOCK_SIZE + 1))
 
 
+def _synthetic_requests(
+    prompt_seed: int, new_tokens: list[int], sampled: int, ks: list[Callable[..., int]]
+) -> list[Request]:
+    """Rows of alternating tasks under synthetic acceptance (their draws keyed ``k<i>``), one
+    of them (``sampled``) seeded and sampled at temperature 0.8, the rest greedy."""
+    return [
+        Request(
+            f"s{i}",
+            random_prompt(prompt_seed + i, PROMPT_LEN),
+            SamplingParams(max_new_tokens=n, temperature=0.8 if i == sampled else 0.0, seed=i),
+            k,
+            {"task": ("math", "chat")[i % 2], "synthetic_key": f"k{i}"},
+        )
+        for i, (n, k) in enumerate(zip(new_tokens, ks, strict=True))
+    ]
+
+
 def test_synthetic_acceptance_takes_the_plain_path_and_bursts(tiny_pair: tuple[Path, Path]) -> None:
     """Synthetic acceptance (the benchmark harness's engines) draws nothing for a k = 0 step:
     its plain steps take the plain path and its bursts as the real engine's do. Rows alternate
@@ -305,16 +322,9 @@ def test_synthetic_acceptance_takes_the_plain_path_and_bursts(tiny_pair: tuple[P
         runner.plain_fast_path = fast
         engine = Engine(runner, 4, 128, plain_burst=burst)
         sizes = _counted_bursts(engine)
-        requests = [
-            Request(
-                f"s{i}",
-                random_prompt(120 + i, PROMPT_LEN),
-                SamplingParams(max_new_tokens=60, temperature=0.8 if i == 2 else 0.0, seed=i),
-                lambda view: 0 if (view.step_index // 8) % 2 == 0 else 3,
-                {"task": ("math", "chat")[i % 2], "synthetic_key": f"k{i}"},
-            )
-            for i in range(3)
-        ]
+        requests = _synthetic_requests(
+            120, [60] * 3, 2, [lambda view: 0 if (view.step_index // 8) % 2 == 0 else 3] * 3
+        )
         for request in requests:
             engine.add(request)
         while engine.has_work:
@@ -545,16 +555,9 @@ def test_synthetic_drafting_bursts_give_the_draws_of_single_steps(
         runner.measure_confidence = True
         engine = Engine(runner, 4, 160, spec_burst=burst)
         sizes = _counted_spec_bursts(engine)
-        requests = [
-            Request(
-                f"s{i}",
-                random_prompt(200 + i, PROMPT_LEN),
-                SamplingParams(max_new_tokens=37 + 11 * i, temperature=0.8 * (i == 1), seed=i),
-                fixed_k((3, BLOCK_SIZE - 1, 5)[i]),
-                {"task": ("math", "chat")[i % 2], "synthetic_key": f"k{i}"},
-            )
-            for i in range(3)
-        ]
+        requests = _synthetic_requests(
+            200, [37, 48, 59], 1, [fixed_k(k) for k in (3, BLOCK_SIZE - 1, 5)]
+        )
         for request in requests:
             engine.add(request)
         confidence: dict[str, list[tuple[float, ...]]] = {r.request_id: [] for r in requests}
