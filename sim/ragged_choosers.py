@@ -116,18 +116,25 @@ class AllocatorChooser(_RaggedBase):
         seed: int,
         gated: bool = False,
         models: OnlineModels | None = None,
+        prior_only: bool = False,
     ):
-        super().__init__(spec, table, block_size, auc, seed, models)
+        """``prior_only``: one-phase ragged steps, each row's k from the task prior and its own
+        history before the draft (no confidence read, so no two-phase wait, and the draft
+        computes the step's widest k: narrow when it is at most 7), "allocator-prior"."""
+        super().__init__(spec, table, block_size, None if prior_only else auc, seed, models)
         self.name = "allocator" if auc is not None else "allocator-no-confidence"
-        self._gated = gated and auc is not None
+        if prior_only:
+            self.name = "allocator-prior"
+        self._gated = gated and auc is not None and not prior_only
         if self._gated:
             self.name += "-gated"
         # What each row drafts (goodput's ``slots_draft_cap``), and so the most it may verify.
         cap = spec.slots_draft_cap
-        self.last_drafted_positions = self._k if cap is None else min(self._k, cap)
+        widest = self._k if cap is None else min(self._k, cap)
+        self.last_drafted_positions: int | None = None if prior_only else widest
         settings = AllocatorSettings(
-            max_spec_tokens=self.last_drafted_positions,
-            min_spec_tokens=min(min_k, self.last_drafted_positions),
+            max_spec_tokens=widest,
+            min_spec_tokens=min(min_k, widest),
         )
         self._allocator = SlotAllocator(settings, TableRaggedCost(cost))
 
@@ -254,6 +261,19 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
                     gated,
                 )
             )
+    if chosen.include_allocator_prior:
+        out.append(
+            AllocatorChooser(
+                chosen.goodput,
+                table,
+                cost,
+                scenario.block_size,
+                min_k,
+                auc,
+                scenario.seed,
+                prior_only=True,
+            )
+        )
     if chosen.include_goodput_auto:
         models = OnlineModels(chosen.goodput, scenario.block_size, table)
         one = GoodputChooser(

@@ -173,6 +173,9 @@ class Policies(Section):
     # Also the allocator that decides from the task prior which rows draft at all before the
     # draft forward (``SlotAllocator.drafting_rows``), as "allocator-gated".
     include_allocator_gated: bool = False
+    # Also the allocator on one-phase ragged steps: each row's k from the task prior and its own
+    # history before the draft, no confidence read (no two-phase wait), as "allocator-prior".
+    include_allocator_prior: bool = False
     # Also the goodput policy's ``step_mode: auto`` (one-phase below ``slots_min_batch`` rows,
     # then whichever of one-phase and the allocator's two-phase steps is measured faster), as
     # "goodput-auto": what the embedded engine runs on ragged verifies by default.

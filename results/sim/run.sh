@@ -80,3 +80,8 @@ PYTHONPATH=. .venv/bin/python results/sim/fleet_seeds.py \
   --scenario scenarios/fleet-mixed-shift-open.yaml \
   --keep uniform-no-spec,uniform-static-k5,uniform-static-k7,uniform-schedule,draftctl-routed-spill1,plan-open-auto \
   > "$out/fleet-mixed-shift-open-seeds.json"
+# Session 30: the allocator on one-phase ragged steps (prior and history only, no confidence):
+# docs/allocator.md "One-phase per-row k (session 30)".
+.venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device-prior.yaml \
+  --no-progress --out "$out/mixed-shift-ragged-8b-device-prior.json" \
+  > "$out/mixed-shift-ragged-8b-device-prior.txt"

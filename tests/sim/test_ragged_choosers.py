@@ -58,8 +58,10 @@ def test_the_two_phase_wait_is_charged_to_the_policies_that_read_confidence(
 ) -> None:
     """cost.two_phase_wait_s (+ per row): the device idles between the draft and the verify of
     a step whose policy reads the draft's confidence; policies that choose k before the draft
-    run exactly as without it."""
-    text = _ci_small("  include_allocator: true\n  include_vllm_av: true\n")
+    run exactly as without it, the allocator on one-phase steps (allocator-prior) too."""
+    text = _ci_small(
+        "  include_allocator: true\n  include_vllm_av: true\n  include_allocator_prior: true\n"
+    )
     reports = {}
     for wait in (0.0, 0.004):
         cost = f"cost:\n  two_phase_wait_s: {wait}\n  two_phase_wait_per_row_s: {wait / 8}\n"
@@ -67,8 +69,9 @@ def test_the_two_phase_wait_is_charged_to_the_policies_that_read_confidence(
         path.write_text(text.replace("cost:\n", cost, 1))
         reports[wait] = run_scenario(load_scenario(path))["policies"]
     before, after = reports[0.0], reports[0.004]
-    for name in ("no-spec", "static-k7", "goodput", "oracle"):
+    for name in ("no-spec", "static-k7", "goodput", "oracle", "allocator-prior"):
         assert after[name]["goodput_tok_s"] == before[name]["goodput_tok_s"], name
+    assert before["allocator-prior"]["goodput_tok_s"] > before["no-spec"]["goodput_tok_s"]
     for name in ("allocator", "vllm-av"):
         assert after[name]["goodput_tok_s"] < 0.97 * before[name]["goodput_tok_s"], name
 
