@@ -9,7 +9,11 @@ the fleet planner simulates like any described traffic:
   half a window joins the one before), each an *open-loop* phase whose arrival rate is the
   window's requests per second (times ``rate_scale``, to plan for growth) and whose task mix
   is the window's; every request counts, whichever backend served it and whether it drafted
-  or not. The planner then ranks layouts by mean request latency (sim/fleet_plan.py).
+  or not. The planner then ranks layouts by mean request latency (sim/fleet_plan.py). Or
+  closed-loop (``loop``: "closed"; "auto" when at least half the requests arrived within
+  ``CHAIN_GAP_S`` of another's end, a client sending its next one, as the what-if replay
+  chains them): each window as many clients as requests were in flight on average there
+  (times ``rate_scale``; at least one), ranked by goodput.
 - **requests**: the recorded requests that drafted, each with its prompt and output length
   and the hard-token acceptance model the what-if replay uses (sim/replay.py): a step that
   accepted fewer drafts than its k marks its correction token as one the drafter gets wrong;
@@ -26,6 +30,7 @@ Nothing here reads prompt text (the trace holds none). Pure: files in, files out
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -33,10 +38,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from policies.types import TASKS, Task
-from sim.replay import TraceError, acceptance, read_lines, served_files
+from sim.replay import CHAIN_GAP_S, TraceError, acceptance, read_lines, served_files
 
 SCENARIO_FILE = "traffic.yaml"
 ACCEPTANCE_FILE = "traffic-acceptance.jsonl"
@@ -51,6 +56,7 @@ class Window:
     duration_s: float
     num_requests: int
     mix: dict[Task, float]  # shares of the window's requests (the whole trace's if empty)
+    in_flight: float = 0.0  # requests in flight on average over the window (closed loop)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,14 @@ class LoggedTraffic:
     requests: list[Drafted]
     rate_scale: float
     summary: dict[str, Any]
+    closed: bool = False  # phases of clients (closed loop) instead of arrival rates
+
+
+Loop = Literal["auto", "open", "closed"]
+# ``loop="auto"``: closed when at least this share of the requests arrived within
+# ``CHAIN_GAP_S`` of another request's end (a client sending its next one: a benchmark, an
+# agent), as the what-if replay chains them.
+CLOSED_SHARE = 0.5
 
 
 def read_traffic(
@@ -81,9 +95,12 @@ def read_traffic(
     window_s: float,
     last_s: float | None = None,
     rate_scale: float = 1.0,
+    loop: Loop = "open",
 ) -> LoggedTraffic:
     """The traffic of the served trace at ``path`` (a file with its rotated ones, or a folder),
-    the newest ``last_s`` seconds of it; raises TraceError naming what is wrong."""
+    the newest ``last_s`` seconds of it, as open-loop arrival rates or (``loop``: "closed", or
+    "auto" and mostly chained requests) closed-loop clients; raises TraceError naming what is
+    wrong."""
     if not window_s > 0 or not rate_scale > 0 or (last_s is not None and not last_s > 0):
         raise TraceError("window, rate scale and --last must be > 0")
     files = served_files(path)
@@ -103,6 +120,8 @@ def read_traffic(
     block_size = int(header["block_size"])
     same_block = {name for name, h in headers.items() if int(h["block_size"]) == block_size}
     windows = _windows(lines, window_s)
+    chained = _chained_share(lines)
+    closed = loop == "closed" or (loop == "auto" and chained >= CLOSED_SHARE)
     requests = [
         _drafted(line, block_size)
         for line in lines
@@ -117,8 +136,24 @@ def read_traffic(
         windows=windows,
         requests=requests,
         rate_scale=rate_scale,
-        summary=_summary(lines, windows, requests, block_size, same_block),
+        summary={
+            **_summary(lines, windows, requests, block_size, same_block),
+            "loop": "closed" if closed else "open",
+            "chained_share": round(chained, 3),
+        },
+        closed=closed,
     )
+
+
+def _chained_share(lines: Sequence[dict[str, Any]]) -> float:
+    """Share of requests that arrived within ``CHAIN_GAP_S`` after some request's end."""
+    ends = sorted(float(line["t"]) + float(line.get("latency_ms") or 0) / 1e3 for line in lines)
+    chained = 0
+    for line in lines:
+        t = float(line["t"])
+        if bisect.bisect_right(ends, t) > bisect.bisect_left(ends, t - CHAIN_GAP_S):
+            chained += 1
+    return chained / len(lines)
 
 
 def _check(path: Path, line: dict[str, Any]) -> None:
@@ -169,7 +204,13 @@ def _windows(lines: Sequence[dict[str, Any]], window_s: float) -> list[Window]:
             if lo <= t and (t < lo + window_s or last)
         ]
         duration = max(MIN_WINDOW_S, span - i * window_s) if last else window_s
-        out.append(Window(f"w{i + 1}", duration, len(tasks), _mix(tasks) or overall))
+        busy = sum(
+            max(0.0, min(t + float(line.get("latency_ms") or 0) / 1e3, lo + duration) - max(t, lo))
+            for line, t in zip(lines, times, strict=True)
+        )
+        out.append(
+            Window(f"w{i + 1}", duration, len(tasks), _mix(tasks) or overall, busy / duration)
+        )
     return out
 
 
@@ -286,12 +327,16 @@ def _scenario_text(
         *(f"#   {f}" for f in traffic.files),
         f"# {s['requests']} requests over {s['span_s']} s; {s['drafted_requests']} drafted "
         f"(backend {traffic.backend!r}, block {traffic.block_size}) give the acceptance.",
-        "# Phases: open-loop windows of the recorded arrival rate"
+        (
+            "# Phases: closed-loop windows of the recorded requests in flight (clients)"
+            if traffic.closed
+            else "# Phases: open-loop windows of the recorded arrival rate"
+        )
         + (f" x {traffic.rate_scale}" if traffic.rate_scale != 1 else "")
         + " and task mix. Edit and re-plan with --traffic.",
         "name: traffic-log",
         f'description: "recorded traffic: {s["requests"]} requests, {len(traffic.windows)} '
-        'open-loop windows (draftctl plan --traffic-log)"',
+        f'{"closed" if traffic.closed else "open"}-loop windows (draftctl plan --traffic-log)"',
         "seed: 0",
         f"block_size: {traffic.block_size}",
         f"max_batch_size: {max_batch_size}",
@@ -306,11 +351,17 @@ def _scenario_text(
         "phases:",
     ]
     for w in traffic.windows:
-        rate = w.num_requests / w.duration_s * traffic.rate_scale
+        if traffic.closed:
+            clients = max(1, round(w.in_flight * traffic.rate_scale))
+            load = f"concurrency: {clients}"
+            note = f"{w.num_requests} requests, {w.in_flight:.2f} in flight on average"
+        else:
+            load = f"arrival_rate: {w.num_requests / w.duration_s * traffic.rate_scale!r}"
+            note = f"{w.num_requests} requests"
         mix = ", ".join(f"{t.value}: {v!r}" for t, v in w.mix.items())
         lines.append(
-            f"  - {{name: {w.name}, duration_s: {w.duration_s!r}, "
-            f"arrival_rate: {rate!r}, mix: {{{mix}}}}}  # {w.num_requests} requests"
+            f"  - {{name: {w.name}, duration_s: {w.duration_s!r}, {load}, mix: {{{mix}}}}}"
+            f"  # {note}"
         )
     if instances is not None:
         lines += ["fleet:", f"  instances: {instances}"]

@@ -31,8 +31,9 @@ def register(subparsers: Any) -> None:
             "rates; a pooled layout must beat the best uniform fleet by 0.5%), with its gain, and "
             "writes the vLLM/SGLang launch commands and the matching draftctl config and "
             "policy files. With --traffic-log the traffic comes from a daemon's recorded trace "
-            "instead (recording.enabled): open-loop windows of its arrival rate and task mix, "
-            "its drafted requests' lengths and acceptance (docs/fleet.md)."
+            "instead (recording.enabled): windows of its arrival rate (or, --loop, its "
+            "clients) and task mix, its drafted requests' lengths and acceptance "
+            "(docs/fleet.md)."
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -51,10 +52,18 @@ def register(subparsers: Any) -> None:
     )
     log.add_argument("--last", type=float, help="keep only the trace's newest seconds")
     log.add_argument(
+        "--loop",
+        choices=("auto", "open", "closed"),
+        default="auto",
+        help="phases as arrival rates (open) or as clients, the requests in flight (closed); "
+        "auto (default): closed when at least half the requests arrived within 0.25 s of "
+        "another's end (clients sending their next one)",
+    )
+    log.add_argument(
         "--rate-scale",
         type=float,
         default=1.0,
-        help="multiply the recorded arrival rates (plan for growth; default 1)",
+        help="multiply the recorded arrival rates, or clients (plan for growth; default 1)",
     )
     log.add_argument(
         "--cost-table",
@@ -144,7 +153,9 @@ def _from_log(args: argparse.Namespace, folder: Path) -> int:
     from sim.traffic_log import read_traffic, write_traffic
 
     try:
-        traffic = read_traffic(args.traffic_log, args.window_s, args.last, args.rate_scale)
+        traffic = read_traffic(
+            args.traffic_log, args.window_s, args.last, args.rate_scale, args.loop
+        )
         path = write_traffic(
             traffic,
             folder,
@@ -158,9 +169,9 @@ def _from_log(args: argparse.Namespace, folder: Path) -> int:
         return 2
     windows = len(traffic.windows)
     logger.info(
-        "traffic from %s: %d requests in %d window%s, %d drafted (%s)",
-        args.traffic_log, traffic.summary["requests"], windows, "" if windows == 1 else "s",
-        traffic.summary["drafted_requests"], path,
+        "traffic from %s: %d requests in %d %s-loop window%s, %d drafted (%s)",
+        args.traffic_log, traffic.summary["requests"], windows, traffic.summary["loop"],
+        "" if windows == 1 else "s", traffic.summary["drafted_requests"], path,
     )  # fmt: skip
     return _run(args, path, traffic.summary)
 

@@ -128,5 +128,7 @@ def test_a_plan_from_the_trace_a_gateway_recorded_in_front_of_vllm(
     assert {t: (v["requests"], v["drafted_requests"]) for t, v in tasks.items()} == {
         "math": (2, 2), "code": (2, 2), "chat": (2, 2)
     }  # fmt: skip
-    assert plan["objective"] == "latency" and plan["recommended"] in plan["full_length"]
+    # one client sending each request when the last is answered: a closed loop
+    assert plan["traffic_log"]["loop"] == "closed" and plan["objective"] == "goodput"
+    assert plan["recommended"] in plan["full_length"]
     assert (out / "traffic.yaml").is_file() and (out / "launch-vllm.sh").is_file()

@@ -108,7 +108,7 @@ def test_errors_say_what_to_do(tmp_path: Path) -> None:
 
 def test_plan_from_a_traffic_log_writes_the_scenario_it_simulated(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+) -> None:  # (its requests arrive seconds apart: open loop)
     path = _two_windows(tmp_path / "served.jsonl")
     out = tmp_path / "plan"
     argv = ["plan", "--traffic-log", str(path), "--instances", "2", "--window-s", "60",
@@ -141,3 +141,31 @@ def test_plan_refuses_a_log_it_cannot_use(tmp_path: Path, caplog: pytest.LogCapt
     assert "--draft-cost-fraction" in caplog.text
     assert main(["plan", "--traffic-log", str(path), "--instances", "0"]) == 2
     assert "--instances must be >= 1" in caplog.text
+
+
+def test_chained_requests_are_planned_as_clients(tmp_path: Path) -> None:
+    """Requests that arrive as another ends (a client sending its next one) make the traffic
+    closed-loop under ``loop="auto"``: each window as many clients as requests were in flight
+    there on average (x the rate scale), and the plan ranks by goodput; ``loop="open"`` keeps
+    arrival rates, and spread-out arrivals stay open under auto."""
+    lines = []
+    for client in range(3):  # 3 clients, each request 2 s long, the next 0.1 s after
+        t = 1000.0 + 0.3 * client
+        while t < 1058.0:
+            lines.append({**_request(t, "math", [4, 4], [7, 7]), "latency_ms": 2000.0})
+            t += 2.1
+    path = _trace(tmp_path / "chained.jsonl", lines)
+    auto = read_traffic(path, window_s=30, rate_scale=2.0, loop="auto")
+    assert auto.closed and auto.summary["loop"] == "closed"
+    assert auto.summary["chained_share"] > 0.9
+    # 3 clients, busy 2 s of every 2.1: ~2.9 in flight
+    assert [2.7 < w.in_flight < 3.0 for w in auto.windows] == [True, True]
+    scenario = load_scenario(write_traffic(auto, tmp_path / "closed"))
+    assert [p.concurrency for p in scenario.phases] == [6, 6]  # x 2
+    assert not read_traffic(path, window_s=30, loop="open").closed
+    assert not read_traffic(_two_windows(tmp_path / "open.jsonl"), window_s=60, loop="auto").closed
+    out = tmp_path / "plan"
+    argv = ["plan", "--traffic-log", str(path), "--instances", "2", "--window-s", "30",
+            "--out-dir", str(out), "--json", "--no-progress", "--search-scale", "0.5"]  # fmt: skip
+    assert main(argv) == 0
+    assert "concurrency: 3" in (out / "traffic.yaml").read_text()
