@@ -2,9 +2,9 @@
 
 A fresh ``draftctl serve`` (repository config.yaml and policy.yaml, the embedded demo pair on
 this CPU, recording on) is driven by ``draftctl bench`` (real prompts from ../shared/data),
-stopped, and its served trace planned for a fleet: once priced by the trace's own start-up
-cost profile (a fleet of such CPU servers) and once by the measured Qwen3-8B H200 table (the
-same traffic on H200 servers). The trace is kept beside the plans, so the plans can be made
+stopped, and its served trace planned for a fleet: priced by the trace's own start-up cost
+profile (a fleet of such CPU servers) and by the measured Qwen3-8B H200 table (the same traffic
+on H200 servers), each as the loop ``--loop auto`` finds and as open-loop arrivals. The trace is kept beside the plans, so the plans can be made
 again from it alone:
 
     .venv/bin/python bench/plan_from_log.py --out-dir results/plan/from-log
@@ -46,7 +46,13 @@ def main() -> None:
             shutil.copy(trace, args.out_dir / "served.jsonl")
             shutil.copy(Path(folder) / "bench" / "bench.json", args.out_dir / "bench.json")
     h200 = ["--cost-table", str(args.cost_table), "--max-batch-size", "128"]
-    runs = {"cpu-demo": [], "h200-8b-table": h200}
+    runs = {
+        "cpu-demo": [],
+        "h200-8b-table": h200,
+        # the same traffic taken as arrivals (--loop open: ranked by mean request latency)
+        "cpu-demo-open": ["--loop", "open"],
+        "h200-8b-table-open": [*h200, "--loop", "open"],
+    }
     for name, extra in runs.items():
         argv = [
             sys.executable, "-m", "controller.cli", "plan", "--traffic-log",

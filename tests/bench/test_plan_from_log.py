@@ -19,12 +19,14 @@ def test_the_plans_are_made_from_the_kept_trace(tmp_path: Path) -> None:
     shutil.copy(trace, out / "served.jsonl")
     bench = [sys.executable, "bench/plan_from_log.py", "--out-dir", str(out), "--keep-trace"]
     subprocess.run(bench, cwd=ROOT, check=True, capture_output=True)
-    for name in ("cpu-demo", "h200-8b-table"):
+    for name in ("cpu-demo", "h200-8b-table", "cpu-demo-open", "h200-8b-table-open"):
         plan = json.loads((out / name / "plan.json").read_text())
         committed = json.loads((trace.parent / name / "plan.json").read_text())
         assert plan["traffic_log"]["requests"] == 145
         # the bench's clients chain their requests: planned as a closed loop, by goodput
-        assert plan["traffic_log"]["loop"] == "closed" and plan["objective"] == "goodput"
+        loop = "open" if name.endswith("-open") else "closed"
+        assert plan["traffic_log"]["loop"] == loop
+        assert plan["objective"] == {"open": "latency", "closed": "goodput"}[loop]
         assert plan["objective"] == committed["objective"]
         # deterministic: the committed plans are what this code makes from that trace
         assert plan["recommended"] == committed["recommended"]
