@@ -10,10 +10,10 @@ the fleet planner simulates like any described traffic:
   window's requests per second (times ``rate_scale``, to plan for growth) and whose task mix
   is the window's; every request counts, whichever backend served it and whether it drafted
   or not. The planner then ranks layouts by mean request latency (sim/fleet_plan.py). Or
-  closed-loop (``loop``: "closed"; "auto" when at least half the requests arrived within
-  ``CHAIN_GAP_S`` of another's end, a client sending its next one, as the what-if replay
-  chains them): each window as many clients as requests were in flight on average there
-  (times ``rate_scale``; at least one), ranked by goodput.
+  closed-loop (``loop``: "closed"; "auto" when requests arrive right after others end well
+  beyond chance, ``CLOSED_EXCESS``: clients sending their next request): each window as many
+  clients as requests were in flight on average there (times ``rate_scale``; at least one),
+  ranked by goodput.
 - **requests**: the recorded requests that drafted, each with its prompt and output length
   and the hard-token acceptance model the what-if replay uses (sim/replay.py): a step that
   accepted fewer drafts than its k marks its correction token as one the drafter gets wrong;
@@ -84,10 +84,15 @@ class LoggedTraffic:
 
 
 Loop = Literal["auto", "open", "closed"]
-# ``loop="auto"``: closed when at least this share of the requests arrived within
-# ``CHAIN_GAP_S`` of another request's end (a client sending its next one: a benchmark, an
-# agent), as the what-if replay chains them.
-CLOSED_SHARE = 0.5
+# ``loop="auto"``: closed when the requests that arrived within ``CHAIN_GAP_S`` of another
+# request's end (a client sending its next one: a benchmark, an agent; the what-if replay's
+# chain rule) exceed what independent arrivals would give by chance by at least this much of
+# the rest: (chained - chance) / (1 - chance) >= CLOSED_EXCESS, chance = 1 - exp(-ends a second
+# x the gap). Where chance passes ``MAX_CHANCE`` (busy traffic: some request always ends just
+# before an arrival) timing cannot tell, and the traffic is taken as open (``--loop closed``
+# overrides).
+CLOSED_EXCESS = 0.5
+MAX_CHANCE = 0.8
 
 
 def read_traffic(
@@ -120,8 +125,14 @@ def read_traffic(
     block_size = int(header["block_size"])
     same_block = {name for name, h in headers.items() if int(h["block_size"]) == block_size}
     windows = _windows(lines, window_s)
-    chained = _chained_share(lines)
-    closed = loop == "closed" or (loop == "auto" and chained >= CLOSED_SHARE)
+    chained, chance = _chained_share(lines)
+    if loop != "auto":
+        closed, basis = loop == "closed", f"--loop {loop}"
+    elif chance > MAX_CHANCE:
+        closed, basis = False, "auto: too busy to tell clients from arrivals, taken as open"
+    else:
+        closed = (chained - chance) / (1.0 - chance) >= CLOSED_EXCESS
+        basis = f"auto: chained requests {'well ' if closed else 'not '}above chance"
     requests = [
         _drafted(line, block_size)
         for line in lines
@@ -139,21 +150,26 @@ def read_traffic(
         summary={
             **_summary(lines, windows, requests, block_size, same_block),
             "loop": "closed" if closed else "open",
+            "loop_basis": basis,
             "chained_share": round(chained, 3),
+            "chained_by_chance": round(chance, 3),
         },
         closed=closed,
     )
 
 
-def _chained_share(lines: Sequence[dict[str, Any]]) -> float:
-    """Share of requests that arrived within ``CHAIN_GAP_S`` after some request's end."""
+def _chained_share(lines: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(share of requests that arrived within ``CHAIN_GAP_S`` after some request's end, the
+    share independent arrivals would give at the trace's rate of ends)."""
     ends = sorted(float(line["t"]) + float(line.get("latency_ms") or 0) / 1e3 for line in lines)
     chained = 0
     for line in lines:
-        t = float(line["t"])
-        if bisect.bisect_right(ends, t) > bisect.bisect_left(ends, t - CHAIN_GAP_S):
+        t = float(line["t"])  # an end in [t - gap, t): another request's, before this arrival
+        if bisect.bisect_left(ends, t) > bisect.bisect_left(ends, t - CHAIN_GAP_S):
             chained += 1
-    return chained / len(lines)
+    span = max(ends) - min(float(line["t"]) for line in lines)
+    rate = len(lines) / span if span > 0 else math.inf
+    return chained / len(lines), 1.0 - math.exp(-rate * CHAIN_GAP_S)
 
 
 def _check(path: Path, line: dict[str, Any]) -> None:
@@ -183,6 +199,7 @@ def _drafted(line: dict[str, Any], block_size: int) -> Drafted:
 
 
 def _windows(lines: Sequence[dict[str, Any]], window_s: float) -> list[Window]:
+    """The trace's windows: one pass over the requests (a day of traffic has millions)."""
     times = [float(line["t"]) for line in lines]
     start, span = min(times), max(times) - min(times)
     count = max(1, math.ceil(span / window_s))
@@ -193,25 +210,29 @@ def _windows(lines: Sequence[dict[str, Any]], window_s: float) -> list[Window]:
         )
     if count > 1 and span - (count - 1) * window_s < window_s / 2:
         count -= 1  # a short tail joins the window before it (its rate would be noise)
-    overall = _mix([Task(str(line["task"])) for line in lines])
-    out = []
-    for i in range(count):
-        lo = start + i * window_s
-        last = i == count - 1  # holds the newest request, also when it ends the span exactly
-        tasks = [
-            Task(str(line["task"]))
-            for line, t in zip(lines, times, strict=True)
-            if lo <= t and (t < lo + window_s or last)
-        ]
-        duration = max(MIN_WINDOW_S, span - i * window_s) if last else window_s
-        busy = sum(
-            max(0.0, min(t + float(line.get("latency_ms") or 0) / 1e3, lo + duration) - max(t, lo))
-            for line, t in zip(lines, times, strict=True)
+    durations = [window_s] * (count - 1) + [max(MIN_WINDOW_S, span - (count - 1) * window_s)]
+    ends = [start + window_s * i + d for i, d in enumerate(durations)]
+    tasks: list[list[Task]] = [[] for _ in range(count)]
+    busy = [0.0] * count  # request-seconds in flight inside each window
+    for line, t in zip(lines, times, strict=True):
+        # the last window holds the newest request, also when it ends the span exactly
+        first = min(count - 1, int((t - start) // window_s))
+        tasks[first].append(Task(str(line["task"])))
+        finish = t + float(line.get("latency_ms") or 0) / 1e3
+        i = first
+        while i < count:
+            lo = start + i * window_s
+            busy[i] += max(0.0, min(finish, ends[i]) - max(t, lo))
+            if finish <= ends[i]:
+                break
+            i += 1
+    overall = _mix([task for window in tasks for task in window])
+    return [
+        Window(
+            f"w{i + 1}", durations[i], len(tasks[i]), _mix(tasks[i]) or overall, b / durations[i]
         )
-        out.append(
-            Window(f"w{i + 1}", duration, len(tasks), _mix(tasks) or overall, busy / duration)
-        )
-    return out
+        for i, b in enumerate(busy)
+    ]
 
 
 def _mix(tasks: Sequence[Task]) -> dict[Task, float]:

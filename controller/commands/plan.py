@@ -56,8 +56,9 @@ def register(subparsers: Any) -> None:
         choices=("auto", "open", "closed"),
         default="auto",
         help="phases as arrival rates (open) or as clients, the requests in flight (closed); "
-        "auto (default): closed when at least half the requests arrived within 0.25 s of "
-        "another's end (clients sending their next one)",
+        "auto (default): closed when requests arrive within 0.25 s of another's end (clients "
+        "sending their next one) well beyond what independent arrivals would by chance; open "
+        "when traffic is too busy to tell",
     )
     log.add_argument(
         "--rate-scale",

@@ -4,6 +4,7 @@ windows of its arrival rate and mix, its drafted requests' acceptance, and clear
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,18 @@ def test_chained_requests_are_planned_as_clients(tmp_path: Path) -> None:
     assert [p.concurrency for p in scenario.phases] == [6, 6]  # x 2
     assert not read_traffic(path, window_s=30, loop="open").closed
     assert not read_traffic(_two_windows(tmp_path / "open.jsonl"), window_s=60, loop="auto").closed
+    # Independent arrivals often come just after some other request's end too: at 4 a second
+    # (ends ~4 a second) by chance 63% of them; auto must not take that for clients, and at 40
+    # a second it cannot tell (open).
+    for rate, basis in ((4.0, "not above chance"), (40.0, "too busy")):
+        rng = random.Random(7)
+        t, poisson = 1000.0, []
+        for _ in range(600):
+            t += rng.expovariate(rate)
+            latency = rng.uniform(500.0, 3000.0)
+            poisson.append({**_request(t, "chat", [2], [7]), "latency_ms": latency})
+        traffic = read_traffic(_trace(tmp_path / f"p{rate}.jsonl", poisson), 30, loop="auto")
+        assert not traffic.closed and basis in traffic.summary["loop_basis"], traffic.summary
     out = tmp_path / "plan"
     argv = ["plan", "--traffic-log", str(path), "--instances", "2", "--window-s", "30",
             "--out-dir", str(out), "--json", "--no-progress", "--search-scale", "0.5"]  # fmt: skip
