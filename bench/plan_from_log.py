@@ -4,8 +4,8 @@ A fresh ``draftctl serve`` (repository config.yaml and policy.yaml, the embedded
 this CPU, recording on) is driven by ``draftctl bench`` (real prompts from ../shared/data),
 stopped, and its served trace planned for a fleet: priced by the trace's own start-up cost
 profile (a fleet of such CPU servers) and by the measured Qwen3-8B H200 table (the same traffic
-on H200 servers), each as the loop ``--loop auto`` finds and as open-loop arrivals. The trace is kept beside the plans, so the plans can be made
-again from it alone:
+on H200 servers), each as the loop ``--loop auto`` finds and as open-loop arrivals. The trace
+is kept beside the plans, so the plans can be made again from it alone:
 
     .venv/bin/python bench/plan_from_log.py --out-dir results/plan/from-log
     # the plans again from the committed trace, recording nothing:
