@@ -20,10 +20,12 @@ def register(subparsers: Any) -> None:
         help="simulate no-spec, static k, goodput and an oracle (or fleets) on a scenario",
         description=(
             "Discrete-event simulation of a continuous-batching DFlash server. Every policy "
-            "runs on the same requests; prints goodput, TPOT and TTFT per policy per phase. "
-            "A scenario with a `fleet` section simulates fleets of instances behind a router "
-            "instead (uniform fleets and task pools; docs/fleet.md) and prints one entry per "
-            "fleet under `fleets`."
+            "runs on the same requests; prints goodput, TPOT and TTFT per policy per phase "
+            "(the JSON also the mean request latency). Phases are closed-loop clients "
+            "(concurrency) or open-loop arrivals (arrival_rate, seeded Poisson; fleets are then "
+            "compared by mean request latency). A scenario with a `fleet` section simulates "
+            "fleets of instances behind a router instead (uniform fleets and task pools; "
+            "docs/fleet.md) and prints one entry per fleet under `fleets`."
         ),
     )
     parser.add_argument("--scenario", type=Path, help="scenario YAML file")
