@@ -12,6 +12,7 @@ sets ``acceptance.confidence_auc`` from what a trained pair measured
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import zlib
@@ -247,49 +248,27 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
     auc = scenario.acceptance.confidence_auc
     min_k = min(chosen.min_spec_tokens, max_spec_tokens(scenario.block_size))
     out: list[Any] = []
+    allocator = functools.partial(
+        AllocatorChooser,
+        chosen.goodput,
+        table,
+        cost,
+        scenario.block_size,
+        min_k,
+        auc,
+        scenario.seed,
+    )
     for gated in (False, True):
         if chosen.include_allocator and (not gated or chosen.include_allocator_gated):
-            out.append(
-                AllocatorChooser(
-                    chosen.goodput,
-                    table,
-                    cost,
-                    scenario.block_size,
-                    min_k,
-                    auc,
-                    scenario.seed,
-                    gated,
-                )
-            )
+            out.append(allocator(gated))
     if chosen.include_allocator_prior:
-        out.append(
-            AllocatorChooser(
-                chosen.goodput,
-                table,
-                cost,
-                scenario.block_size,
-                min_k,
-                auc,
-                scenario.seed,
-                prior_only=True,
-            )
-        )
+        out.append(allocator(prior_only=True))
     if chosen.include_goodput_auto:
         models = OnlineModels(chosen.goodput, scenario.block_size, table)
         one = GoodputChooser(
             chosen.goodput, table, scenario.block_size, scenario.seed, min_k, True, models
         )
-        two = AllocatorChooser(
-            chosen.goodput,
-            table,
-            cost,
-            scenario.block_size,
-            min_k,
-            auc,
-            scenario.seed,
-            models=models,
-        )
-        out.append(GoodputAutoChooser(chosen.goodput, one, two))
+        out.append(GoodputAutoChooser(chosen.goodput, one, allocator(models=models)))
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(
