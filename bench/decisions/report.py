@@ -127,8 +127,9 @@ def _paired(
     the twin's ratios over goodput and ``noise_aa`` the largest distance of one of them from 1;
     a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
     from 1 than that (a difference the A/A pair never showed). ``variants``: each
-    ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way.
-    ``phases``: the same per phase."""
+    ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way;
+    ``bursts``: each ``NAME@burst<N>`` over NAME and over vllm-av-device. ``phases``: the same
+    per phase."""
     blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
         block = (run.get("call", 0), run.get("repeat", 0))
@@ -181,6 +182,19 @@ def _paired(
             variants[variant] = {key: v for key, v in against.items() if v is not None}
         if variants:
             out["variants"] = variants
+        # a policy run in drafting bursts (NAME@burst<N>) over NAME itself, what the bursts
+        # give it, and over the closest copy of vLLM, in the same blocks
+        bursts: dict[str, Any] = {}
+        for name in sorted(n for n in policies if "@burst" in n):
+            base = name.split("@", 1)[0]
+            against = {
+                f"vs_{other}": cell(name, other, phase)
+                for other in (base, "vllm-av-device")
+                if other in policies and other != name
+            }
+            bursts[name] = {key: v for key, v in against.items() if v is not None}
+        if bursts:
+            out["bursts"] = bursts
         return out
 
     out = compare(None)

@@ -776,3 +776,29 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
     for bad in ("static-k7@burst1", "static-k7@burst17", "static-k7@bursts"):
         with pytest.raises(SystemExit):
             main(_tiny_argv(tmp_path / "bad.json", bad, 1))
+
+
+def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
+    """``NAME@burst<N>`` is reported over NAME and over vllm-av-device inside each block."""
+    from bench.decisions.report import summarise
+
+    speeds = {"goodput": 100.0, "goodput@burst4": 108.0, "vllm-av-device": 96.0}
+    speeds |= {"static-k7": 90.0, "static-k7@burst4": 99.0}
+    runs = []
+    for repeat in range(2):
+        drift = 1.0 - 0.1 * repeat
+        for policy, tok_s in speeds.items():
+            phase = {"tok_s": tok_s * drift, "mean_spec_tokens": 7.0, "step_ms_mean": 1.0}
+            phase |= {"host_us_per_step": None, "accept_length_by_task": {}}
+            runs.append(
+                {"policy": policy, "repeat": repeat, "tok_s": tok_s * drift, "phases": {"p": phase}}
+            )
+    paired = summarise(runs, list(speeds))["ratios"]["paired"]
+    bursts = paired["bursts"]
+    assert bursts["goodput@burst4"]["vs_goodput"]["mean"] == pytest.approx(1.08)
+    assert bursts["goodput@burst4"]["vs_vllm-av-device"]["mean"] == pytest.approx(108 / 96)
+    assert bursts["static-k7@burst4"]["vs_static-k7"]["mean"] == pytest.approx(1.1)
+    assert bursts["static-k7@burst4"]["vs_static-k7"]["blocks"] == 2
+    assert paired["phases"]["p"]["bursts"]["goodput@burst4"]["vs_goodput"]["sd"] == pytest.approx(
+        0.0, abs=1e-12
+    )
