@@ -52,6 +52,11 @@ PREFILL_PADDED_TOKENS = 4096
 # ``plain_burst``): the device's idle time between steps (the host's bookkeeping, the
 # inputs' copies, the graph launch) comes once per burst.
 PLAIN_BURST = 4
+# A drafting burst may draft fewer tokens for rows near their length limit (each row needs
+# room for its k + 1 tokens in every step of the burst), but no more than this share of the
+# step's drafted tokens: in a wide batch one row's end no longer cuts every row's burst short,
+# and a lone row at its end runs single steps at its own k instead of a burst of narrow ones.
+BURST_CUT_SHARE = 0.125
 
 
 @dataclass
@@ -263,9 +268,9 @@ class Engine:
                 self._release(request)
         running = list(self.scheduler.running)
         drafting = [plans[r.request_id][0] for r in running]
-        steps = self._burst_length(running, drafting)
+        steps, burst_k = self._burst_plan(running, drafting)
         if steps > 1:
-            burst = self._burst(running, drafting, [plans[r.request_id][1] for r in running], steps)
+            burst = self._burst(running, burst_k, [plans[r.request_id][1] for r in running], steps)
             if burst is not None:
                 return events + burst
         # Uniforms are drawn once, above: a step re-run after dropping a culprit samples
@@ -315,21 +320,30 @@ class Engine:
             break
         return events
 
-    def _burst_length(self, rows: list[Request], spec_tokens: list[int]) -> int:
-        """How many steps this step runs back to back: up to ``plain_burst`` when every row has
-        k = 0 (no more than the longest-running row still needs); up to ``spec_burst`` for a
-        one-phase drafting step, no more than every row has room for at its k + 1 tokens a
-        step (so no row writes past its own end)."""
+    def _burst_plan(self, rows: list[Request], spec_tokens: list[int]) -> tuple[int, list[int]]:
+        """How many steps this step runs back to back, and each row's k in them. Up to
+        ``plain_burst`` when every row has k = 0 (no more than the longest-running row still
+        needs). Up to ``spec_burst`` for a one-phase drafting step: every row needs room
+        (``num_remaining``) for k + 1 tokens in each of the burst's steps, so no row writes past
+        its own end; a row without it drafts fewer in this burst (room // steps - 1, k = 0 at
+        the least), as long as those cuts stay within ``BURST_CUT_SHARE`` of the step's drafted
+        tokens; the longest burst that keeps to that, else one step at the planned k."""
         if not rows:
-            return 1
+            return 1, spec_tokens
         if not any(spec_tokens):
             if self.plain_burst == 1 or not getattr(self.runner, "plain_fast_path", False):
-                return 1  # (test doubles have no plain bursts)
-            return max(1, min(self.plain_burst, max(r.num_remaining for r in rows)))
+                return 1, spec_tokens  # (test doubles have no plain bursts)
+            return max(1, min(self.plain_burst, max(r.num_remaining for r in rows))), spec_tokens
         if self.spec_burst == 1 or not self._one_phase() or not hasattr(self.runner, "spec_steps"):
-            return 1
-        room = min(r.num_remaining // (k + 1) for r, k in zip(rows, spec_tokens, strict=True))
-        return max(1, min(self.spec_burst, room))
+            return 1, spec_tokens
+        drafted = sum(spec_tokens)
+        for steps in range(min(self.spec_burst, min(r.num_remaining for r in rows)), 1, -1):
+            capped = [
+                min(k, r.num_remaining // steps - 1) for r, k in zip(rows, spec_tokens, strict=True)
+            ]
+            if any(capped) and drafted - sum(capped) <= BURST_CUT_SHARE * drafted:
+                return steps, capped
+        return 1, spec_tokens
 
     def _one_phase(self) -> bool:
         """Whether the planner's step (if any) drafts each row's planned k and verifies it,

@@ -1053,7 +1053,7 @@ class ModelRunner:
         The same tokens and accept masks as that many ``step`` calls at these k with those
         uniforms; the caller drops a row's tokens after its stop token or length limit
         (``Request.append``: the later steps are scratch). Each row must have room for
-        ``steps * (k + 1)`` more positions (its ``num_remaining``: ``Engine._burst_length``
+        ``steps * (k + 1)`` more positions (its ``num_remaining``: ``Engine._burst_plan``
         caps the burst so). Each result is one step's; ``step_time_s`` the burst's time over
         ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Synthetic
         acceptance: every step's runs are drawn on the host first (they are functions of each

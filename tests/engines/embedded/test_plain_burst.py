@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+import engines.embedded.engine as engine_module
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
     RequestView,
@@ -379,31 +380,90 @@ def _counted_spec_bursts(engine: Engine) -> list[int]:
     return sizes
 
 
+def _replayed(done: list[Request]) -> list[Request]:
+    """The same requests afresh, each row's k at each step replayed from a finished run
+    (``spec_tokens``: what its steps verified, a burst's cuts included)."""
+
+    def replay(ks: list[int]) -> Callable[[Any], int]:
+        return lambda view: ks[view.step_index]
+
+    return [
+        Request(r.request_id, list(r.prompt_ids), r.params, replay(list(r.spec_tokens)), {})
+        for r in done
+    ]
+
+
 @pytest.mark.parametrize(
     ("graphs", "defer", "sampled"),
     [(False, False, False), (True, True, False), (True, False, True), (False, True, True)],
 )
 def test_drafting_bursts_give_the_tokens_and_accept_lengths_of_single_steps(
-    agreeing_pair: tuple[Path, Path], graphs: bool, defer: bool, sampled: bool
+    agreeing_pair: tuple[Path, Path],
+    graphs: bool,
+    defer: bool,
+    sampled: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Engines stepping once per call and in bursts of 3, on requests joining one per step:
-    the same tokens, accept lengths and finish reasons (the accept lengths say each burst
-    step's draft read the context a single step's would); drafting bursts ran, some cut
-    short by a row's room."""
-    outputs = []
-    for burst in (1, 3):
-        engine = _spec_engine(agreeing_pair, burst, graphs, defer)
-        sizes = _counted_spec_bursts(engine)
-        requests = _spec_requests(sampled)
-        run_staggered(engine, requests)
-        outputs.append([(r.output_ids, r.accept_lengths, r.finish_reason) for r in requests])
-        if burst == 1:
-            assert sizes == []
-        else:
-            assert sizes.count(3) >= 3 and any(s < 3 for s in sizes), sizes
+    """Requests joining one per step through an engine in bursts of 3, then through one
+    stepping once per call with each row's k replayed from the burst run: the same tokens,
+    accept lengths and finish reasons (the accept lengths say each burst step's draft read the
+    context a single step's would). Drafting bursts ran, and rows near their end drafted fewer
+    tokens in some (the burst's cuts) while greedy rows still emit what single steps at the
+    planned k emit (cuts up to half the step's drafted tokens allowed here, so that these few
+    rows have some)."""
+    monkeypatch.setattr(engine_module, "BURST_CUT_SHARE", 0.5)
+    engine = _spec_engine(agreeing_pair, 3, graphs, defer)
+    sizes = _counted_spec_bursts(engine)
+    bursts = _spec_requests(sampled)
+    run_staggered(engine, bursts)
+    assert sizes.count(3) >= 3, sizes
+    single = _spec_engine(agreeing_pair, 1, graphs, defer)
+    single_sizes = _counted_spec_bursts(single)
+    replayed = _replayed(bursts)
+    run_staggered(single, replayed)
+    assert single_sizes == []
+    outputs = [
+        [(r.output_ids, r.accept_lengths, r.finish_reason) for r in run]
+        for run in (bursts, replayed)
+    ]
     assert outputs[0] == outputs[1]
+    assert [r.spec_tokens for r in bursts] == [r.spec_tokens for r in replayed]
     assert any(reason == "stop" for *_, reason in outputs[0])
     assert any(a > 2 for _, accepts, _ in outputs[0] for a in accepts)
+    planned = _spec_engine(agreeing_pair, 1, graphs, defer)
+    at_planned_k = _spec_requests(sampled)
+    run_staggered(planned, at_planned_k)
+    assert any(a.spec_tokens != b.spec_tokens for a, b in zip(at_planned_k, bursts, strict=True))
+    for a, b in zip(at_planned_k, bursts, strict=True):
+        if not a.params.temperature:  # greedy: lossless at any k
+            assert a.output_ids == b.output_ids
+
+
+def test_a_burst_cuts_rows_near_their_end_within_its_share() -> None:
+    """The burst's length and k: the rows' room for k + 1 tokens a step decides it when
+    that allows the whole burst; else rows near their end draft fewer (room // steps - 1) in
+    the longest burst whose cuts stay within ``BURST_CUT_SHARE`` of the drafted tokens; a
+    lone row near its end steps singly at its own k."""
+    from types import SimpleNamespace
+
+    class Runner:
+        def spec_steps(self) -> None: ...
+
+    engine = Engine.__new__(Engine)
+    engine.spec_burst, engine.plain_burst, engine.runner, engine.planner = 4, 1, Runner(), None
+
+    def plan(remaining: list[int], ks: list[int]) -> tuple[int, list[int]]:
+        rows = [SimpleNamespace(num_remaining=n) for n in remaining]
+        return engine._burst_plan(rows, ks)  # type: ignore[arg-type]
+
+    assert plan([400] * 8, [7] * 8) == (4, [7] * 8)
+    assert plan([400] * 7 + [10], [7] * 8) == (4, [7] * 7 + [1])  # 6 of 56 drafted cut
+    assert plan([400] * 3 + [10], [7] * 4) == (2, [7, 7, 7, 4])  # 3 of 28 cut, not 5 or 6
+    assert plan([20], [15]) == (1, [15])  # a lone row: no cut
+    assert plan([40], [7]) == (4, [7])  # its room: 40 // 8 = 5 steps
+    assert plan([400, 3], [7, 7]) == (1, [7, 7])  # 3 steps would cut 7 of 14
+    assert plan([400] * 7 + [3], [7] * 8) == (3, [7] * 7 + [0])  # room for 3 tokens: 3 steps
+    assert plan([400] * 8, [0] * 8) == (1, [0] * 8)  # plain steps: plain_burst 1
 
 
 def test_drafting_bursts_equal_target_only_greedy(agreeing_pair: tuple[Path, Path]) -> None:
@@ -427,8 +487,9 @@ def test_drafting_bursts_equal_target_only_greedy(agreeing_pair: tuple[Path, Pat
 
 def test_when_a_drafting_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
     """Off by default; with ``spec_burst`` a one-phase step bursts up to the rows' room
-    (``num_remaining // (k + 1)``), synthetic acceptance too; a planner's two-phase step does
-    not; a failing burst falls back to one step; bad settings are refused."""
+    (``num_remaining // (k + 1)``; a lone row's k is not cut), synthetic acceptance too; a
+    planner's two-phase step does not; a failing burst falls back to one step; bad settings
+    are refused."""
     runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
     assert Engine(runner, 2, 128).spec_burst == 1
     for bad in (0, DEFERRED_POSITIONS + 1):

@@ -1,0 +1,28 @@
+"""bench/burst_room.py: the engine's own burst rule in a closed-loop model; cuts lengthen
+wide batches' bursts and the default share is restored after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import engines.embedded.engine as engine_module
+from bench.burst_room import main
+
+
+def test_cuts_lengthen_the_bursts_of_a_wide_batch(tmp_path: Path) -> None:
+    out = tmp_path / "burst.json"
+    before = engine_module.BURST_CUT_SHARE
+    assert (
+        main(["--out", str(out), "--cases", "1:15,16:7", "--shares", "0,0.125", "--steps", "600"])
+        == 0
+    )
+    assert engine_module.BURST_CUT_SHARE == before
+    cases = json.loads(out.read_text())["cases"]
+    wide = cases["16x7"]
+    assert wide["0.0"]["drafted_cut"] == 0.0
+    assert wide["0.125"]["mean_burst"] > wide["0.0"]["mean_burst"] + 0.5
+    assert 0 < wide["0.125"]["drafted_cut"] <= 0.125
+    lone = cases["1x15"]
+    assert lone["0.125"]["drafted_cut"] < 0.02  # a lone row near its end steps singly
+    assert all(1 <= v["mean_burst"] <= 4 for case in cases.values() for v in case.values())
