@@ -157,7 +157,10 @@ def _run_phase(
                 ks,
                 emitted,
                 call_s / len(step_ks),
-                admitted and first,
+                # every step of a call that admitted: its even share of the call's time holds
+                # a share of the prefill (counted as decode-only, a burst's steps looked
+                # slower by it than single steps, which keep the prefill in their first)
+                admitted,
                 (waited_s, allocation_s) if first else (0.0, 0.0),
                 multiple,
             )

@@ -1056,9 +1056,10 @@ class ModelRunner:
         ``steps * (k + 1)`` more positions (its ``num_remaining``: ``Engine._burst_plan``
         caps the burst so). Each result is one step's; ``step_time_s`` the burst's time over
         ``steps``. ``overlap``: as ``step``'s, run once every step is queued. Synthetic
-        acceptance: every step's runs are drawn on the host first (they are functions of each
-        row's key and step index) and go to the device with the uniforms; a row then accepts
-        min(k, run) drafts and emits the target's token there, as a single synthetic step."""
+        acceptance: each step's runs are drawn on the host (they are functions of each row's
+        key and step index) once its forwards are queued and go to the device without a sync;
+        a row then accepts min(k, run) drafts and emits the target's token there, as a single
+        synthetic step."""
         steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
         widest = max(spec_tokens, default=0)
         if steps < 1 or uniforms.shape[1] != len(rows) or len(spec_tokens) != len(rows):
@@ -1081,10 +1082,6 @@ class ModelRunner:
             params = self._params_tensors(rows)
         drawn = self._to_device(uniforms)
         draws: list[_Draws] = []  # synthetic mode: each step's runs (and confidence)
-        runs = None
-        if self.synthetic is not None:
-            draws = [self._drawn(self._draw_rows(rows, i), measured) for i in range(steps)]
-            runs = self._to_device(torch.from_numpy(np.stack([d.runs for d in draws])))
         no_confidence = torch.zeros(len(rows), 0, device=self.device)
         out = []
         for i in range(steps):
@@ -1093,9 +1090,14 @@ class ModelRunner:
                 last, start, spec_tokens, params, u, False, measured
             )
             logits = self._verified(last, drafts, start, width, spec_tokens, False)
-            if runs is not None:  # drawn decisions: min(k, run) drafts, the target's token
+            if self.synthetic is not None:  # drawn decisions: min(k, run) drafts, the target's
+                # Step i's runs are drawn on the host while the device runs its draft and
+                # verify (queued above), and go up without a sync; drawn all before the first
+                # launch, they kept the device idle for the whole burst's draws.
+                draws.append(self._drawn(self._draw_rows(rows, i), measured))
+                runs = self._to_device(torch.from_numpy(draws[-1].runs))
                 targets = self._synthetic_targets(logits, params, u)
-                count = torch.minimum(runs[i], num_draft)
+                count = torch.minimum(runs, num_draft)
                 last = targets.gather(1, count[:, None]).squeeze(1)
                 out.append(torch.cat([drafts, targets], dim=1))
                 start = start + count + 1

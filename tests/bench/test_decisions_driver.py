@@ -6,6 +6,7 @@ call."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,12 @@ def test_a_burst_is_tallied_as_its_steps(pair: tuple[Path, Path], k: int) -> Non
     assert burst["steps"] == single["steps"]
     decode = [step for step in burst["timeline"] if step[0] and not step[2]]
     assert decode and all(step[7] == step[0] == step[6] for step in decode)
+    # A call that admitted marks each of its steps so: their shares of its time hold the
+    # prefill's (steps of one call share their time exactly).
+    pairs = list(itertools.pairwise(burst["timeline"]))
+    same_call = [(a, b) for a, b in pairs if a[3] == b[3]]
+    assert any(a[2] for a, _ in same_call)
+    assert all(a[2] == b[2] for a, b in same_call)
     assert sum(step[7] for step in burst["timeline"]) == burst["tokens"]
     # Runs of equal times: a burst's steps share its call's time, not each the whole of it.
     times = burst["step_s"]
