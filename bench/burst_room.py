@@ -7,7 +7,7 @@ Rows decode at one k each (1 row at 15, 8 at 15, 64 at 7 by default), each step 
 geometric run (each drafted position survives with ``--survival``, the bonus token always
 emitted); a row ending is replaced at once by one of a fresh length (``--output-tokens``,
 uniform; the first rows start part-way). Every step asks the engine's own burst rule for
-the burst's length and each row's k in it, with ``BURST_CUT_SHARE`` set to each ``--shares``
+the burst's length and each row's k in it, with its ``burst_cut_share`` set to each ``--shares``
 value (0: no cuts, the rule before session 31). Reported per case and share: the mean burst
 length (steps per host round trip), the share of steps that ran in full-length bursts, and
 the drafted tokens the cuts took (a share of what the planned k would have drafted). A model:
@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import engines.embedded.engine as engine_module  # noqa: E402
 from engines.embedded.engine import Engine  # noqa: E402
 
 
@@ -39,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--cases", default="1:15,8:15,64:7", help="ROWS:K,... (default 1:15,8:15,64:7)"
     )
-    parser.add_argument("--shares", default="0,0.125,0.25", help="BURST_CUT_SHARE values")
+    parser.add_argument("--shares", default="0,0.125,0.25", help="Engine.burst_cut_share values")
     parser.add_argument("--burst", type=int, default=4, help="spec_burst (default 4)")
     parser.add_argument("--steps", type=int, default=4000, help="steps modelled per case")
     parser.add_argument("--survival", type=float, default=0.8, help="per-position survival")
@@ -53,9 +52,10 @@ class _Runner:
         raise NotImplementedError
 
 
-def _engine(burst: int) -> Engine:
-    engine = Engine.__new__(Engine)  # the rule reads these four attributes only
+def _engine(burst: int, share: float) -> Engine:
+    engine = Engine.__new__(Engine)  # the rule reads these five attributes only
     engine.spec_burst, engine.plain_burst, engine.runner, engine.planner = burst, 1, _Runner(), None
+    engine.burst_cut_share = share
     return engine
 
 
@@ -63,11 +63,10 @@ def model(
     rows: int, k: int, args: argparse.Namespace, share: float, span: tuple[int, int]
 ) -> dict[str, Any]:
     rng = random.Random(f"{args.seed}:{rows}:{k}")  # the same rows and draws for every share
-    engine = _engine(args.burst)
+    engine = _engine(args.burst, share)
     remaining = [max(1, rng.randint(*span) - rng.randint(0, span[0])) for _ in range(rows)]
     lengths: list[int] = []
     planned = cut = steps_run = 0
-    engine_module.BURST_CUT_SHARE = share
     while steps_run < args.steps:
         views = [SimpleNamespace(num_remaining=n) for n in remaining]
         ks = [min(k, n - 1) for n in remaining]  # the engine's own clamp
@@ -95,22 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     span = tuple(int(x) for x in args.output_tokens.split(","))
     cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
     shares = [float(x) for x in args.shares.split(",")]
-    saved = engine_module.BURST_CUT_SHARE
-    results: dict[str, Any] = {}
-    try:
-        for rows, k in cases:
-            results[f"{rows}x{k}"] = {
-                str(share): model(rows, k, args, share, span)  # type: ignore[arg-type]
-                for share in shares
-            }
-    finally:
-        engine_module.BURST_CUT_SHARE = saved
+    results: dict[str, Any] = {
+        f"{rows}x{k}": {
+            str(share): model(rows, k, args, share, span)  # type: ignore[arg-type]
+            for share in shares
+        }
+        for rows, k in cases
+    }
     report = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "burst": args.burst,
         "survival": args.survival,
         "output_tokens": list(span),
-        "default_share": saved,
+        "default_share": Engine.burst_cut_share,
         "cases": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

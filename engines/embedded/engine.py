@@ -103,6 +103,10 @@ def plan_prefills(lengths: list[int], budget: int = PREFILL_PADDED_TOKENS) -> li
 
 
 class Engine:
+    # the share of a drafting burst's planned tokens its cuts may take (an instance may set
+    # its own: benches and tests compare shares)
+    burst_cut_share: float = BURST_CUT_SHARE
+
     def __init__(
         self,
         runner: ModelRunner,
@@ -326,7 +330,7 @@ class Engine:
         needs). Up to ``spec_burst`` for a one-phase drafting step: every row needs room
         (``num_remaining``) for k + 1 tokens in each of the burst's steps, so no row writes past
         its own end; a row without it drafts fewer in this burst (room // steps - 1, k = 0 at
-        the least), as long as those cuts stay within ``BURST_CUT_SHARE`` of the step's drafted
+        the least), as long as those cuts stay within ``burst_cut_share`` of the step's drafted
         tokens; the longest burst that keeps to that, else one step at the planned k."""
         if not rows:
             return 1, spec_tokens
@@ -341,7 +345,7 @@ class Engine:
             capped = [
                 min(k, r.num_remaining // steps - 1) for r, k in zip(rows, spec_tokens, strict=True)
             ]
-            if any(capped) and drafted - sum(capped) <= BURST_CUT_SHARE * drafted:
+            if any(capped) and drafted - sum(capped) <= self.burst_cut_share * drafted:
                 return steps, capped
         return 1, spec_tokens
 

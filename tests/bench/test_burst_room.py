@@ -6,18 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import engines.embedded.engine as engine_module
 from bench.burst_room import main
+from engines.embedded.engine import Engine
 
 
 def test_cuts_lengthen_the_bursts_of_a_wide_batch(tmp_path: Path) -> None:
     out = tmp_path / "burst.json"
-    before = engine_module.BURST_CUT_SHARE
+    before = Engine.burst_cut_share
     assert (
         main(["--out", str(out), "--cases", "1:15,16:7", "--shares", "0,0.125", "--steps", "600"])
         == 0
     )
-    assert engine_module.BURST_CUT_SHARE == before
+    assert Engine.burst_cut_share == before
     cases = json.loads(out.read_text())["cases"]
     wide = cases["16x7"]
     assert wide["0.0"]["drafted_cut"] == 0.0

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import engines.embedded.engine as engine_module
 from bench.decisions.driver import run_policy
 from bench.decisions.policies import Built
 from bench.decisions.workload import Job, Phase
@@ -81,7 +80,7 @@ def test_a_drafting_burst_is_tallied_as_its_steps(
     same tokens from fewer verified ones."""
     single, cut = _tally(pair, 1, 3), _tally(pair, 1, 3, spec=4)
     assert cut["tokens"] == single["tokens"] and cut["verify_tokens"] < single["verify_tokens"]
-    monkeypatch.setattr(engine_module, "BURST_CUT_SHARE", 0.0)
+    monkeypatch.setattr(Engine, "burst_cut_share", 0.0)
     burst = _tally(pair, 1, 3, spec=4)
     for key in ("tokens", "row_steps", "verify_tokens", "steps"):
         assert single[key] == burst[key], key

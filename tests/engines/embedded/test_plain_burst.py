@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 
-import engines.embedded.engine as engine_module
 from engines.embedded.engine import Engine
 from engines.embedded.events import (
     RequestView,
@@ -411,7 +410,7 @@ def test_drafting_bursts_give_the_tokens_and_accept_lengths_of_single_steps(
     tokens in some (the burst's cuts) while greedy rows still emit what single steps at the
     planned k emit (cuts up to half the step's drafted tokens allowed here, so that these few
     rows have some)."""
-    monkeypatch.setattr(engine_module, "BURST_CUT_SHARE", 0.5)
+    monkeypatch.setattr(Engine, "burst_cut_share", 0.5)
     engine = _spec_engine(agreeing_pair, 3, graphs, defer)
     sizes = _counted_spec_bursts(engine)
     bursts = _spec_requests(sampled)
@@ -442,7 +441,7 @@ def test_drafting_bursts_give_the_tokens_and_accept_lengths_of_single_steps(
 def test_a_burst_cuts_rows_near_their_end_within_its_share() -> None:
     """The burst's length and k: the rows' room for k + 1 tokens a step decides it when
     that allows the whole burst; else rows near their end draft fewer (room // steps - 1) in
-    the longest burst whose cuts stay within ``BURST_CUT_SHARE`` of the drafted tokens; a
+    the longest burst whose cuts stay within ``burst_cut_share`` of the drafted tokens; a
     lone row near its end steps singly at its own k."""
     from types import SimpleNamespace
 
