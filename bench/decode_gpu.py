@@ -154,7 +154,8 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
         result["stash_1_ratio_target"] = result["stash_1_ms"] / floors["target_ms"]
         inserts = runner._graphs["insert_stash", 1, DEFERRED_POSITIONS]
         result["insert_stash_ms"] = replay_ms(inserts)
-    engine = Engine(runner, 1, PROMPT_LEN + NEW_TOKENS + 8)
+    # one step per call (drafting bursts, the CUDA default, compared below)
+    engine = Engine(runner, 1, PROMPT_LEN + NEW_TOKENS + 8, spec_burst=1)
     run_engine(engine, prompt[:64], 8, 0)  # warm-up
     for label, k in (("k0", 0), ("k15", runner.block_size - 1)):
         run = run_engine(engine, prompt, NEW_TOKENS, k)
@@ -170,7 +171,7 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
     result["engine_k0"]["plain_burst"] = engine.plain_burst
     with _setting(engine, "plain_burst", 1):
         _variant(result, "engine_k0_single", run_engine(engine, prompt, NEW_TOKENS, 0), "engine_k0")
-    # k = 15 steps 4 to a host round trip (Engine.spec_burst; off by default) against one a
+    # k = 15 steps 4 to a host round trip (Engine.spec_burst, the CUDA default) against one a
     # call, on a shorter prompt with more new tokens: a burst needs room for k + 1 tokens a
     # step in every row (the random weights accept almost nothing, so a step emits about
     # one token and the bursts run at full length until the last 64 tokens).

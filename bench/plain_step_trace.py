@@ -120,7 +120,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         compile_scope="layer",
         attention="auto",
     )
-    return Engine(runner, args.batch, max_seq_len, plain_burst=1), shape
+    return Engine(runner, args.batch, max_seq_len, plain_burst=1, spec_burst=1), shape
 
 
 def new_tokens(args: argparse.Namespace) -> int:

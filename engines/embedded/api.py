@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from engines.embedded.engine import PLAIN_BURST, Engine
+from engines.embedded.engine import PLAIN_BURST, SPEC_BURST, Engine
 from engines.embedded.events import (
     AttentionChoice,
     CompileMode,
@@ -95,7 +95,7 @@ class AsyncEngine:
         linear: LinearChoice = "auto",
         defer_context: bool = True,
         plain_burst: int = PLAIN_BURST,
-        spec_burst: int = 1,
+        spec_burst: int = SPEC_BURST,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.

@@ -188,11 +188,11 @@ def test_repository_config_is_valid_and_schema_prints() -> None:
     )
 
 
-def test_plain_burst_defaults_to_4_and_names_a_bad_value() -> None:
+def test_bursts_default_to_4_and_name_a_bad_value() -> None:
     text = "backends:\n  - {name: e, kind: embedded, model: demo, target: t, draft: d}\n"
     backend = parse_config(text, Path("/cfg")).backends[0]
     assert isinstance(backend, EmbeddedConfig) and backend.plain_burst == 4
-    assert backend.spec_burst == 1
+    assert backend.spec_burst == 4
     off = parse_config(text.replace("d}", "d, plain_burst: 1}"), Path("/cfg"))
     assert off.backends[0].plain_burst == 1  # type: ignore[union-attr]
     (problem,) = _problems(text.replace("d}", "d, plain_burst: 17}"))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from engines.embedded.engine import Engine
+from engines.embedded.engine import PLAIN_BURST, SPEC_BURST, Engine
 from engines.embedded.events import (
     RequestView,
     SamplingParams,
@@ -485,8 +485,8 @@ def test_drafting_bursts_equal_target_only_greedy(agreeing_pair: tuple[Path, Pat
 
 
 def test_when_a_drafting_step_bursts(agreeing_pair: tuple[Path, Path]) -> None:
-    """Off by default; with ``spec_burst`` a one-phase step bursts up to the rows' room
-    (``num_remaining // (k + 1)``; a lone row's k is not cut), synthetic acceptance too; a
+    """Off by default off CUDA; with ``spec_burst`` a one-phase step bursts up to the rows'
+    room (``num_remaining // (k + 1)``; a lone row's k is not cut), synthetic acceptance too; a
     planner's two-phase step does not; a failing burst falls back to one step; bad settings
     are refused."""
     runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
@@ -633,3 +633,15 @@ def test_synthetic_drafting_bursts_give_the_draws_of_single_steps(
     assert all(
         c and len(c[0]) == k for (_, _, c), k in zip(runs[0], (3, BLOCK_SIZE - 1, 5), strict=True)
     )
+
+
+def test_bursts_default_on_for_a_cuda_runner(agreeing_pair: tuple[Path, Path]) -> None:
+    """A runner on a CUDA device gets ``PLAIN_BURST`` plain and ``SPEC_BURST`` drafting steps
+    per round trip unless told otherwise (the engine reads only the runner's device type to
+    choose: a CPU runner relabelled stands in for one here)."""
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 2, 128)
+    runner.device = torch.device("cuda")
+    engine = Engine(runner, 2, 128)
+    assert (engine.plain_burst, engine.spec_burst) == (PLAIN_BURST, SPEC_BURST) == (4, 4)
+    single = Engine(runner, 2, 128, plain_burst=1, spec_burst=1)
+    assert (single.plain_burst, single.spec_burst) == (1, 1)
