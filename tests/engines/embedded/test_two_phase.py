@@ -223,3 +223,37 @@ def test_device_allocation_needs_an_engine_whose_rows_verify_at_their_own_widths
     assert controller.last_reason.startswith("allocator:") and "(device)" not in (
         controller.last_reason
     )
+
+
+def test_the_goodput_policys_one_phase_steps_burst_losslessly_and_report_every_step(
+    agreeing_pair: tuple[Path, Path],
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon's step controller on one-phase steps in drafting bursts (``spec_burst``, 4 on
+    CUDA by default): the target's own greedy tokens, k within the policy's bounds, bursts of
+    several steps, and every step of every burst told to the planner (one report per row per
+    decode step, as single steps give)."""
+    controller = goodput_controller(GoodputSpec(step_mode="shared", probe_probability=0.0))
+    told: list[int] = []
+    record = controller.record
+
+    def counted(controllers: Any, reports: Any) -> None:
+        told.append(len(reports))
+        record(controllers, reports)
+
+    monkeypatch.setattr(controller, "record", counted)
+    engine = make_engine(agreeing_pair, max_batch_size=6)
+    engine.spec_burst, engine.planner = 4, controller
+    requests = [
+        greedy_request(f"r{i}", p, NEW_TOKENS, controller.start(Task.MATH, 1.0, 7))
+        for i, p in enumerate(prompts)
+    ]
+    run_all(engine, requests)
+    assert [r.output_ids for r in requests] == expected
+    drafting = engine.step_counts["drafting"]
+    assert drafting.steps > drafting.round_trips  # some steps ran in bursts
+    engine.step()  # (nothing left: the last step's reports go to the planner now or here)
+    assert sum(told) == sum(len(r.spec_tokens) for r in requests)
+    assert_bounded(requests)
