@@ -8,9 +8,9 @@ Synthetic rows of mixed tasks with a full block of random confidence, random k a
 runs; thread CPU time, policies interleaved over ``--repeats`` runs of ``--steps`` steps (the
 first 50 of each dropped); per policy and part the median of each run's median.
 
-On the H200 (README "Session 22") goodput's 64-row device steps took 0.2-0.7 ms more than
-vllm-av-device's beyond their extra tokens; this says how much of that the policies' own host
-work could be.
+On the H200 (docs/ragged-log.md "Session 22") goodput's 64-row device steps took 0.2-0.7 ms
+more than vllm-av-device's beyond their extra tokens; this says how much of that the
+policies' own host work could be.
 
     .venv/bin/python bench/device_path_host.py --out bench/results/device_path_host_cpu.json
 """

@@ -22,8 +22,8 @@ compared the incumbent's current rate with the other mode's rate from minutes be
 closed loop the running mix drifts (requests that accept long runs finish first), so the
 incumbent's rate fell below the other's stale one and the bucket flipped to the slower mode
 (cold H200 runs spent 21-98 of ~180 64-row steps in two-phase, 3-9% slower), or came out of
-a warm-up on the slower mode and kept it (the A/A twin of README "Warm policies"). The pooled
-rates are still kept, for people (``rates``, ``describe``, the dashboard).
+a warm-up on the slower mode and kept it (the A/A twin of docs/ragged-log.md "Warm
+policies"). The pooled rates are still kept, for people (``rates``, ``describe``, the dashboard).
 
 Pure: no clock, no I/O; the caller records each step's mode, emitted tokens and seconds.
 ``peek`` answers without advancing the schedule (an engine prepares the next step before it

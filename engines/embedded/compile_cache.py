@@ -4,7 +4,7 @@ Inductor caches compiled graphs and generated kernels on disk (``TORCHINDUCTOR_C
 by default ``/tmp/torchinductor_$USER``) and Triton its kernels (``TRITON_CACHE_DIR``, by
 default under the home directory). In a container both usually vanish with it, so every
 start compiles from scratch: on the H200 8B shape ``torch_compile_mode: max-autotune`` took
-361 s cold and 49.9 s from a warm cache (README, session 14). The embedded backend's
+361 s cold and 49.9 s from a warm cache (docs/ragged-log.md, session 14). The embedded backend's
 ``compile_cache_dir`` points both at one folder, on a volume that survives restarts.
 
 A variable already set in the environment wins (an operator's choice, or a compile earlier in

@@ -20,7 +20,7 @@ for name in mixed-shift-ragged-8b-two-phase-wait mixed-shift-ragged-8b-narrow-dr
     --out "$out/$name.json" > "$out/$name.txt"
 done
 # The files of the ragged scenarios above were made by the allocator with the fixed history
-# offset (before commit 343d992, README "Session 22"); re-running them now gives the learnt
+# offset (before commit 343d992, docs/ragged-log.md "Session 22"); re-running them now gives the learnt
 # recency term's figures, as this file does for the device scenario (allocator 4,016 ->
 # 4,010 tok/s, goodput-auto 3,993 -> 3,989):
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
@@ -28,14 +28,14 @@ done
   > "$out/mixed-shift-ragged-8b-device-recency.txt"
 # Session 23: the allocator's bounds kept within its budget (allocator 4,010 -> 3,992 tok/s on
 # this smooth table, which has no GPU stairs), and the same scenario with min_spec_tokens 1
-# (allocator 4,039, vllm-av 4,038; README "Session 23"):
+# (allocator 4,039, vllm-av 4,038; docs/ragged-log.md "Session 23"):
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
   --out "$out/mixed-shift-ragged-8b-device-s23.json" > "$out/mixed-shift-ragged-8b-device-s23.txt"
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device-kmin1.yaml \
   --no-progress --out "$out/mixed-shift-ragged-8b-device-kmin1.json" \
   > "$out/mixed-shift-ragged-8b-device-kmin1.txt"
 # Session 24: the bounded allocator's budget rule weighs what the bound can spend
-# (slot_scoring.bounded_budget): allocator 3,992 -> 4,018 tok/s (README "Session 24"):
+# (slot_scoring.bounded_budget): allocator 3,992 -> 4,018 tok/s (docs/ragged-log.md "Session 24"):
 .venv/bin/draftctl simulate --scenario scenarios/mixed-shift-ragged-8b-device.yaml --no-progress \
   --out "$out/mixed-shift-ragged-8b-device-s24.json" > "$out/mixed-shift-ragged-8b-device-s24.txt"
 # and with two-phase steps from 8 rows (goodput-auto 3,997 -> 4,006; c8-chat 3,169 -> 3,195):
