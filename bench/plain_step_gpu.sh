@@ -18,7 +18,7 @@
 #   4. the same at k = 15 (drafting bursts, Engine.spec_burst) at batch 1 (SPEC_BATCHES) ->
 #      $OUT/spec_step_trace_b1.json.
 #
-# On the GPU (device tool `run`, carry .whl, prefix as README "GPU runs" shows):
+# On the GPU (device tool `run`, carry .whl, the pip prefix docs/goodput.md shows before its harness commands):
 #   OUT=$OUT bash bench/plain_step_gpu.sh
 # Skip a part: GEMV=0, DECODE=0, TRACE=0 or SPEC=0; LINEAR and CONTEXT pick decode_gpu's runners
 # (default aten,fused and defer); TRACE_BATCHES the trace's batch sizes. PY picks the interpreter (default python3).
