@@ -133,8 +133,8 @@ class EmbeddedConfig(Section):
     plain_burst: int = Field(default=4, ge=1, le=16)
     # On a CUDA device: one-phase drafting steps (k per row fixed before the draft) run up to
     # this many steps back to back the same way, each row at the k planned for the first (1:
-    # off). Session 32's harness: +2.9% at batch 1, +1.1% overall. docs/engine.md, "Drafting
-    # bursts".
+    # off). Session 32's harness: static k = 7 +2.6% (outside the A/A spread), goodput +1.1%
+    # (inside it). docs/engine.md, "Drafting bursts".
     spec_burst: int = Field(default=4, ge=1, le=16)
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)

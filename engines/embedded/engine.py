@@ -53,8 +53,9 @@ PREFILL_PADDED_TOKENS = 4096
 # inputs' copies, the graph launch) comes once per burst.
 PLAIN_BURST = 4
 # The same for one-phase drafting steps (``Engine``'s ``spec_burst``): k fixed for the burst.
-# Session 32 (H100, policy harness, 3 blocks): goodput 1.029x in the batch-1 phase, 1.011x
-# overall; static k = 7 1.026x overall. docs/ragged-log.md "Session 32".
+# Session 32 (H100, policy harness, 3 blocks): static k = 7 1.026x overall (outside the A/A
+# spread); goodput 1.029x in the batch-1 phase, 1.011x overall (not clearly outside it); a
+# batch-1 k = 15 engine step 7% faster (H200, session 31). docs/ragged-log.md "Session 32".
 SPEC_BURST = 4
 # A drafting burst may draft fewer tokens for rows near their length limit (each row needs
 # room for its k + 1 tokens in every step of the burst), but no more than this share of the
