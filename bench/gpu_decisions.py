@@ -74,7 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--policies",
         default=",".join((*NAMES, "oracle")),
         help="comma-separated (bench/decisions/policies.py); NAME@burst<N> runs NAME with its "
-        "one-phase drafting steps in bursts of N (Engine.spec_burst, 2-16); on a ragged arm "
+        "drafting steps in bursts of N (Engine.spec_burst, 2-16: one-phase steps, and two-phase "
+        "steps allocated on the device, one scoring per burst); on a ragged arm "
         "NAME@padded runs "
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
         "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
@@ -161,9 +162,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         choices=range(1, 17),
         metavar="N",
-        help="one-phase drafting steps run up to N at a time per host round trip "
-        "(Engine(spec_burst=N), synthetic acceptance included; default 1, the engine's "
-        "default); the arm info records it when above 1",
+        help="drafting steps run up to N at a time per host round trip "
+        "(Engine(spec_burst=N), synthetic acceptance included: one-phase steps and "
+        "two-phase steps allocated on the device; default 1, as the calls before session 32 "
+        "ran; the engine's CUDA default is 4); the arm info records it when above 1",
+    )
+    parser.add_argument(
+        "--ends",
+        choices=("length", "unseen"),
+        default="length",
+        help="where requests end: 'length' (at the max_new_tokens the engine is told, as every "
+        "call before session 33 ran: a drafting burst's room rule keeps it inside each row's "
+        "length) or 'unseen' (at the job's length as at an end-of-sequence token the engine "
+        "cannot foresee: bursts run scratch steps past a row's end, as in real traffic; the "
+        "arm info records it)",
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
@@ -223,7 +235,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(
                 f"policy {name.strip()!r}: the suffixes are @padded, on a ragged arm "
                 "(--verify-mode ragged: the policy on the same runner's padded graphs), and "
-                "@burst<N>, N from 2 to 16 (its one-phase drafting steps in bursts of N)"
+                "@burst<N>, N from 2 to 16 (its drafting steps in bursts of N)"
             )
     return args
 
@@ -371,26 +383,43 @@ def _run(
     try:
         built = build(base, context) if warm is None else warm[0]
         scored = _device_scored(built)
+        counted = _step_counts(arm.engine)
         tallies: list[PhaseTally] = run_policy(
-            arm.engine, built, phases, jobs, context.goodput.verify_width_multiple
+            arm.engine,
+            built,
+            phases,
+            jobs,
+            context.goodput.verify_width_multiple,
+            unseen_ends=arm.info.get("ends") == "unseen",
         )
     finally:
         runner.verify_mode = before
         arm.engine.spec_burst = bursts
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
+    now = _step_counts(arm.engine)
     run: dict[str, Any] = {
         "policy": name,
         "repeat": repeat,
         "tok_s": tokens / elapsed,
         "phases": {p.name: t.summary() for p, t in zip(phases, tallies, strict=True)},
         "decode_step_s_by_shape": _by_shape(tallies),
+        # decode steps and the host round trips they took (bursts: fewer trips than steps)
+        "step_counts": {
+            kind: {"steps": now[kind][0] - was[0], "round_trips": now[kind][1] - was[1]}
+            for kind, was in counted.items()
+        },
     }
     if scored is not None:  # device-allocated steps of this run, by when they were scored
         after = _device_scored(built)
         assert after is not None
         run["device_scored"] = {"ahead": after[0] - scored[0], "late": after[1] - scored[1]}
     return run
+
+
+def _step_counts(engine: Any) -> dict[str, tuple[int, int]]:
+    """The engine's decode steps and host round trips so far, plain and drafting."""
+    return {kind: (c.steps, c.round_trips) for kind, c in engine.step_counts.items()}
 
 
 def _device_scored(built: Built) -> tuple[int, int] | None:

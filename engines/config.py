@@ -131,10 +131,12 @@ class EmbeddedConfig(Section):
     # host's bookkeeping between them); their tokens stream as that many steps' (1: off; a
     # request arriving meanwhile waits up to this many steps). docs/engine.md, "Plain bursts".
     plain_burst: int = Field(default=4, ge=1, le=16)
-    # On a CUDA device: one-phase drafting steps (k per row fixed before the draft) run up to
-    # this many steps back to back the same way, each row at the k planned for the first (1:
-    # off). Session 32's harness: static k = 7 +2.6% (outside the A/A spread), goodput +1.1%
-    # (inside it). docs/engine.md, "Drafting bursts".
+    # On a CUDA device: drafting steps run up to this many back to back the same way (1:
+    # off): one-phase steps each row at the k planned for the first; two-phase steps
+    # allocated on the device (``slot_allocation: device``) under the first's scoring and
+    # budget, each step's own confidence allocated. Session 32's harness: static k = 7
+    # +2.6% (outside the A/A spread), goodput +1.1% (inside it). docs/engine.md, "Drafting
+    # bursts".
     spec_burst: int = Field(default=4, ge=1, le=16)
     # Work pending with no finished step for this long marks the backend not ready.
     stall_timeout_s: float = Field(default=120.0, gt=0)

@@ -461,6 +461,7 @@ class StepController:
         None: the policy raised (the rows verify what they drafted)."""
         started = time.perf_counter()
         try:
+            self._running = None  # (the last scoring's steps are told: this one's are next)
             slots = self._slots
             ahead, self._ahead = self._ahead, None
             if slots is None:
@@ -519,7 +520,7 @@ class StepController:
             for steps, values in zip(controllers, confidence, strict=True):
                 if isinstance(steps, RequestSteps):
                     steps.last_confidence = values
-            running, self._running = self._running, None
+            running = self._running  # kept: a drafting burst's steps share one scoring
             slots = self._slots
             if running is not None and slots is not None:
                 allocator = self._slot_allocator(slots[0])

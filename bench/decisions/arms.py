@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from bench.decisions import exactness
+from bench.decisions.driver import UNSEEN_END_BLOCKS
 from bench.decisions.policies import Context
 from bench.engine_gpu import TINY  # the engine benchmark's CPU smoke shape
 from engines.cost_tables import load_cost_table
@@ -162,7 +163,9 @@ def _real_pair(args: argparse.Namespace) -> Arm:
     from transformers import AutoTokenizer
 
     device = torch.device(args.device)
-    max_seq_len = 1024
+    max_seq_len = 1024  # prompts are cut to 400 tokens; outputs --output-tokens (default 512)
+    if getattr(args, "ends", "length") == "unseen":
+        max_seq_len += UNSEEN_END_BLOCKS * 64  # (any block size up to 64)
     runner = load_runner(
         args.target,
         args.draft,
@@ -252,6 +255,7 @@ def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
         **({"defer_context": True} if args.defer_context else {}),
         **({"plain_burst": args.plain_burst} if args.plain_burst != 1 else {}),
         **({"spec_burst": args.spec_burst} if args.spec_burst != 1 else {}),
+        **({"ends": args.ends} if getattr(args, "ends", "length") != "length" else {}),
     }
 
 
@@ -375,8 +379,12 @@ def _profiled_table(args: argparse.Namespace, runner: ModelRunner, device: torch
 
 
 def _max_seq_len(args: argparse.Namespace, block_size: int) -> int:
+    """Room for the longest prompt and output, two blocks, and the room past each output's
+    end that ``--ends unseen`` states (``UNSEEN_END_BLOCKS``), in multiples of 64."""
     prompt = int(args.prompt_tokens.split(",")[1])
     output = int(args.output_tokens.split(",")[1])
+    if getattr(args, "ends", "length") == "unseen":
+        output += UNSEEN_END_BLOCKS * block_size
     return -(-(prompt + output + 2 * block_size) // 64) * 64
 
 

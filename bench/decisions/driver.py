@@ -21,6 +21,10 @@ from engines.embedded.events import SamplingParams, SpecController, TokenEvent
 from engines.embedded.request import Request
 from policies.costmodel import padded_width
 
+# ``unseen_ends``: a request's stated ``max_new_tokens`` exceeds its job's length by this many
+# blocks, so the engine cannot see where it ends (as it cannot see an end-of-sequence token).
+UNSEEN_END_BLOCKS = 8
+
 
 @dataclass
 class PhaseTally:
@@ -84,17 +88,26 @@ def run_policy(
     jobs: Sequence[Sequence[Job]],
     multiple: int,
     on_phase: Callable[[str, dict[str, Any]], None] | None = None,
+    unseen_ends: bool = False,
 ) -> list[PhaseTally]:
     """Every phase in turn, closed loop, each drained before the next starts. The garbage
     collector is off while a run is timed (a full collection mid-phase costs tens of ms that
-    would land on whichever policy happens to trigger it) and collects between runs."""
+    would land on whichever policy happens to trigger it) and collects between runs.
+
+    ``unseen_ends``: each request ends at its job's length as at an end-of-sequence token
+    the engine could not foresee: it is submitted with ``UNSEEN_END_BLOCKS`` blocks more
+    room, its tokens past the job's length are not counted, and it is aborted after the
+    ``engine.step()`` call that reached that length. A drafting burst then runs its steps
+    past a row's end as real traffic makes it (scratch, and a slot held until the burst
+    ends); with ends the engine sees (``max_new_tokens``, the default), its room rule keeps
+    bursts inside every row's length. Every policy still emits the same counted tokens."""
     engine.planner = built.planner
     tallies = []
     gc.collect()
     gc.disable()
     try:
         for phase, phase_jobs in zip(phases, jobs, strict=True):
-            tally = _run_phase(engine, built, phase, phase_jobs, multiple)
+            tally = _run_phase(engine, built, phase, phase_jobs, multiple, unseen_ends)
             tallies.append(tally)
             if on_phase is not None:
                 on_phase(phase.name, tally.summary())
@@ -105,11 +118,19 @@ def run_policy(
 
 
 def _run_phase(
-    engine: Engine, built: Built, phase: Phase, jobs: Sequence[Job], multiple: int
+    engine: Engine,
+    built: Built,
+    phase: Phase,
+    jobs: Sequence[Job],
+    multiple: int,
+    unseen_ends: bool = False,
 ) -> PhaseTally:
     tally = PhaseTally()
     queue = deque(jobs)
     tasks = {job.key: job.task.value for job in jobs}
+    # unseen ends: tokens each request may still count (its job's length less what it had)
+    left = {job.key: job.max_new_tokens for job in jobs}
+    slack = UNSEEN_END_BLOCKS * engine.block_size if unseen_ends else 0
     host_before = built.host()
     started = time.perf_counter()
     while queue or engine.has_work:
@@ -117,7 +138,7 @@ def _run_phase(
         while queue and len(engine.scheduler.running) + len(engine.scheduler.waiting) < (
             phase.concurrency
         ):
-            engine.add(_request(queue.popleft(), built.controller_for))
+            engine.add(_request(queue.popleft(), built.controller_for, slack))
             admitted = True
         if hasattr(engine.runner, "last_two_phase_s"):
             engine.runner.last_two_phase_s = (0.0, 0.0)  # a step without a decode leaves it
@@ -130,11 +151,18 @@ def _run_phase(
         step_ks: list[list[int]] = []
         step_emitted: list[int] = []
         seen: dict[str, int] = defaultdict(int)
+        ended: list[str] = []  # unseen ends reached in this call
         for request, event in events:
             if not isinstance(event, TokenEvent):
                 raise RuntimeError(f"request {request.request_id} failed: {event}")
+            key = request.request_id
+            before = left[key]
+            counted = min(len(event.token_ids), before)
+            left[key] -= counted
+            if unseen_ends and before and not left[key] and not event.finished:
+                ended.append(key)
             if event.report is None:
-                prefill_tokens += len(event.token_ids)
+                prefill_tokens += counted
                 continue
             index = seen[request.request_id]
             seen[request.request_id] += 1
@@ -142,8 +170,11 @@ def _run_phase(
                 step_ks.append([])
                 step_emitted.append(0)
             step_ks[index].append(event.report.spec_tokens)
-            step_emitted[index] += len(event.token_ids)
-            tally.accept_by_task[tasks[request.request_id]].append(event.report.accept_length)
+            step_emitted[index] += counted
+            if before:  # (not a burst's scratch step past an unseen end)
+                tally.accept_by_task[tasks[key]].append(event.report.accept_length)
+        for key in ended:
+            engine.abort(key)
         if not step_ks:  # a call that only prefilled
             step_ks, step_emitted = [[]], [0]
         step_emitted[0] += prefill_tokens
@@ -205,7 +236,8 @@ def _tally_step(
         tally.decode_s += step_s
 
 
-def _request(job: Job, controller_for: Callable[[Job], SpecController]) -> Request:
-    params = SamplingParams(max_new_tokens=job.max_new_tokens)
+def _request(job: Job, controller_for: Callable[[Job], SpecController], slack: int = 0) -> Request:
+    """``slack``: room past the job's length the engine is told of (unseen ends)."""
+    params = SamplingParams(max_new_tokens=job.max_new_tokens + slack)
     context = {"task": job.task.value, "synthetic_key": job.key}
     return Request(job.key, list(job.prompt_ids), params, controller_for(job), context)

@@ -224,6 +224,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         drafted: Sequence[int],
     ) -> SlotScoring:
         started = time.perf_counter()
+        self._running = None
         scoring = self._from_ahead(views)
         if scoring is None:
             scoring = self._score(views)
@@ -253,7 +254,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
             self._confidence.clear()
         for view, values in zip(views, confidence, strict=True):
             self._confidence[view.request_id] = (view.accept_lengths, values)
-        running, self._running = self._running, None
+        running = self._running  # kept: a drafting burst's steps share one scoring
         if running is not None:
             self._observed(running, confidence, spec_tokens, accept_lengths)
         self.host_s += time.perf_counter() - started

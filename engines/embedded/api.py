@@ -112,7 +112,7 @@ class AsyncEngine:
         linear layers' kernel (``auto``: the fused few-token kernel on CUDA, else aten);
         ``defer_context``: on a CUDA device, k = 0 steps stash the draft's context
         (``ModelRunner``); ``plain_burst``: on a CUDA device, plain steps per host round
-        trip when every row has k = 0, and ``spec_burst`` for one-phase drafting steps
+        trip when every row has k = 0, and ``spec_burst`` for drafting steps
         (``Engine``; elsewhere 1)."""
         from transformers import AutoTokenizer
 

@@ -253,9 +253,14 @@ class AllocationGraphs:
         batch: int,
         width: int,
         num_tokens: int,
+        upload: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """k per row [rows] and the ragged index [2, num_tokens] of a step of ``len(drafted)``
-        rows (<= ``batch``) verifying at most ``num_tokens`` tokens of width ``width``."""
+        rows (<= ``batch``) verifying at most ``num_tokens`` tokens of width ``width``.
+        ``upload`` False: the device's tables are the last call's of this shape (a drafting
+        burst's later steps: the same scoring), so the pinned host buffers are not rewritten
+        while an earlier step's copy of them may still be in flight; only the confidence goes
+        up."""
         rows, positions = scoring.base.shape
         if len(drafted) != rows or rows > batch:
             raise ValueError(f"scoring has {rows} rows, the step {len(drafted)} (batch {batch})")
@@ -272,6 +277,25 @@ class AllocationGraphs:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = self._capture(scoring, batch, width, num_tokens, key)
+            upload = True
+        if upload:
+            self._upload(shape, scoring, drafted, batch, positions)
+        used = min(positions, confidence.shape[1])
+        # (a pinned host tensor, synthetic mode's draws, goes up without waiting)
+        shape.confidence[:rows, :used].copy_(confidence[:, :used], non_blocking=True)
+        if shape.graph is None:
+            verified, index = shape.compute()
+            return verified[:rows], index
+        shape.graph.replay()
+        return shape.verified[:rows], shape.index
+
+    @staticmethod
+    def _upload(
+        shape: _Captured, scoring: SlotScoring, drafted: list[int], batch: int, positions: int
+    ) -> None:
+        """The scoring's tables into the shape's pinned host buffers, then up to the device
+        (no sync; rows past the step's are padding with capacity 0)."""
+        rows = len(drafted)
         ints = shape.host_ints.numpy()
         ints[:] = 0
         ints[:rows] = np.minimum(scoring.capacities, np.asarray(drafted, dtype=np.int64))
@@ -287,14 +311,6 @@ class AllocationGraphs:
             at += table.size
         shape.ints.copy_(shape.host_ints, non_blocking=True)
         shape.floats.copy_(shape.host_floats, non_blocking=True)
-        used = min(positions, confidence.shape[1])
-        # (a pinned host tensor, synthetic mode's draws, goes up without waiting)
-        shape.confidence[:rows, :used].copy_(confidence[:, :used], non_blocking=True)
-        if shape.graph is None:
-            verified, index = shape.compute()
-            return verified[:rows], index
-        shape.graph.replay()
-        return shape.verified[:rows], shape.index
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Pinned on a CUDA device (a non-blocking copy then does not wait for the stream)."""

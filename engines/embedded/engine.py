@@ -52,7 +52,9 @@ PREFILL_PADDED_TOKENS = 4096
 # ``plain_burst``): the device's idle time between steps (the host's bookkeeping, the
 # inputs' copies, the graph launch) comes once per burst.
 PLAIN_BURST = 4
-# The same for one-phase drafting steps (``Engine``'s ``spec_burst``): k fixed for the burst.
+# The same for drafting steps (``Engine``'s ``spec_burst``): one-phase steps with k fixed for
+# the burst, and two-phase steps allocated on the device under one scoring and budget (each
+# step's allocation reads its own draft confidence; ``ModelRunner.spec_steps``).
 # Session 32 (H100, policy harness, 3 blocks): static k = 7 1.026x overall (outside the A/A
 # spread); goodput 1.029x in the batch-1 phase, 1.011x overall (not clearly outside it); a
 # batch-1 k = 15 engine step 7% faster (H200, session 31). docs/ragged-log.md "Session 32".
@@ -125,8 +127,11 @@ class Engine:
         every row has k = 0 runs up to this many plain steps queued back to back, with one
         host round trip (``ModelRunner.plain_steps``); their tokens and reports come out as
         that many steps' events. 1: one step per ``step()`` call. ``spec_burst`` (default:
-        ``SPEC_BURST`` on a CUDA device, else 1): the same for one-phase drafting steps
-        (``ModelRunner.spec_steps``), each row at the k planned for the burst's first step."""
+        ``SPEC_BURST`` on a CUDA device, else 1): the same for drafting steps
+        (``ModelRunner.spec_steps``): one-phase, each row at the k planned for the burst's
+        first step; two-phase allocated on the device (a ``DeviceSlotPlanner``'s step), the
+        first step's scoring and budget for the burst, each step allocated on its own draft
+        confidence."""
         cuda = runner.device.type == "cuda"
         if plain_burst is None:
             plain_burst = PLAIN_BURST if cuda else 1
@@ -146,11 +151,13 @@ class Engine:
         self._planned: tuple[list[RequestView], list[SpecController]] = ([], [])
         # The last step's rows (a plain burst: each of its steps'), not yet told to it.
         self._unrecorded: list[list[StepEvent]] = []
-        # The last device-allocated step's scores, not yet told to the planner that made them
-        # (told while the device runs the next step's draft or verify, or when the engine
-        # runs out of rows): (planner, rows as it saw them, their controllers, the result).
+        # The last device-allocated step's scores (a burst: each of its steps'), not yet told
+        # to the planner that made them (told while the device runs the next step's draft or
+        # verify, or when the engine runs out of rows): (planner, rows as it saw them, their
+        # controllers, the results).
         self._unscored: (
-            tuple[DeviceSlotPlanner, list[RequestView], list[SpecController], StepResult] | None
+            tuple[DeviceSlotPlanner, list[RequestView], list[SpecController], list[StepResult]]
+            | None
         ) = None
         self.block_size = runner.block_size
         self.max_seq_len = max_seq_len
@@ -320,7 +327,7 @@ class Engine:
             verified = result.spec_tokens or spec_tokens
             two_phase = allocate is not None or result.on_device
             if result.on_device:
-                self._defer_scores(rows, result)
+                self._defer_scores(rows, [result])
             shared = None if two_phase or any(verified) else _plain_report(result)
             stepped = [
                 self._postprocess(r, i, verified[i], result, two_phase, shared)
@@ -335,7 +342,8 @@ class Engine:
     def _burst_plan(self, rows: list[Request], spec_tokens: list[int]) -> tuple[int, list[int]]:
         """How many steps this step runs back to back, and each row's k in them. Up to
         ``plain_burst`` when every row has k = 0 (no more than the longest-running row still
-        needs). Up to ``spec_burst`` for a one-phase drafting step: every row needs room
+        needs). Up to ``spec_burst`` for a one-phase drafting step or a two-phase one allocated
+        on the device (k: what each row drafts; it verifies at most that): every row needs room
         (``num_remaining``) for k + 1 tokens in each of the burst's steps, so no row writes past
         its own end; a row without it drafts fewer in this burst (room // steps - 1, k = 0 at
         the least), as long as those cuts stay within ``burst_cut_share`` of the step's drafted
@@ -346,7 +354,9 @@ class Engine:
             if self.plain_burst == 1 or not getattr(self.runner, "plain_fast_path", False):
                 return 1, spec_tokens  # (test doubles have no plain bursts)
             return max(1, min(self.plain_burst, max(r.num_remaining for r in rows))), spec_tokens
-        if self.spec_burst == 1 or not self._one_phase() or not hasattr(self.runner, "spec_steps"):
+        if self.spec_burst == 1 or not hasattr(self.runner, "spec_steps"):
+            return 1, spec_tokens
+        if not self._one_phase() and not self._device_bursts():
             return 1, spec_tokens
         drafted = sum(spec_tokens)
         for steps in range(min(self.spec_burst, min(r.num_remaining for r in rows)), 1, -1):
@@ -356,6 +366,16 @@ class Engine:
             if any(capped) and drafted - sum(capped) <= self.burst_cut_share * drafted:
                 return steps, capped
         return 1, spec_tokens
+
+    def _device_bursts(self) -> bool:
+        """Whether the step just planned is allocated on the device by a runner that can run
+        such steps in a burst (one scoring, one budget for the burst: ``spec_steps``)."""
+        if not getattr(self.runner, "allocates_in_bursts", False):
+            return False
+        if not _implements(self.planner, DeviceSlotPlanner):
+            return False
+        device = cast(DeviceSlotPlanner, self.planner)
+        return device.allocates() and device.allocates_on_device()
 
     def _one_phase(self) -> bool:
         """Whether the planner's step (if any) drafts each row's planned k and verifies it,
@@ -385,8 +405,13 @@ class Engine:
                 uniforms = torch.zeros(steps, len(rows), self._greedy_uniforms.shape[0])
             else:
                 uniforms = torch.stack([torch.stack(step) for step in drawn])
+            scoring = None if plain else self._device_scoring(rows, spec_tokens)
             if plain:
                 results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
+            elif scoring is not None:
+                results = self.runner.spec_steps(
+                    rows, spec_tokens, uniforms, overlap=self._overlap, scoring=scoring
+                )
             else:
                 results = self.runner.spec_steps(rows, spec_tokens, uniforms, overlap=self._overlap)
         except Exception:
@@ -397,10 +422,14 @@ class Engine:
         events: list[StepEvent] = []
         recorded: list[list[StepEvent]] = []
         alive = list(enumerate(rows))
+        if results and results[0].on_device:  # each step's scores, in order, for later
+            self._defer_scores(rows, results)
         for result in results:
             shared = _plain_report(result) if plain else None
+            verified = (result.on_device and result.spec_tokens) or spec_tokens
             stepped = [
-                self._postprocess(r, i, spec_tokens[i], result, False, shared) for i, r in alive
+                self._postprocess(r, i, verified[i], result, result.on_device, shared)
+                for i, r in alive
             ]
             recorded.append(stepped)
             events += stepped
@@ -441,33 +470,35 @@ class Engine:
 
         return scoring
 
-    def _defer_scores(self, rows: list[Request], result: StepResult) -> None:
-        """A device-allocated step's scores go to its planner later, off the path between
-        steps: while the device runs the next step's draft (before that step's scoring is
-        made, which they feed) or its verify (``_overlap``), or once no row is left. Telling
-        them here, after the step's sync, kept the device idle for the planner's learning
-        (vllm-av's estimator: ~0.6 ms a step in a 64-client phase on a 2-core host)."""
+    def _defer_scores(self, rows: list[Request], results: list[StepResult]) -> None:
+        """A device-allocated step's scores (a burst's: each step's) go to its planner later,
+        off the path between steps: while the device runs the next step's draft (before that
+        step's scoring is made, which they feed) or its verify (``_overlap``), or once no row
+        is left. Telling them here, after the step's sync, kept the device idle for the
+        planner's learning (vllm-av's estimator: ~0.6 ms a step in a 64-client phase on a
+        2-core host). A burst's later steps include rows that finished earlier in it: their
+        scratch steps are real drafts and verifies (or draws), told as they ran."""
         self._tell_scores()
         assert _implements(self.planner, DeviceSlotPlanner), "only after a device-allocated step"
         planner = cast(DeviceSlotPlanner, self.planner)
         views, controllers = self._planned_rows(rows)
-        self._unscored = (planner, views, controllers, result)
+        self._unscored = (planner, views, controllers, results)
 
     def _tell_scores(self) -> None:
-        """The deferred scores of the last device-allocated step, to the planner that made
-        them (dropped if the engine's planner was replaced since)."""
+        """The deferred scores of the last device-allocated step (or burst, step by step), to
+        the planner that made them (dropped if the engine's planner was replaced since)."""
         unscored, self._unscored = self._unscored, None
         if unscored is None:
             return
-        planner, views, controllers, result = unscored
+        planner, views, controllers, results = unscored
         if planner is not self.planner:
             return
         try:
-            confidence = result.draft_confidence or [[] for _ in views]
-            lengths = [len(tokens) for tokens in result.new_tokens]
-            planner.scored_on_device(
-                views, controllers, confidence, result.spec_tokens or [0] * len(views), lengths
-            )
+            for result in results:
+                confidence = result.draft_confidence or [[] for _ in views]
+                lengths = [len(tokens) for tokens in result.new_tokens]
+                verified = result.spec_tokens or [0] * len(views)
+                planner.scored_on_device(views, controllers, confidence, verified, lengths)
         except Exception:
             logger.exception("step planner failed to take a device-allocated step's scores")
 

@@ -249,6 +249,9 @@ class ModelRunner:
         # Steps with every row at k = 0 skip the draft path's set-up (``_plain_step``); off,
         # they take the general path (benchmarks and tests compare the two).
         self.plain_fast_path = True
+        # Device-allocated two-phase steps may run in drafting bursts (``spec_steps``'s
+        # ``scoring``: one scoring and budget per burst); off, each runs alone (``step``).
+        self.allocates_in_bursts = True
         self.defer_context = defer_context
         self._stash: torch.Tensor | None = None  # [max batch, DEFERRED_POSITIONS, features]
         if defer_context:
@@ -866,11 +869,8 @@ class ModelRunner:
         u = self._to_device(uniforms)  # no stream sync: an insert may be queued before it
         params = None if is_greedy else self._params_tensors(rows)
         draws: _Draws | None = None  # synthetic mode: the step's runs (and confidence)
-        if on_device and self.synthetic is not None and self.synthetic.confidence_auc is None:
-            raise ValueError(
-                "a device-allocated step scores the draft's confidence: this synthetic "
-                "acceptance draws none (give it a confidence_auc)"
-            )
+        if on_device:
+            self._check_scorable()
         offsets = torch.arange(self.block_size, device=self.device)
         drafts, draft_probs, drafted_confidence = self._drafted(
             last, start, spec_tokens, params, u, eager, measured
@@ -1044,8 +1044,9 @@ class ModelRunner:
         spec_tokens: list[int],
         uniforms: torch.Tensor,
         overlap: Callable[[], None] | None = None,
+        scoring: Callable[[], SlotScoring | None] | None = None,
     ) -> list[StepResult]:
-        """``len(uniforms)`` one-phase steps of ``rows`` at ``spec_tokens`` (some row > 0)
+        """``len(uniforms)`` drafting steps of ``rows`` at ``spec_tokens`` (some row > 0)
         queued back to back with one sync at the end: step i's last token is step i - 1's
         bonus and its start that step's start plus its accept length, both on the device, so
         the device drafts and verifies without waiting for the host between the steps.
@@ -1059,7 +1060,14 @@ class ModelRunner:
         acceptance: each step's runs are drawn on the host (they are functions of each row's
         key and step index) once its forwards are queued and go to the device without a sync;
         a row then accepts min(k, run) drafts and emits the target's token there, as a single
-        synthetic step."""
+        synthetic step.
+
+        ``scoring``: device-allocated steps (``step``'s ``scoring``): asked once, while the
+        first draft runs; every step drafts ``spec_tokens`` and the device fills the draft
+        slots the scoring's budget pays for from that step's own confidence (one scoring, one
+        budget for the whole burst, its tables uploaded once), so a two-phase step needs no
+        host round trip either. Each result's ``spec_tokens`` are what its rows verified and
+        ``on_device`` is set. ``scoring()`` None: every row verifies what it drafted."""
         steps = int(uniforms.shape[0]) if uniforms.dim() == 3 else 0
         widest = max(spec_tokens, default=0)
         if steps < 1 or uniforms.shape[1] != len(rows) or len(spec_tokens) != len(rows):
@@ -1069,8 +1077,10 @@ class ModelRunner:
             )
         if widest == 0:
             raise ValueError("spec_steps drafts: it needs some k > 0")
+        if scoring is not None:
+            self._check_scorable()
         started = self._clock()
-        measured = self.measure_confidence
+        measured = self.measure_confidence or scoring is not None
         width = widest + 1 if not self.use_cuda_graphs else padded_size(widest + 1, self.widths)
         host = torch.tensor(
             [[r.last_token, r.position, k] for r, k in zip(rows, spec_tokens, strict=True)]
@@ -1081,35 +1091,63 @@ class ModelRunner:
         if not all(r.params.temperature <= 0 for r in rows):
             params = self._params_tensors(rows)
         drawn = self._to_device(uniforms)
+        offsets = torch.arange(width, device=self.device)
         draws: list[_Draws] = []  # synthetic mode: each step's runs (and confidence)
         no_confidence = torch.zeros(len(rows), 0, device=self.device)
+        plan: SlotScoring | None = None
+        self.last_two_phase_s = (0.0, 0.0)
+        queueing_s = 0.0  # device-allocated: the host's scoring and allocations' launches
         out = []
         for i in range(steps):
             u = drawn[i]
             drafts, draft_probs, confidence = self._drafted(
                 last, start, spec_tokens, params, u, False, measured
             )
-            logits = self._verified(last, drafts, start, width, spec_tokens, False)
+            queued = time.perf_counter()
+            if scoring is not None and i == 0:
+                plan = scoring()  # the host's part, while the device drafts
+            verified: torch.Tensor | None = None  # on the device: k per row [B]
+            if plan is not None:
+                assert confidence is not None, "a device-allocated step measures it"
+                score_on = confidence
+                if self.synthetic is not None:  # drawn while the device drafts; a fresh
+                    # pinned copy per step (a reused staging buffer could change under a copy)
+                    draws.append(self._drawn(self._draw_rows(rows, i), measured))
+                    assert draws[-1].confidence is not None, "checked above"
+                    score_on = self._to_device(torch.from_numpy(draws[-1].confidence))
+                ids = torch.cat([last[:, None], drafts], dim=1)
+                if width > ids.shape[1]:
+                    ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+                logits, verified = self._verify_allocated(
+                    ids, start[:, None] + offsets, plan, spec_tokens, score_on, False, i == 0
+                )
+                logits = logits[:, : widest + 1]
+                queueing_s += time.perf_counter() - queued
+            else:
+                logits = self._verified(last, drafts, start, width, spec_tokens, False)
+            verifies = num_draft if verified is None else verified
+            extra = [] if verified is None else [verified[:, None]]
             if self.synthetic is not None:  # drawn decisions: min(k, run) drafts, the target's
-                # Step i's runs are drawn on the host while the device runs its draft and
-                # verify (queued above), and go up without a sync; drawn all before the first
-                # launch, they kept the device idle for the whole burst's draws.
-                draws.append(self._drawn(self._draw_rows(rows, i), measured))
+                if verified is None:
+                    # Step i's runs are drawn on the host while the device runs its draft and
+                    # verify (queued above), and go up without a sync; drawn all before the
+                    # first launch, they kept the device idle for the whole burst's draws.
+                    draws.append(self._drawn(self._draw_rows(rows, i), measured))
                 runs = self._to_device(torch.from_numpy(draws[-1].runs))
                 targets = self._synthetic_targets(logits, params, u)
-                count = torch.minimum(runs, num_draft)
+                count = torch.minimum(runs, verifies)
                 last = targets.gather(1, count[:, None]).squeeze(1)
-                out.append(torch.cat([drafts, targets], dim=1))
+                out.append(torch.cat([drafts, targets, *extra], dim=1))
                 start = start + count + 1
                 continue
-            accepted, bonus = self._accepted(drafts, num_draft, logits, params, draft_probs, u)
+            accepted, bonus = self._accepted(drafts, verifies, logits, params, draft_probs, u)
             out.append(
                 self._packed(
                     accepted,
                     drafts,
                     bonus,
                     no_confidence if confidence is None else confidence,
-                    None,
+                    verified,
                 )
             )
             last, start = bonus, start + accepted.sum(dim=1) + 1
@@ -1117,13 +1155,29 @@ class ModelRunner:
             overlap()
         host_packed = torch.stack(out).cpu()  # the sync
         elapsed_s = (self._clock() - started) / steps
-        if draws:
-            return [
-                self._drawn_result(p.tolist(), spec_tokens, widest, elapsed_s, d)
-                for p, d in zip(host_packed, draws, strict=True)
-            ]
-        results = [self._unpack(p, spec_tokens, widest, elapsed_s) for p in host_packed]
+        if plan is not None:  # (no wait: the host's share, as a single step reports it)
+            self.last_two_phase_s = (0.0, queueing_s)
+        drafted = None if plan is None else spec_tokens
+        results = []
+        for i, packed in enumerate(host_packed):
+            ks = spec_tokens if plan is None else packed[:, -1].tolist()
+            if draws:
+                result = self._drawn_result(
+                    packed.tolist(), ks, widest, elapsed_s, draws[i], drafted
+                )
+            else:
+                result = self._unpack(packed, ks, widest, elapsed_s, drafted)
+            results.append(replace(result, on_device=plan is not None))
         return results if measured else [replace(r, draft_confidence=None) for r in results]
+
+    def _check_scorable(self) -> None:
+        """A device-allocated step scores the draft's confidence: refuse synthetic acceptance
+        that draws none."""
+        if self.synthetic is not None and self.synthetic.confidence_auc is None:
+            raise ValueError(
+                "a device-allocated step scores the draft's confidence: this synthetic "
+                "acceptance draws none (give it a confidence_auc)"
+            )
 
     @torch.inference_mode()
     def plain_steps(
@@ -1301,8 +1355,11 @@ class ModelRunner:
         drafted: list[int],
         confidence: torch.Tensor,
         eager: bool,
+        upload: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A device-allocated step's verify: logits [B, W, vocab] and k per row [B] (device).
+        ``upload`` False: a drafting burst's later step, whose tables the allocation graph
+        already holds (``AllocationGraphs.run``).
         With a ragged graph for the step's tokens (``plan.budget`` drafts beyond each row's
         own token, rounded up to a bucket) the device fills every draft slot the bucket pays
         for and packs the index itself, one graph replay (``AllocationGraphs``); a padded
@@ -1315,7 +1372,7 @@ class ModelRunner:
             num_tokens = self.ragged_shapes.choose([rows + budget], batch, width)
             if num_tokens is not None:
                 verified, index = self._allocation_graphs.run(
-                    plan, drafted, confidence, batch, width, num_tokens
+                    plan, drafted, confidence, batch, width, num_tokens, upload
                 )
                 graph = self._ragged_graphs[batch, width, num_tokens]
                 return graph(ids, positions, index)[:rows], verified

@@ -26,13 +26,21 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_tiny_pair(tmp_path_factory.mktemp("driver"), block_size=8, seed=0)
 
 
-def _tally(pair: tuple[Path, Path], burst: int, k: int, spec: int = 1) -> dict:  # type: ignore[type-arg]
+def _tally(  # type: ignore[type-arg]
+    pair: tuple[Path, Path],
+    burst: int,
+    k: int,
+    spec: int = 1,
+    unseen: bool = False,
+    lengths: tuple[int, ...] = tuple(9 + 4 * i for i in range(6)),
+) -> dict:
     runner = load_runner(pair[0], pair[1], torch.device("cpu"), 4, 128)
     engine = Engine(runner, 4, 128, plain_burst=burst, spec_burst=spec)
-    jobs = [Job(f"j{i}", Task.CHAT, tuple(range(3 + i, 13 + i)), 9 + 4 * i) for i in range(6)]
+    jobs = [Job(f"j{i}", Task.CHAT, tuple(range(3 + i, 13 + i)), n) for i, n in enumerate(lengths)]
     phase = Phase("p", 3, len(jobs), {Task.CHAT: 1.0})
     built = Built(None, lambda job: lambda view: k, lambda: (0.0, 0))
-    (tally,) = run_policy(engine, built, [phase], [jobs], 8)
+    (tally,) = run_policy(engine, built, [phase], [jobs], 8, unseen_ends=unseen)
+    assert not engine.has_work  # every request ended (unseen ends: aborted at their length)
     return {
         "tokens": tally.tokens,
         "row_steps": len(tally.row_ks),
@@ -90,3 +98,22 @@ def test_a_drafting_burst_is_tallied_as_its_steps(
         single["step_s"][i] == single["step_s"][i + 1] == single["step_s"][i + 2]
         for i in range(len(single["step_s"]) - 2)
     )
+
+
+def test_unseen_ends_count_each_jobs_tokens_and_bursts_run_past_them(
+    pair: tuple[Path, Path],
+) -> None:
+    """``unseen_ends``: requests end at their job's length as at an end-of-sequence token the
+    engine cannot foresee. Every setting counts the same tokens (each job's length and its
+    prefill token); drafting bursts of 4 then run steps past rows' ends (more row-steps and
+    verified tokens than the same bursts with ends the engine sees, whose room rule keeps
+    them inside), while single steps never step a row past its end."""
+    lengths = (10, 15, 19, 22, 27, 30)  # (not one more than a multiple of the bursts' 4 steps)
+    seen = _tally(pair, 1, 3, spec=4, lengths=lengths)
+    single = _tally(pair, 1, 3, unseen=True, lengths=lengths)
+    unseen = _tally(pair, 1, 3, spec=4, unseen=True, lengths=lengths)
+    assert seen["tokens"] == single["tokens"] == unseen["tokens"] == sum(lengths)
+    assert unseen["row_steps"] > seen["row_steps"]
+    assert unseen["verify_tokens"] > seen["verify_tokens"]
+    assert unseen["row_steps"] > single["row_steps"]
+    assert sum(step[7] for step in unseen["timeline"]) == unseen["tokens"]

@@ -346,6 +346,38 @@ def test_goodput_device_slots_allocates_every_large_decode_step_on_the_device(
     assert sum(run["device_scored"].values()) > 0
 
 
+@pytest.fixture(scope="module")
+def burst_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The device-allocating policies with and without drafting bursts on the ragged engine,
+    outputs long enough for bursts of whole-block drafts (4 steps x 16 positions)."""
+    out = tmp_path_factory.mktemp("bursts") / "synthetic-tiny-bursts.json"
+    policies = "goodput-device-slots,goodput-device-slots@burst4,vllm-av-device,"
+    argv = _tiny_argv(out, policies + "vllm-av-device@burst4", 1, "--verify-mode", "ragged")
+    argv += ["--output-tokens", "80,120", "--no-warm-run"]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", ["goodput-device-slots@burst4", "vllm-av-device@burst4"])
+def test_device_allocated_steps_run_in_bursts_when_named_so(burst_json: Path, name: str) -> None:
+    """``NAME@burst4`` of a device-allocating policy: its two-phase steps run in drafting
+    bursts (fewer host round trips than drafting steps in the run's step counts), still
+    allocated on the device (no host wait; the burst's host share on its first step) and
+    scored once a burst (fewer scorings than drafting steps); without the suffix, one round
+    trip and one scoring a step."""
+    report = json.loads(burst_json.read_text())
+    runs = {run["policy"]: run for run in report["runs"]}
+    burst, single = runs[name], runs[name.partition("@")[0]]
+    drafting = burst["step_counts"]["drafting"]
+    assert drafting["steps"] > drafting["round_trips"] > 0
+    assert 0 < sum(burst["device_scored"].values()) < drafting["steps"]
+    once = single["step_counts"]["drafting"]
+    assert once["steps"] == once["round_trips"] >= sum(single["device_scored"].values()) > 0
+    steps = [step for phase in burst["phases"].values() for step in phase["timeline"]]
+    two_phase = [step for step in steps if step[5] > 0]
+    assert two_phase and all(step[4] == 0 for step in two_phase)
+
+
 def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     """Each step of the timeline carries the two-phase wait on the host clock (blocked on the
     draft's confidence; from it to the verify's launch): non-zero only in the steps of the
@@ -387,12 +419,13 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
         seen.append((name, ctx.verify_mode, runner.verify_mode))
         return name
 
-    def failing_run(*args: Any) -> Any:
+    def failing_run(*args: Any, **options: Any) -> Any:
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(harness, "build", fake_build)
     monkeypatch.setattr(harness, "run_policy", failing_run)
-    arm = SimpleNamespace(engine=SimpleNamespace(runner=runner, spec_burst=1), context=context)
+    engine = SimpleNamespace(runner=runner, spec_burst=1, step_counts={})
+    arm = SimpleNamespace(engine=engine, context=context, info={})
     with pytest.raises(RuntimeError, match="the run failed"):
         harness._run(arm, "goodput@padded", 0, [], [])  # type: ignore[arg-type]
     assert seen == [("goodput", "padded", "padded")]
@@ -522,9 +555,11 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
         builds.append(name)
         return real_build(arm, name)
 
-    def spy_run(engine: Any, built: Any, phases: Any, jobs: Any, multiple: int) -> Any:
+    def spy_run(
+        engine: Any, built: Any, phases: Any, jobs: Any, multiple: int, **options: Any
+    ) -> Any:
         first_keys.append(jobs[0][0].key)
-        return real_run(engine, built, phases, jobs, multiple)
+        return real_run(engine, built, phases, jobs, multiple, **options)
 
     out = tmp_path / "warm.json"
     argv = _tiny_argv(out, "static-k7,goodput,vllm-av", 2, "--warm-policies", "--no-warm-run")
@@ -802,3 +837,18 @@ def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
     assert paired["phases"]["p"]["bursts"]["goodput@burst4"]["vs_goodput"]["sd"] == pytest.approx(
         0.0, abs=1e-12
     )
+
+
+def test_unseen_ends_are_recorded_and_every_policy_counts_the_same_tokens(tmp_path: Path) -> None:
+    """``--ends unseen``: requests end where the engine cannot foresee (the arm info says so);
+    single steps and drafting bursts count the same tokens per phase, and the bursts ran."""
+    out = tmp_path / "unseen.json"
+    argv = _tiny_argv(out, "static-k7,static-k7@burst4", 1, "--ends", "unseen", "--no-warm-run")
+    assert main([*argv, "--output-tokens", "40,60"]) == 0
+    report = json.loads(out.read_text())
+    assert report["arm_info"]["ends"] == "unseen"
+    runs = {run["policy"]: run for run in report["runs"]}
+    tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
+    assert tokens["static-k7"] == tokens["static-k7@burst4"]
+    drafting = runs["static-k7@burst4"]["step_counts"]["drafting"]
+    assert drafting["steps"] > drafting["round_trips"]

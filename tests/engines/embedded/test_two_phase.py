@@ -58,6 +58,19 @@ def assert_bounded(requests: list[Request]) -> None:
             emitted += length
 
 
+def counted_observations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each ``SlotAllocator.observed`` call's row count, in order (it still learns)."""
+    observed: list[int] = []
+    original = SlotAllocator.observed
+
+    def counted(self: SlotAllocator, scoring: Any, confidence: Any, *outcome: Any) -> None:
+        observed.append(len(confidence))
+        original(self, scoring, confidence, *outcome)
+
+    monkeypatch.setattr(SlotAllocator, "observed", counted)
+    return observed
+
+
 def goodput_controller(goodput: GoodputSpec) -> StepController:
     """The daemon's step controller running the goodput policy ``goodput`` on a small cost
     table (block 8); a policy that raises fails the test."""
@@ -160,14 +173,7 @@ def test_the_goodput_slots_mode_allocates_on_the_device_losslessly(
     never allocates), most of them while the previous step ran, each row's next budget is
     priced on an earlier step's confidence, and the allocator learns from every step that ran
     (``observed``)."""
-    observed: list[int] = []
-    original = SlotAllocator.observed
-
-    def counted(self: SlotAllocator, scoring: Any, confidence: Any, *outcome: Any) -> None:
-        observed.append(len(confidence))
-        original(self, scoring, confidence, *outcome)
-
-    monkeypatch.setattr(SlotAllocator, "observed", counted)
+    observed = counted_observations(monkeypatch)
     goodput = GoodputSpec(
         step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
     )
