@@ -113,9 +113,17 @@ def summarise(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
             "phases": phases,
         }
     ratios = _ratios(policies)
-    if ratios:
-        ratios["paired"] = _paired(runs, policies, ratios.get("best_static_overall"))
+    best_static = ratios.get("best_static_overall") or _best_static(policies)
+    paired = _paired(runs, policies, best_static) if len(policies) > 1 else {}
+    if ratios or any(paired.values()):
+        ratios["paired"] = paired
     return {"policies": policies, "ratios": ratios}
+
+
+def _best_static(policies: dict[str, Any]) -> str | None:
+    """The static k of the highest mean tok/s among the call's policies, if any ran."""
+    static = [n for n in policies if n.startswith("static-k") and "@" not in n]
+    return max(static, key=lambda n: policies[n]["tok_s_mean"], default=None)
 
 
 def _paired(
@@ -128,8 +136,10 @@ def _paired(
     a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
     from 1 than that (a difference the A/A pair never showed). ``variants``: each
     ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way;
-    ``bursts``: each ``NAME@burst<N>`` over NAME and over vllm-av-device. ``phases``: the same
-    per phase."""
+    ``bursts``: each ``NAME@burst<N>`` over NAME, over vllm-av-device, over
+    vllm-av-device@burst<N> (vLLM's rule given the same bursts) and over the best static in
+    those bursts (present or not, goodput: a call of burst policies alone is compared too).
+    ``phases``: the same per phase."""
     blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
         block = (run.get("call", 0), run.get("repeat", 0))
@@ -154,6 +164,27 @@ def _paired(
         }
 
     def compare(phase: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if "goodput" in policies:
+            out.update(against_goodput(phase))
+        # a policy run in drafting bursts (NAME@burst<N>) over NAME itself, what the bursts
+        # give it, and over the closest copy of vLLM (as vLLM runs, and in the same bursts)
+        # and the best static in the same bursts, in the same blocks
+        bursts: dict[str, Any] = {}
+        for name in sorted(n for n in policies if "@burst" in n):
+            base, _, suffix = name.partition("@")
+            others = (base, "vllm-av-device", f"vllm-av-device@{suffix}", f"{best_static}@{suffix}")
+            against = {
+                f"vs_{other}": cell(name, other, phase)
+                for other in dict.fromkeys(others)
+                if other in policies and other != name
+            }
+            bursts[name] = {key: v for key, v in against.items() if v is not None}
+        if bursts:
+            out["bursts"] = bursts
+        return out
+
+    def against_goodput(phase: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         twins = sorted(n for n in policies if n.startswith("goodput#"))
         aa = cell(twins[0], "goodput", phase) if twins else None
@@ -182,25 +213,13 @@ def _paired(
             variants[variant] = {key: v for key, v in against.items() if v is not None}
         if variants:
             out["variants"] = variants
-        # a policy run in drafting bursts (NAME@burst<N>) over NAME itself, what the bursts
-        # give it, and over the closest copy of vLLM, in the same blocks
-        bursts: dict[str, Any] = {}
-        for name in sorted(n for n in policies if "@burst" in n):
-            base = name.split("@", 1)[0]
-            against = {
-                f"vs_{other}": cell(name, other, phase)
-                for other in (base, "vllm-av-device")
-                if other in policies and other != name
-            }
-            bursts[name] = {key: v for key, v in against.items() if v is not None}
-        if bursts:
-            out["bursts"] = bursts
         return out
 
     out = compare(None)
     # Per phase the same, against the overall best static (each phase's best static is in
     # ``ratios.phases``; on these traces it is the same k).
-    out["phases"] = {phase: compare(phase) for phase in policies["goodput"]["phases"]}
+    first = policies.get("goodput") or next(iter(policies.values()))
+    out["phases"] = {phase: compare(phase) for phase in first["phases"]}
     return out
 
 

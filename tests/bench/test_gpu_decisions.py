@@ -813,12 +813,8 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
             main(_tiny_argv(tmp_path / "bad.json", bad, 1))
 
 
-def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
-    """``NAME@burst<N>`` is reported over NAME and over vllm-av-device inside each block."""
-    from bench.decisions.report import summarise
-
-    speeds = {"goodput": 100.0, "goodput@burst4": 108.0, "vllm-av-device": 96.0}
-    speeds |= {"static-k7": 90.0, "static-k7@burst4": 99.0}
+def _drifting_runs(speeds: dict[str, float]) -> list[dict[str, Any]]:
+    """Two blocks of one run per policy at these tok/s, the second block 10% slower."""
     runs = []
     for repeat in range(2):
         drift = 1.0 - 0.1 * repeat
@@ -828,7 +824,16 @@ def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
             runs.append(
                 {"policy": policy, "repeat": repeat, "tok_s": tok_s * drift, "phases": {"p": phase}}
             )
-    paired = summarise(runs, list(speeds))["ratios"]["paired"]
+    return runs
+
+
+def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
+    """``NAME@burst<N>`` is reported over NAME and over vllm-av-device inside each block."""
+    from bench.decisions.report import summarise
+
+    speeds = {"goodput": 100.0, "goodput@burst4": 108.0, "vllm-av-device": 96.0}
+    speeds |= {"static-k7": 90.0, "static-k7@burst4": 99.0}
+    paired = summarise(_drifting_runs(speeds), list(speeds))["ratios"]["paired"]
     bursts = paired["bursts"]
     assert bursts["goodput@burst4"]["vs_goodput"]["mean"] == pytest.approx(1.08)
     assert bursts["goodput@burst4"]["vs_vllm-av-device"]["mean"] == pytest.approx(108 / 96)
@@ -837,6 +842,26 @@ def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
     assert paired["phases"]["p"]["bursts"]["goodput@burst4"]["vs_goodput"]["sd"] == pytest.approx(
         0.0, abs=1e-12
     )
+
+
+def test_a_call_of_burst_policies_alone_is_paired_too() -> None:
+    """Without ``goodput`` in the call (e.g. ``goodput-device@burst4`` against vLLM's rule):
+    each burst policy over its base when it ran, over vllm-av-device as vLLM runs it and in
+    the same bursts, and over the best static k in those bursts; per phase the same."""
+    from bench.decisions.report import summarise
+
+    speeds = {"goodput-device@burst4": 110.0, "goodput@burst4": 105.0, "vllm-av-device": 100.0}
+    speeds |= {"vllm-av-device@burst4": 104.0, "static-k7": 90.0, "static-k7@burst4": 95.0}
+    paired = summarise(_drifting_runs(speeds), list(speeds))["ratios"]["paired"]
+    device = paired["bursts"]["goodput-device@burst4"]
+    assert set(device) == {"vs_vllm-av-device", "vs_vllm-av-device@burst4", "vs_static-k7@burst4"}
+    assert device["vs_vllm-av-device"]["mean"] == pytest.approx(1.1)
+    assert device["vs_vllm-av-device@burst4"]["mean"] == pytest.approx(110 / 104)
+    assert device["vs_static-k7@burst4"]["mean"] == pytest.approx(110 / 95)
+    assert paired["bursts"]["static-k7@burst4"]["vs_static-k7"]["blocks"] == 2
+    phase = paired["phases"]["p"]["bursts"]["vllm-av-device@burst4"]
+    assert phase["vs_vllm-av-device"]["mean"] == pytest.approx(1.04)
+    assert "aa" not in paired and "vs_static-k7" not in paired  # (goodput's own: none here)
 
 
 def test_unseen_ends_are_recorded_and_every_policy_counts_the_same_tokens(tmp_path: Path) -> None:
