@@ -80,7 +80,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
         "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
         "(N a number) is another instance of NAME, reported on its own: goodput#2 beside "
-        "goodput gives the call's A/A (the summary's ratios.paired: aa, noise_aa)",
+        "goodput gives the call's A/A (the summary's ratios.paired: aa, noise_aa; any NAME#N: "
+        "ratios.paired.twins)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phases", default=DEFAULT_PHASES, help="NAME:C:N:task=share,...;...")

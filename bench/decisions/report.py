@@ -139,7 +139,7 @@ def _paired(
     ``bursts``: each ``NAME@burst<N>`` over NAME, over vllm-av-device, over
     vllm-av-device@burst<N> (vLLM's rule given the same bursts) and over the best static in
     those bursts (present or not, goodput: a call of burst policies alone is compared too).
-    ``phases``: the same per phase."""
+    ``twins``: each A/A twin ``NAME#N`` over NAME. ``phases``: the same per phase."""
     blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
         block = (run.get("call", 0), run.get("repeat", 0))
@@ -182,6 +182,16 @@ def _paired(
             bursts[name] = {key: v for key, v in against.items() if v is not None}
         if bursts:
             out["bursts"] = bursts
+        # every A/A twin (NAME#N) over NAME in the same blocks: the call's own noise floor for
+        # any policy's comparisons (goodput's is also ``aa`` above)
+        twins = {
+            twin: cell(twin, twin.partition("#")[0], phase)
+            for twin in sorted(n for n in policies if "#" in n)
+            if twin.partition("#")[0] in policies
+        }
+        twins = {twin: c for twin, c in twins.items() if c is not None}
+        if twins:
+            out["twins"] = twins
         return out
 
     def against_goodput(phase: str | None) -> dict[str, Any]:

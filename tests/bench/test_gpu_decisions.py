@@ -847,12 +847,15 @@ def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
 def test_a_call_of_burst_policies_alone_is_paired_too() -> None:
     """Without ``goodput`` in the call (e.g. ``goodput-device@burst4`` against vLLM's rule):
     each burst policy over its base when it ran, over vllm-av-device as vLLM runs it and in
-    the same bursts, and over the best static k in those bursts; per phase the same."""
+    the same bursts, and over the best static k in those bursts; an A/A twin of any policy
+    over its original; per phase the same."""
     from bench.decisions.report import summarise
 
     speeds = {"goodput-device@burst4": 110.0, "goodput@burst4": 105.0, "vllm-av-device": 100.0}
     speeds |= {"vllm-av-device@burst4": 104.0, "static-k7": 90.0, "static-k7@burst4": 95.0}
+    speeds |= {"vllm-av-device#2": 99.0}
     paired = summarise(_drifting_runs(speeds), list(speeds))["ratios"]["paired"]
+    assert paired["twins"]["vllm-av-device#2"]["mean"] == pytest.approx(0.99)
     device = paired["bursts"]["goodput-device@burst4"]
     assert set(device) == {"vs_vllm-av-device", "vs_vllm-av-device@burst4", "vs_static-k7@burst4"}
     assert device["vs_vllm-av-device"]["mean"] == pytest.approx(1.1)
