@@ -38,10 +38,12 @@ Pair = tuple[Path, Path]
 STEPS = 4
 
 
-def _admitted(pair: Pair, synthetic: bool, graphs: bool, rows: int) -> tuple[Any, list[Request]]:
+def _admitted(
+    pair: Pair, synthetic: bool, graphs: bool, rows: int, sampled: bool = False
+) -> tuple[Any, list[Request]]:
     """A runner with ``rows`` prefilled requests (long enough for a burst of ``STEPS`` at
     k = N), on the eager path or the ragged static calls; synthetic acceptance with drawn
-    confidence, or the pair's own."""
+    confidence, or the pair's own; ``sampled``: every other row samples (temperature 0.8)."""
     options: dict[str, Any] = {"use_cuda_graphs": True, "verify_mode": "ragged"} if graphs else {}
     if synthetic:
         options["synthetic"] = load_profile_set(seed=11)
@@ -53,7 +55,12 @@ def _admitted(pair: Pair, synthetic: bool, graphs: bool, rows: int) -> tuple[Any
             Request(
                 f"q{i}",
                 random_prompt(500 + i, PROMPT_LEN),
-                SamplingParams(max_new_tokens=120),
+                SamplingParams(
+                    max_new_tokens=120,
+                    temperature=0.8 if sampled and i % 2 == 0 else 0.0,
+                    top_p=0.9,
+                    seed=40 + i,
+                ),
                 lambda view: 0,
                 context if synthetic else {},
             )
@@ -71,30 +78,38 @@ def _advance(rows: list[Request], result: StepResult) -> None:
         request.append(result.new_tokens[i])
 
 
-@pytest.mark.parametrize(("synthetic", "graphs"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    ("synthetic", "graphs", "sampled"),
+    [(False, False, False), (False, False, True), (True, False, False), (True, True, True)],
+)
 def test_a_device_allocated_burst_is_its_single_steps(
-    agreeing_pair: Pair, tiny_pair: Pair, synthetic: bool, graphs: bool
+    agreeing_pair: Pair, tiny_pair: Pair, synthetic: bool, graphs: bool, sampled: bool
 ) -> None:
     """A burst of 4 device-allocated steps under one scoring gives each step's tokens, accept
-    masks, verified k and confidence as 4 single device-allocated steps with that scoring do:
-    each step's allocation read that step's own confidence (the verified k change from step
-    to step), the budget held in every step."""
+    masks, verified k and confidence as 4 single device-allocated steps with that scoring and
+    the same uniforms do (greedy rows, and sampled rows mixed in): each step's allocation read
+    that step's own confidence (the verified k change from step to step), the budget held in
+    every step."""
     pair = tiny_pair if synthetic else agreeing_pair
     rows = 3
     scoring = random_scoring(np.random.default_rng(3), rows, N, budget=rows * N // 2, low=2)
     scoring = SlotScoring(**{**scoring.__dict__, "capacities": np.full(rows, N)})
     drafted = [N, 5, N]
     uniforms = torch.zeros(STEPS, rows, 2 * BLOCK_SIZE + 1)
+    if sampled:
+        uniforms = torch.rand(
+            STEPS, rows, 2 * BLOCK_SIZE + 1, generator=torch.Generator().manual_seed(9)
+        )
     asked: list[int] = []
 
     def plan() -> SlotScoring:
         asked.append(1)
         return scoring
 
-    runner, burst_rows = _admitted(pair, synthetic, graphs, rows)
+    runner, burst_rows = _admitted(pair, synthetic, graphs, rows, sampled)
     burst = runner.spec_steps(burst_rows, drafted, uniforms, scoring=plan)
     assert len(asked) == 1  # one scoring for the burst
-    runner, single_rows = _admitted(pair, synthetic, graphs, rows)
+    runner, single_rows = _admitted(pair, synthetic, graphs, rows, sampled)
     singles = []
     for i in range(STEPS):
         result = runner.step(single_rows, drafted, uniforms[i], scoring=plan)
@@ -116,7 +131,8 @@ def test_a_device_allocated_burst_is_its_single_steps(
         assert all(0 <= k <= d for k, d in zip(ks, drafted, strict=True))
         if not graphs:  # the eager path allocates the budget itself (graphs: its bucket)
             assert sum(ks) <= scoring.budget
-    assert len({tuple(r.spec_tokens or []) for r in burst}) > 1
+    if not sampled:  # (this seed's sampled rows happen to get the same k every step)
+        assert len({tuple(r.spec_tokens or []) for r in burst}) > 1
 
 
 class BurstScoring(RandomDeviceScoring):
