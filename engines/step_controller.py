@@ -221,9 +221,11 @@ class StepController:
         self._allocator: tuple[int, SlotAllocator] | None = None
         self._on_device = False  # the two-phase step just planned allocates on the device
         # Device allocation: the next step's scoring made while this one runs (policy
-        # version, row id -> its row, scoring), and the scoring of the step on the device.
-        self._ahead: tuple[int, dict[str, int], SlotScoring] | None = None
+        # version, row id -> its row, scoring, the device-allocated steps told by then), and
+        # the scoring of the step (or drafting burst) on the device.
+        self._ahead: tuple[int, dict[str, int], SlotScoring, int] | None = None
         self._running: SlotScoring | None = None
+        self._scores_told = 0  # device-allocated steps whose scores came back so far
         self.scored_ahead = 0  # device-allocated steps scored while the previous step ran
         self.scored_late = 0  # ... and scored between their draft and verify
         # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
@@ -457,8 +459,11 @@ class StepController:
         step of a policy with ``slot_allocation: device`` whose rows the policy all decides
         together, the allocator's scoring for the device, its budget from each row's
         confidence of an earlier step (none yet: the prior and history alone). Made while the
-        previous step ran when that step's rows were these or more (``prepare``), else now.
-        None: the policy raised (the rows verify what they drafted)."""
+        previous step ran when that step's rows were these or more (``prepare``) and it is one
+        step stale at most, as vLLM's budget is; else now, on the freshest confidence (after a
+        drafting burst the one made ahead read confidence a whole burst older: the engine asks
+        once the draft is queued, so the host scores while the device drafts). None: the
+        policy raised (the rows verify what they drafted)."""
         started = time.perf_counter()
         try:
             self._running = None  # (the last scoring's steps are told: this one's are next)
@@ -467,7 +472,11 @@ class StepController:
             if slots is None:
                 return None
             newest, _ = slots
-            if ahead is not None and ahead[0] == newest.version:
+            if (
+                ahead is not None
+                and ahead[0] == newest.version
+                and self._scores_told - ahead[3] <= 1
+            ):
                 scoring = scoring_for(ahead[2], ahead[1], [v.request_id for v in views])
                 if scoring is not None:
                     self.scored_ahead += 1
@@ -517,6 +526,7 @@ class StepController:
         and the allocator learns from the step (``SlotAllocator.observed``)."""
         started = time.perf_counter()
         try:
+            self._scores_told += 1
             for steps, values in zip(controllers, confidence, strict=True):
                 if isinstance(steps, RequestSteps):
                     steps.last_confidence = values
@@ -646,7 +656,7 @@ class StepController:
             scoring = self._device_scoring(newest, views, controllers)
             if scoring is not None:
                 index = {view.request_id: i for i, view in enumerate(views)}
-                self._ahead = (newest.version, index, scoring)
+                self._ahead = (newest.version, index, scoring, self._scores_told)
         if newest is not None and not two_phase:
             ids = frozenset(views[i].request_id for i in shared)
             held = self._held

@@ -48,12 +48,12 @@ def run(engine: Engine, prompts: list[list[int]]) -> list[Request]:
     return requests
 
 
-def assert_bounded(requests: list[Request]) -> None:
+def assert_bounded(requests: list[Request], new_tokens: int = NEW_TOKENS) -> None:
     """Every step's k in {0} U [4, 7], or all a request's last tokens allow."""
     for r in requests:
         emitted = 1  # the prefill's token
         for k, length in zip(r.spec_tokens, r.accept_lengths, strict=True):
-            capacity = min(7, NEW_TOKENS - emitted - 1)
+            capacity = min(7, new_tokens - emitted - 1)
             assert k == 0 or min(4, capacity) <= k <= capacity, (r.spec_tokens, k, capacity)
             emitted += length
 
