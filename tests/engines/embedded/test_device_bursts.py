@@ -274,3 +274,31 @@ def test_only_a_runner_that_allocates_in_bursts_gets_device_bursts() -> None:
     planner.on_device = True
     engine.runner.allocates_in_bursts = False  # type: ignore[attr-defined]
     assert engine._burst_plan(rows, [N] * 4) == (1, [N] * 4)  # type: ignore[arg-type]
+
+
+def test_a_device_burst_that_raises_falls_back_to_single_steps(agreeing_pair: Pair) -> None:
+    """A device-allocated burst that raises (here every one) costs speed, not tokens: the
+    engine steps once instead, still allocated on the device, and the planner is told each
+    of those steps."""
+    prompts = [random_prompt(4500 + i, PROMPT_LEN) for i in range(4)]
+    expected = target_only_greedy(agreeing_pair[0], prompts, 40)
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 4, 256)
+    engine = Engine(runner, 4, 256, spec_burst=STEPS)
+    planner = BurstScoring(3)
+    engine.planner = planner
+    tried: list[int] = []
+
+    def broken(*args: Any, **options: Any) -> Any:
+        tried.append(int(args[2].shape[0]))
+        raise RuntimeError("the burst broke")
+
+    runner.spec_steps = broken  # type: ignore[method-assign]
+    requests = [
+        Request(f"f{i}", p, SamplingParams(max_new_tokens=40), lambda view: 0, {})
+        for i, p in enumerate(prompts)
+    ]
+    run_all(engine, requests)
+    assert [r.output_ids for r in requests] == expected
+    assert tried and all(n > 1 for n in tried)
+    drafting = engine.step_counts["drafting"]
+    assert drafting.steps == drafting.round_trips == len(planner.told) > 3
