@@ -6,7 +6,6 @@ planner is told every step of every burst."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from engines.embedded.engine import Engine
-from engines.embedded.events import RequestView, SamplingParams, SpecController
+from engines.embedded.events import SamplingParams
 from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 from engines.embedded.runner import StepResult
@@ -23,7 +22,7 @@ from engines.embedded.synthetic_profiles import load_profile_set
 from engines.step_controller import StepController
 from policies.model import GoodputSpec
 from policies.slot_scoring import SlotScoring
-from policies.types import PositionValues, Task
+from policies.types import Task
 from tests.engines.embedded.conftest import BLOCK_SIZE, greedy_request, random_prompt, run_all
 from tests.engines.embedded.test_device_allocation import RandomDeviceScoring, random_scoring
 from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
@@ -142,15 +141,8 @@ class BurstScoring(RandomDeviceScoring):
         super().__init__(seed)
         self.under: list[int] = []  # per told step: its scoring's index
 
-    def scored_on_device(
-        self,
-        views: Sequence[RequestView],
-        controllers: Sequence[SpecController],
-        confidence: Sequence[PositionValues],
-        spec_tokens: Sequence[int],
-        accept_lengths: Sequence[int],
-    ) -> None:
-        super().scored_on_device(views, controllers, confidence, spec_tokens, accept_lengths)
+    def scored_on_device(self, *args: Any) -> None:
+        super().scored_on_device(*args)
         self.under.append(len(self.scorings) - 1)
 
 
