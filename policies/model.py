@@ -174,7 +174,8 @@ class GoodputSpec(StrictModel):
     # fixes the step's draft budget from each row's confidence of its previous step and hands
     # the device the allocator's scoring tables; the device scores the fresh confidence and
     # fills the slots the step's token bucket pays for, with no sync). Device needs an engine
-    # that verifies per-row widths (the embedded engine's ragged CUDA graphs or its eager path).
+    # that verifies per-row widths (the embedded engine's ragged CUDA graphs or its eager path);
+    # its steps also run in the engine's drafting bursts (``spec_burst``), a host one's cannot.
     slot_allocation: Literal["host", "device"] = "host"
     # Two-phase steps draft at most this many positions per row (None: all the policy's bounds
     # allow). On a CUDA-graph runner a step whose widest k is at most 7 computes 7 positions'
