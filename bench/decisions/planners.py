@@ -176,7 +176,10 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
     engine's overlap: the rows' confidence then is one step older, as vLLM's budget reads
     confidences copied to the host asynchronously), so between draft and verify the host only
     copies tables and replays; a step whose rows are not among those it was made for (a new
-    request) is scored then. ``allocate`` (the host path) stays for engines that ask."""
+    request) is scored then, and so is a drafting burst whose scoring made ahead read
+    confidence more than one step older than the freshest (the engine's bursts: the same rule
+    as goodput's controller, so both rules get the same freshness). ``allocate`` (the host
+    path) stays for engines that ask."""
 
     def __init__(self, rule: RowRule, scoring_rule: DeviceRule, observed: Observed) -> None:
         super().__init__(rule)
@@ -184,8 +187,10 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         self._observed = observed
         # request id -> (its history list, its last step's confidence)
         self._confidence: dict[str, tuple[object, PositionValues]] = {}
-        # The next step's scoring, made while this one ran: (row id -> its row there, scoring).
-        self._ahead: tuple[dict[str, int], SlotScoring] | None = None
+        # The next step's scoring, made while this one ran: (row id -> its row there, scoring,
+        # the steps told by then).
+        self._ahead: tuple[dict[str, int], SlotScoring, int] | None = None
+        self._told = 0  # device-allocated steps told so far
         self._running: SlotScoring | None = None  # the scoring of the step on the device
         self.scored_ahead = 0  # steps that used a scoring made ahead
         self.scored_late = 0  # steps scored between draft and verify
@@ -211,7 +216,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         self._ahead = None
         if views:
             index = {view.request_id: i for i, view in enumerate(views)}
-            self._ahead = (index, self._score(views))
+            self._ahead = (index, self._score(views), self._told)
         self.host_s += time.perf_counter() - started
 
     def allocates_on_device(self) -> bool:
@@ -237,7 +242,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
 
     def _from_ahead(self, views: Sequence[RequestView]) -> SlotScoring | None:
         ahead, self._ahead = self._ahead, None
-        if ahead is None:
+        if ahead is None or self._told - ahead[2] > 1:  # (a burst's scores came since)
             return None
         return scoring_for(ahead[1], ahead[0], [view.request_id for view in views])
 
@@ -250,6 +255,7 @@ class DeviceRowAllocationPlanner(RowAllocationPlanner):
         accept_lengths: Sequence[int],
     ) -> None:
         started = time.perf_counter()
+        self._told += 1
         if len(self._confidence) > 4096:  # finished requests': drop them all now and then
             self._confidence.clear()
         for view, values in zip(views, confidence, strict=True):

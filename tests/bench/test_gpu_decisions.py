@@ -720,6 +720,16 @@ def test_vllm_av_on_the_device_scores_the_next_step_while_this_one_runs() -> Non
     third = planner.slot_scoring(joined, [], [15] * 4)
     assert planner.scored_late == 1 and third.base.shape[0] == 4
     assert len(observed) == 2
+    # A drafting burst: its steps' scores all came back after the next scoring was made
+    # ahead, which then read confidence a burst older: scored afresh on the newest instead.
+    planner.scored_on_device(joined, [], [[0.9] * 15] * 4, [6] * 4, [7] * 4)
+    planner.prepare(joined, [])
+    for _ in range(2):
+        planner.scored_on_device(joined, [], [[0.2] * 15] * 4, [6] * 4, [7] * 4)
+    assert len(observed) == 5  # every step of the burst observed under its one scoring
+    fresh = planner.slot_scoring(joined, [], [15] * 4)
+    assert (planner.scored_ahead, planner.scored_late) == (2, 2)
+    assert fresh.budget < third.budget  # priced on the burst's low confidence
 
 
 def test_calls_pool_across_their_own_cost_profiles_and_keep_each(
