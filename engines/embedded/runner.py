@@ -889,9 +889,7 @@ class ModelRunner:
                 draws = self._draws(rows, measured)
                 assert draws.confidence is not None, "checked above"
                 score_on = self._staged(draws.confidence)
-            ids = torch.cat([last[:, None], drafts], dim=1)
-            if width > ids.shape[1]:
-                ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+            ids = self._verify_ids(last, drafts, width)
             logits, verified = self._verify_allocated(
                 ids, start[:, None] + offsets[:width], plan, spec_tokens, score_on, eager
             )
@@ -987,11 +985,17 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The verify forward of each row's last token and drafts (padded to ``width``):
         logits [B, widest + 1, vocab]."""
+        ids = self._verify_ids(last, drafts, width)
+        positions = start[:, None] + torch.arange(width, device=self.device)
+        return self._run_verify(ids, positions, spec_tokens, eager)[:, : drafts.shape[1] + 1]
+
+    @staticmethod
+    def _verify_ids(last: torch.Tensor, drafts: torch.Tensor, width: int) -> torch.Tensor:
+        """A verify's input ids [B, width]: each row's last token, its drafts, zeros after."""
         ids = torch.cat([last[:, None], drafts], dim=1)
         if width > ids.shape[1]:
             ids = torch.cat([ids, ids.new_zeros(ids.shape[0], width - ids.shape[1])], dim=1)
-        positions = start[:, None] + torch.arange(width, device=self.device)
-        return self._run_verify(ids, positions, spec_tokens, eager)[:, : drafts.shape[1] + 1]
+        return ids
 
     def _accepted(
         self,
@@ -1115,9 +1119,7 @@ class ModelRunner:
                     draws.append(self._drawn(self._draw_rows(rows, i), measured))
                     assert draws[-1].confidence is not None, "checked above"
                     score_on = self._to_device(torch.from_numpy(draws[-1].confidence))
-                ids = torch.cat([last[:, None], drafts], dim=1)
-                if width > ids.shape[1]:
-                    ids = torch.cat([ids, ids.new_zeros(len(rows), width - ids.shape[1])], dim=1)
+                ids = self._verify_ids(last, drafts, width)
                 logits, verified = self._verify_allocated(
                     ids, start[:, None] + offsets, plan, spec_tokens, score_on, False, i == 0
                 )
