@@ -74,8 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--policies",
         default=",".join((*NAMES, "oracle")),
         help="comma-separated (bench/decisions/policies.py); NAME@burst<N> runs NAME with its "
-        "drafting steps in bursts of N (Engine.spec_burst, 2-16: one-phase steps, and two-phase "
-        "steps allocated on the device, one scoring per burst); on a ragged arm "
+        "drafting steps in bursts of N (Engine.spec_burst, 1-16: one-phase steps, and two-phase "
+        "steps allocated on the device, one scoring per burst; @burst1 beside --spec-burst 4: "
+        "one step a round trip, as vLLM runs); on a ragged arm "
         "NAME@padded runs "
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
         "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
@@ -199,10 +200,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=False,
         help="build each policy once and give it one untimed pass of another trace (the same "
         "phases, other requests and acceptance draws: seed + 1, keys prefixed 'warm-') before "
-        "its first timed run; its timed runs then carry on from what it learnt, as a "
-        "long-running server does (default: every run builds its policy afresh, so adaptive "
-        "policies pay their cold start in every run). Recorded in arm_info: a merge never mixes "
-        "the two protocols",
+        "its first timed run (a policy that learns nothing, no-spec, static-k<N>, "
+        "dsd-schedule and the oracle, gets no pass); its timed runs then carry on from what "
+        "it learnt, as a long-running server does (default: every run builds its policy "
+        "afresh, so adaptive policies pay their cold start in every run). Recorded in "
+        "arm_info: a merge never mixes the two protocols",
     )
     parser.add_argument("--seed", type=int, default=0, help="requests and acceptance draws")
     parser.add_argument(
@@ -236,16 +238,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(
                 f"policy {name.strip()!r}: the suffixes are @padded, on a ragged arm "
                 "(--verify-mode ragged: the policy on the same runner's padded graphs), and "
-                "@burst<N>, N from 2 to 16 (its drafting steps in bursts of N)"
+                "@burst<N>, N from 1 to 16 (its drafting steps in bursts of N; 1: one a round trip)"
             )
     return args
 
 
 def _burst_of(name: str) -> int | None:
-    """``NAME@burst<N>``'s N (the engine's ``spec_burst`` for that policy's runs), else None."""
+    """``NAME@burst<N>``'s N (the engine's ``spec_burst`` for that policy's runs; 1: one
+    drafting step a host round trip, as vLLM runs, on an arm whose ``--spec-burst`` is
+    higher), else None."""
     suffix = name.partition("#")[0].partition("@")[2]
     digits = suffix.removeprefix("burst")
-    if suffix.startswith("burst") and digits.isdigit() and 2 <= int(digits) <= 16:
+    if suffix.startswith("burst") and digits.isdigit() and 1 <= int(digits) <= 16:
         return int(digits)
     return None
 
@@ -317,6 +321,8 @@ def _main(args: argparse.Namespace) -> int:
         for name in names:
             warm_started = time.perf_counter()
             warm[name] = _build(arm, name)
+            if not warm[name][0].learns:
+                continue  # a fixed policy: the pass would teach it nothing
             _run(arm, name, -1, phases, warm_jobs, warm[name])  # discarded
             report["warm_pass_s"][name] = time.perf_counter() - warm_started
     rng = random.Random(f"order:{args.seed if args.order_seed is None else args.order_seed}")

@@ -101,6 +101,9 @@ class Built:
     planner: Any  # an engines.embedded.events.StepPlanner, or None
     controller_for: Callable[[Job], SpecController]
     host: Callable[[], tuple[float, int]]  # (seconds spent deciding, steps decided)
+    # whether its runs change what it decides later (False: no-spec, static k, dsd-schedule,
+    # oracle: the same decisions from the first step; --warm-policies gives those no pass)
+    learns: bool = True
 
 
 def build(name: str, ctx: Context) -> Built:
@@ -112,7 +115,7 @@ def build(name: str, ctx: Context) -> Built:
     ragged = ctx.verify_mode == "ragged"
     if name == "no-spec" or name.startswith("static-k"):
         k = 0 if name == "no-spec" else min(int(name.removeprefix("static-k")), block_max)
-        return Built(None, lambda job: lambda view: k, lambda: (0.0, 0))
+        return Built(None, lambda job: lambda view: k, lambda: (0.0, 0), learns=False)
     if name == "goodput":
         return _goodput(ctx, "auto")
     if name == "goodput-slots":
@@ -175,7 +178,13 @@ def build(name: str, ctx: Context) -> Built:
         )
         known = ", ".join((*NAMES, *extra))
         raise ValueError(f"policy {name!r}: known are {known}")
-    return Built(planner, lambda job: lambda view: 0, lambda: (planner.host_s, planner.calls))
+    fixed = name in ("dsd-schedule", "oracle")
+    return Built(
+        planner,
+        lambda job: lambda view: 0,
+        lambda: (planner.host_s, planner.calls),
+        learns=not fixed,
+    )
 
 
 def _goodput(

@@ -201,7 +201,15 @@ def _paired(
         if aa is not None:
             out["aa"] = aa
             out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
-        baselines = (best_static, "vllm-av", "vllm-av-device", "dsd-schedule", "no-spec", "oracle")
+        baselines = (
+            best_static,
+            "vllm-av",
+            "vllm-av-device",
+            "vllm-av-device@burst1",
+            "dsd-schedule",
+            "no-spec",
+            "oracle",
+        )
         for name in dict.fromkeys(baselines):
             if name is None or name not in policies:
                 continue
@@ -245,7 +253,16 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
         out["best_static_overall"] = best
         out["vs_best_static"] = goodput["tok_s_mean"] / static[best]["tok_s_mean"]
         out["noise_vs_best_static"] = _noise(goodput, static[best])
-    for name in ("static-k15", "vllm-av", "dsd-schedule", "no-spec", "oracle", "goodput@padded"):
+    for name in (
+        "static-k15",
+        "vllm-av",
+        "vllm-av-device",
+        "vllm-av-device@burst1",
+        "dsd-schedule",
+        "no-spec",
+        "oracle",
+        "goodput@padded",
+    ):
         if name in policies:
             out[f"vs_{name}"] = goodput["tok_s_mean"] / policies[name]["tok_s_mean"]
             out[f"noise_vs_{name}"] = _noise(goodput, policies[name])

@@ -543,8 +543,8 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
 ) -> None:
     """``--warm-policies``: each policy is built once, runs one untimed pass of a trace with
     other requests (keys ``warm-...``, so other synthetic draws), and its timed runs reuse
-    that instance; the arm info records the protocol, so a merge refuses to pool it with
-    fresh-policy calls."""
+    that instance; a policy that learns nothing (static k) gets no pass; the arm info records
+    the protocol, so a merge refuses to pool it with fresh-policy calls."""
     import bench.gpu_decisions as harness
 
     builds: list[str] = []
@@ -568,10 +568,10 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
         patch.setattr(harness, "run_policy", spy_run)
         assert main(argv) == 0
     assert sorted(builds) == ["goodput", "static-k7", "vllm-av"]  # once each, not per run
-    assert first_keys[:3] == ["warm-p0-r0"] * 3 and first_keys[3:] == ["p0-r0"] * 6
+    assert first_keys[:2] == ["warm-p0-r0"] * 2 and first_keys[2:] == ["p0-r0"] * 6
     data = json.loads(out.read_text())
     assert data["arm_info"]["warm_policies"] is True
-    assert set(data["warm_pass_s"]) == {"static-k7", "goodput", "vllm-av"}
+    assert set(data["warm_pass_s"]) == {"goodput", "vllm-av"}
     assert all(run["repeat"] >= 0 for run in data["runs"]) and len(data["runs"]) == 6
     merged = tmp_path / "merged.json"
     with pytest.raises(ValueError, match="cannot pool"):
@@ -787,7 +787,8 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
 def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> None:
     """``NAME@burst<N>`` runs NAME with the engine's ``spec_burst`` at N (switched back after):
     on the synthetic arm static-k7 and static-k7@burst4 emit the same tokens (the draws are
-    the same), the burst variant in fewer engine calls; a bad N is refused."""
+    the same), the burst variant in fewer engine calls; on an arm of bursts (``--spec-burst
+    4``) ``NAME@burst1`` runs one drafting step a call, as vLLM does; a bad N is refused."""
     import bench.gpu_decisions as harness
     from bench.decisions import driver
 
@@ -818,7 +819,14 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
     tokens = {name: sum(p["tokens"] for p in run["phases"].values()) for name, run in runs.items()}
     assert tokens["static-k7"] == tokens["static-k7@burst4"] > 0
     assert set(calls) == {1, 4} and calls[4] < calls[1]
-    for bad in ("static-k7@burst1", "static-k7@burst17", "static-k7@bursts"):
+    single = dict(calls)
+    calls.clear()
+    argv = _tiny_argv(out, "static-k7,static-k7@burst1", 1, "--no-warm-run", "--spec-burst", "4")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "run_policy", counted)
+        assert main(argv) == 0
+    assert calls == {4: single[4], 1: single[1]}  # the arm's bursts, and one step a call
+    for bad in ("static-k7@burst0", "static-k7@burst17", "static-k7@bursts"):
         with pytest.raises(SystemExit):
             main(_tiny_argv(tmp_path / "bad.json", bad, 1))
 
@@ -852,6 +860,22 @@ def test_burst_variants_are_paired_with_their_own_policy_and_vllm_av() -> None:
     assert paired["phases"]["p"]["bursts"]["goodput@burst4"]["vs_goodput"]["sd"] == pytest.approx(
         0.0, abs=1e-12
     )
+
+
+def test_goodput_is_compared_with_vllms_rule_as_vllm_runs_it_on_an_arm_of_bursts() -> None:
+    """On an arm of drafting bursts (``--spec-burst 4``, the engine's default) every policy
+    bursts, vLLM's rule included; ``vllm-av-device@burst1`` is that rule one step a round trip,
+    as vLLM runs it, and goodput is reported over both, overall and per phase."""
+    from bench.decisions.report import summarise
+
+    speeds = {"goodput": 110.0, "vllm-av-device": 105.0, "vllm-av-device@burst1": 100.0}
+    speeds |= {"static-k7": 90.0}
+    summary = summarise(_drifting_runs(speeds), list(speeds))["ratios"]
+    assert summary["vs_vllm-av-device@burst1"] == pytest.approx(1.1)
+    assert summary["vs_vllm-av-device"] == pytest.approx(110 / 105)
+    paired = summary["paired"]
+    assert paired["vs_vllm-av-device@burst1"]["mean"] == pytest.approx(1.1)
+    assert paired["phases"]["p"]["vs_vllm-av-device@burst1"]["blocks"] == 2
 
 
 def test_a_call_of_burst_policies_alone_is_paired_too() -> None:
