@@ -124,6 +124,7 @@ def profile_steps(
     rng = random.Random(0)
     planner, engine.planner = engine.planner, None  # fixed k per point, not the policy's
     narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
+    bursts, engine.spec_burst = engine.spec_burst, 1  # one drafting step a call (_step)
     rows: list[list[float]] = []
     try:
         for batch in batch_sizes:
@@ -137,6 +138,7 @@ def profile_steps(
     finally:
         engine.planner = planner
         engine.runner.narrow_drafts = narrow
+        engine.spec_burst = bursts
     batch_sizes = list(batch_sizes)
     if len(batch_sizes) == 1:  # a table needs two rows; an engine of batch 1 never runs 2
         batch_sizes.append(batch_sizes[0] + 1)
@@ -183,6 +185,7 @@ def profile_token_buckets(
     rng = random.Random(1)
     planner, engine.planner = engine.planner, None
     narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
+    bursts, engine.spec_burst = engine.spec_burst, 1  # one drafting step a call (_step)
     out = []
     try:
         for batch in sorted(points):
@@ -198,6 +201,7 @@ def profile_token_buckets(
     finally:
         engine.planner = planner
         engine.runner.narrow_drafts = narrow
+        engine.spec_burst = bursts
     return tuple(out)
 
 
@@ -248,7 +252,10 @@ def _time_rows(
 
 def _step(engine: Engine) -> int:
     """One ``engine.step()``; how many decode steps it ran (a plain burst runs several:
-    ``Engine.plain_burst``, so a k = 0 point is priced per step, as the policy decides)."""
+    ``Engine.plain_burst``, so a k = 0 point is priced per step, as the policy decides).
+    Drafting points are timed one step a call (the profile sets ``spec_burst`` to 1 while it
+    runs, as every profile before drafting bursts did): a two-phase step allocated on the host
+    never bursts, and a timed request sized for one step a call would end inside a burst."""
     steps: dict[str, int] = {}
     for request, event in engine.step():
         if not isinstance(event, TokenEvent):

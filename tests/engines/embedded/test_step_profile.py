@@ -218,6 +218,29 @@ def test_plain_bursts_are_priced_per_step(
     assert not engine.has_work
 
 
+def test_an_engine_of_drafting_bursts_is_profiled_one_drafting_step_a_call(
+    pair: tuple[Path, Path],
+) -> None:
+    """A CUDA engine's default drafting bursts (``spec_burst`` 4) would end a timed request
+    inside a burst (its length is sized for one step a call): the profile runs drafting points
+    one step a call and gives the engine its bursts back after."""
+    runner = load_runner(pair[0], pair[1], torch.device("cpu"), MAX_BATCH, 256)
+    engine = Engine(runner, MAX_BATCH, 256, spec_burst=4)
+    calls = {"steps": 0}
+    step = engine.step
+
+    def counted() -> list:  # type: ignore[type-arg]
+        assert engine.spec_burst == 1
+        calls["steps"] += 1
+        return step()
+
+    engine.step = counted  # type: ignore[method-assign]
+    table = profile_steps(engine, [1, 2], [1, 16], timed_steps=2)
+    measured = profile_token_buckets(engine, {2: [30]}, timed_steps=2)
+    assert all(t > 0 for row in table.step_time_s for t in row) and measured[0][1][0][1] > 0
+    assert calls["steps"] == 5 * 3 and engine.spec_burst == 4 and not engine.has_work
+
+
 def test_profile_is_a_whole_step_table_and_the_engine_stays_exact(
     pair: tuple[Path, Path],
 ) -> None:
