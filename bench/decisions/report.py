@@ -21,6 +21,19 @@ from typing import Any
 # ratio (``decode_step_vs_static``) compares.
 MIN_SHAPE_STEPS = 20
 
+# What goodput is compared with besides the static k (present in a call or not): vLLM's rule
+# allocated on the host, on the device (as the arm runs: in its drafting bursts, if any) and
+# one step a round trip as vLLM runs it (@burst1), the batch-size schedule, no speculation
+# and the oracle.
+BASELINES = (
+    "vllm-av",
+    "vllm-av-device",
+    "vllm-av-device@burst1",
+    "dsd-schedule",
+    "no-spec",
+    "oracle",
+)
+
 
 def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
@@ -201,15 +214,7 @@ def _paired(
         if aa is not None:
             out["aa"] = aa
             out["noise_aa"] = max(abs(r - 1.0) for r in aa["ratios"])
-        baselines = (
-            best_static,
-            "vllm-av",
-            "vllm-av-device",
-            "vllm-av-device@burst1",
-            "dsd-schedule",
-            "no-spec",
-            "oracle",
-        )
+        baselines = (best_static, *BASELINES)
         for name in dict.fromkeys(baselines):
             if name is None or name not in policies:
                 continue
@@ -253,16 +258,7 @@ def _ratios(policies: dict[str, Any]) -> dict[str, Any]:
         out["best_static_overall"] = best
         out["vs_best_static"] = goodput["tok_s_mean"] / static[best]["tok_s_mean"]
         out["noise_vs_best_static"] = _noise(goodput, static[best])
-    for name in (
-        "static-k15",
-        "vllm-av",
-        "vllm-av-device",
-        "vllm-av-device@burst1",
-        "dsd-schedule",
-        "no-spec",
-        "oracle",
-        "goodput@padded",
-    ):
+    for name in ("static-k15", *BASELINES, "goodput@padded"):
         if name in policies:
             out[f"vs_{name}"] = goodput["tok_s_mean"] / policies[name]["tok_s_mean"]
             out[f"noise_vs_{name}"] = _noise(goodput, policies[name])
