@@ -380,15 +380,15 @@ def _run(
     """One run of the named policy over the trace, built afresh unless ``warm`` (a policy
     built once, carrying what its earlier runs taught it); the runner's verify mode is the
     context's for the run (``NAME@padded``: padded graphs) and the engine's ``spec_burst``
-    the name's (``NAME@burst<N>``: N; else the arm's ``--spec-burst``), both switched back
-    after."""
+    the name's (``NAME@burst<N>``: N; a policy that decides every step afresh, the oracle:
+    1; else the arm's ``--spec-burst``), both switched back after."""
     base, context = _context(arm, name) if warm is None else (name, warm[1])
     runner = arm.engine.runner
     before, bursts = runner.verify_mode, arm.engine.spec_burst
     runner.verify_mode = context.verify_mode
-    arm.engine.spec_burst = _burst_of(name) or bursts
     try:
         built = build(base, context) if warm is None else warm[0]
+        arm.engine.spec_burst = _burst_of(name) or (1 if built.single_steps else bursts)
         scored = _device_scored(built)
         counted = _step_counts(arm.engine)
         tallies: list[PhaseTally] = run_policy(

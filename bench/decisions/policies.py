@@ -104,6 +104,10 @@ class Built:
     # whether its runs change what it decides later (False: no-spec, static k, dsd-schedule,
     # oracle: the same decisions from the first step; --warm-policies gives those no pass)
     learns: bool = True
+    # whether it must decide every drafting step (the oracle reads each step's drawn runs: a
+    # burst would verify the first step's k for all of its steps); the harness runs it one
+    # drafting step a call on an arm of bursts
+    single_steps: bool = False
 
 
 def build(name: str, ctx: Context) -> Built:
@@ -184,6 +188,7 @@ def build(name: str, ctx: Context) -> Built:
         lambda job: lambda view: 0,
         lambda: (planner.host_s, planner.calls),
         learns=not fixed,
+        single_steps=name == "oracle",
     )
 
 

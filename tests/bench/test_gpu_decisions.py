@@ -788,7 +788,8 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
     """``NAME@burst<N>`` runs NAME with the engine's ``spec_burst`` at N (switched back after):
     on the synthetic arm static-k7 and static-k7@burst4 emit the same tokens (the draws are
     the same), the burst variant in fewer engine calls; on an arm of bursts (``--spec-burst
-    4``) ``NAME@burst1`` runs one drafting step a call, as vLLM does; a bad N is refused."""
+    4``) ``NAME@burst1`` runs one drafting step a call, as vLLM does, and so does the oracle
+    (it reads each step's draws); a bad N is refused."""
     import bench.gpu_decisions as harness
     from bench.decisions import driver
 
@@ -826,6 +827,12 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
         patch.setattr(harness, "run_policy", counted)
         assert main(argv) == 0
     assert calls == {4: single[4], 1: single[1]}  # the arm's bursts, and one step a call
+    calls.clear()  # the oracle decides every step from its draws: never a burst
+    argv = _tiny_argv(out, "oracle", 1, "--no-warm-run", "--spec-burst", "4")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "run_policy", counted)
+        assert main(argv) == 0
+    assert set(calls) == {1}
     for bad in ("static-k7@burst0", "static-k7@burst17", "static-k7@bursts"):
         with pytest.raises(SystemExit):
             main(_tiny_argv(tmp_path / "bad.json", bad, 1))
