@@ -6,7 +6,8 @@ the same requests, in random order, repeated.
     python bench/gpu_decisions.py --arm synthetic-32b --scale 0.35 --repeats 2 --out ...
     python bench/gpu_decisions.py --arm real-pair --target models/demo/target \\
         --draft models/demo/draft --prompts PROMPTS.jsonl --out ...
-    # then merge the arms into bench/results/gpu_decisions.json:
+    # then merge the arms into bench/results/gpu_decisions.json (ragged verifies; the padded
+    # engine's calls are in gpu_decisions_padded.json; docs/goodput.md has each file's merge):
     python bench/gpu_decisions.py --merge A.json B.json ... --out bench/results/gpu_decisions.json
     # CPU check that everything runs (tiny random model, seconds):
     python bench/gpu_decisions.py --arm synthetic-tiny --device cpu --scale 0.05 --repeats 1 ...
