@@ -13,6 +13,8 @@
 #      LABEL names the arm, POLICIES picks the policies (bench/gpu_decisions.py --help),
 #      COMPILE_SCOPE=layer runs the arm on torch.compile'd forwards (regional);
 #      ATTENTION=triton on the split-KV Triton attention (engines/embedded/decode_attention.py);
+#      SPEC_BURST=4 PLAIN_BURST=4 at the engine's CUDA bursts (the harness runs 1 by default),
+#      WARM_POLICIES=1 gives each policy a warm pass (--warm-policies), as the 8B arm runs;
 #   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
@@ -112,7 +114,9 @@ say "bench: real-pair arm, ${LEFT}s left"
   --exactness-prompts "${EXACTNESS:-256}" --verify-mode "${VERIFY_MODE:-padded}" \
   ${LABEL:+--label "$LABEL"} ${POLICIES:+--policies "$POLICIES"} \
   ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
-  ${COST_TABLE:+--cost-table "$COST_TABLE"} --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
+  ${COST_TABLE:+--cost-table "$COST_TABLE"} ${SPEC_BURST:+--spec-burst "$SPEC_BURST"} \
+  ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${WARM_POLICIES:+--warm-policies} \
+  --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"
 
