@@ -165,8 +165,11 @@ def _priced(s: Floats, caps: Ints, low: int) -> tuple[Floats, Ints]:
     ks = np.arange(positions + 1)
     least = np.minimum(low, caps)[:, None]
     allowed = (ks[None, :] == 0) | ((ks[None, :] >= least) & (ks[None, :] <= caps[:, None]))
-    value = gains[None, :, :] - PRICES[:, None, None] * ks[None, None, :]
-    picks: Ints = np.where(allowed[None, :, :], value, -np.inf).argmax(axis=2)
+    # The bound masked once ([rows, K + 1]), the prices' charges once ([prices, K + 1]): one
+    # pass over [prices, rows, K + 1] for the values, one for the argmax (-inf stays -inf).
+    charged = PRICES[:, None] * ks[None, :]
+    value = np.where(allowed, gains, -np.inf)[None, :, :] - charged[:, None, :]
+    picks: Ints = value.argmax(axis=2)
     return gains, picks
 
 
