@@ -368,3 +368,32 @@ def test_the_bounded_budget_weighs_what_the_bound_can_spend() -> None:
         new.append(rate(budget) / best)
         old.append(rate(draft_budget(sorted_scores(s, caps), rows, costs)) / best)
     assert np.mean(new) >= 0.99 and np.mean(new) > np.mean(old), (new, old)
+
+
+def test_the_price_sweep_picks_each_rows_best_allowed_k_at_every_price() -> None:
+    """``_priced``: at each price, each row's k of the most expected accepted drafts less the
+    price per slot, among k in {0} U [min(low, cap), cap] (equal values: the smaller k),
+    against the sweep written out (random survivals, caps, bounds, ties from rounding)."""
+    from policies.slot_scoring import PRICES, _priced
+
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        rows, positions = int(rng.integers(1, 40)), 15
+        s = np.cumprod(rng.uniform(0.3, 1.0, (rows, positions)), axis=1)
+        if trial % 3 == 0:
+            s = np.round(s, 2)  # equal values: ties broken to the smaller k
+        caps = rng.integers(0, positions + 1, rows)
+        low = int(rng.integers(1, 6))
+        gains, picks = _priced(s, caps, low)
+        for p, price in enumerate(PRICES[::9]):
+            for row in range(rows):
+                least, cap = min(low, int(caps[row])), int(caps[row])
+                allowed = [0, *range(max(least, 1), cap + 1)]
+                value = [float(np.sum(s[row, :k])) - price * k for k in allowed]
+                best = allowed[int(np.argmax(value))]
+                got = int(picks[9 * p, row])
+                assert (
+                    got == best
+                    or abs(value[allowed.index(got)] - value[allowed.index(best)]) <= 1e-12
+                ), (trial, p, row)
+                assert gains[row, got] == pytest.approx(float(np.sum(s[row, :got])))
