@@ -415,9 +415,9 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
     runner = SimpleNamespace(verify_mode="ragged")
     context = Context(16, 8, None, GoodputSpec(), {}, {}, None, 0, "ragged")  # type: ignore[arg-type]
 
-    def fake_build(name: str, ctx: Any) -> str:
+    def fake_build(name: str, ctx: Any) -> Any:
         seen.append((name, ctx.verify_mode, runner.verify_mode))
-        return name
+        return SimpleNamespace(planner=None, single_steps=False)
 
     def failing_run(*args: Any, **options: Any) -> Any:
         raise RuntimeError("the run failed")
