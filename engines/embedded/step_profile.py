@@ -49,7 +49,8 @@ from policies.types import max_spec_tokens
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 5  # part of the cache key: a change of method re-measures (5: bursts per step)
+PROFILE_VERSION = 6  # part of the cache key: a change of method re-measures (5: plain bursts per
+# step; 6: drafting points one step a call under drafting bursts)
 PROMPT_TOKENS = 32
 TIMED_STEPS = 3
 WIDTH_MULTIPLE = 8  # the goodput policy's default verify_width_multiple
