@@ -34,7 +34,8 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -119,15 +120,10 @@ def profile_steps(
 ) -> CostTable:
     """Median wall time of ``timed_steps`` engine steps per (batch size, width): every row at
     k = width - 1, no request admitted during the timed steps. The engine must be idle."""
-    if engine.has_work:
-        raise RuntimeError("profile an idle engine: requests are running")
     vocab = engine.runner.target.shape.vocab_size
     rng = random.Random(0)
-    planner, engine.planner = engine.planner, None  # fixed k per point, not the policy's
-    narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
-    bursts, engine.spec_burst = engine.spec_burst, 1  # one drafting step a call (_step)
     rows: list[list[float]] = []
-    try:
+    with _profiling(engine):
         for batch in batch_sizes:
             row = []
             for width in widths:
@@ -136,10 +132,6 @@ def profile_steps(
                 if on_point is not None:
                     on_point(batch, width, seconds)
             rows.append(row)
-    finally:
-        engine.planner = planner
-        engine.runner.narrow_drafts = narrow
-        engine.spec_burst = bursts
     batch_sizes = list(batch_sizes)
     if len(batch_sizes) == 1:  # a table needs two rows; an engine of batch 1 never runs 2
         batch_sizes.append(batch_sizes[0] + 1)
@@ -180,15 +172,10 @@ def profile_token_buckets(
     """Median wall time of ``timed_steps`` engine steps of B rows verifying N tokens in all
     (rows at k = N // B - 1, the first N % B of them one more), for every (B, N) of
     ``points`` (``bucket_points``): ``CostTable.token_buckets``. The engine must be idle."""
-    if engine.has_work:
-        raise RuntimeError("profile an idle engine: requests are running")
     vocab = engine.runner.target.shape.vocab_size
     rng = random.Random(1)
-    planner, engine.planner = engine.planner, None
-    narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
-    bursts, engine.spec_burst = engine.spec_burst, 1  # one drafting step a call (_step)
     out = []
-    try:
+    with _profiling(engine):
         for batch in sorted(points):
             measured = []
             for tokens in sorted(points[batch]):
@@ -199,11 +186,25 @@ def profile_token_buckets(
                 if on_point is not None:
                     on_point(batch, tokens, seconds)
             out.append((batch, tuple(measured)))
+    return tuple(out)
+
+
+@contextmanager
+def _profiling(engine: Engine) -> Iterator[None]:
+    """An idle engine set for timing fixed points, given back as it was after: no planner
+    (each point's k is fixed, not the policy's), whole-block drafts (every width priced at
+    what it computes) and one drafting step a call (``_step``)."""
+    if engine.has_work:
+        raise RuntimeError("profile an idle engine: requests are running")
+    planner, engine.planner = engine.planner, None
+    narrow, engine.runner.narrow_drafts = engine.runner.narrow_drafts, False
+    bursts, engine.spec_burst = engine.spec_burst, 1
+    try:
+        yield
     finally:
         engine.planner = planner
         engine.runner.narrow_drafts = narrow
         engine.spec_burst = bursts
-    return tuple(out)
 
 
 def _time_point(
