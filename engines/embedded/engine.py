@@ -251,8 +251,12 @@ class Engine:
                 try:
                     stacked = torch.stack([u for u in uniforms if u is not None])
                     firsts = self.runner.prefill_many(requests, stacked)
-                except Exception:
-                    logger.warning("a batched prefill failed; prefilling its requests one by one")
+                except Exception as exc:
+                    logger.warning(
+                        "a batched prefill failed (%s: %s); prefilling its requests one by one",
+                        type(exc).__name__,
+                        str(exc).splitlines()[0] if str(exc) else "",
+                    )
                 else:
                     events += [
                         self._first_event(r, t) for r, t in zip(requests, firsts, strict=True)

@@ -31,8 +31,9 @@ with ``torch_compile`` owns its process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 import torch._dynamo
@@ -57,6 +58,37 @@ def compile_layer_step(step: Callable[..., torch.Tensor], mode: CompileMode) -> 
     if hasattr(shape_config, "use_duck_shape"):
         shape_config.use_duck_shape = False
     return torch.compile(step, fullgraph=True, **inductor_arguments(mode))
+
+
+class LayerSteps(Protocol):
+    """A model whose forward runs ``layer_step`` per layer (TargetModel, DraftModel)."""
+
+    layer_step: Callable[..., torch.Tensor]
+    compiled_layers: bool
+
+
+@contextlib.contextmanager
+def plain_layer_steps(*models: LayerSteps) -> Iterator[None]:
+    """Inside: the models' forwards run their plain layer steps, not the compiled ones.
+
+    For the forwards that are not captured in CUDA graphs (batched prefills, eager steps):
+    their shapes keep changing (rows x longest prompt, packed token counts), so the shared
+    compiled step would compile again for each, seconds apiece on the GPU, and a packed
+    prefill's attention does not compile at all (a data-dependent guard in SDPA's mask): on
+    the H100 every batched prefill failed that way, was retried one request at a time, and
+    the step kept compiling until dynamo's accumulated limit of 256 (session 35). A no-op for
+    a model whose steps are not compiled."""
+    swapped = [m for m in models if m.compiled_layers]
+    compiled = [m.layer_step for m in swapped]
+    try:
+        for model in swapped:
+            model.layer_step = type(model).layer_step  # the class's plain function
+            model.compiled_layers = False
+        yield
+    finally:
+        for model, step in zip(swapped, compiled, strict=True):
+            model.layer_step = step
+            model.compiled_layers = True
 
 
 def mark_dynamic(tensor: torch.Tensor | None, *dims: int) -> None:

@@ -44,6 +44,7 @@ from engines.embedded.kv_cache import KVCache
 from engines.embedded.layers import check_grouped_attention, decoder_layers
 from engines.embedded.packing import Packing, unpack
 from engines.embedded.ragged import RaggedShapes, full_rows, ragged_index
+from engines.embedded.regional import plain_layer_steps
 from engines.embedded.request import Request
 from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
@@ -1549,8 +1550,13 @@ class ModelRunner:
         )
         return rows, outputs
 
-    def _eager_attention(self) -> contextlib.AbstractContextManager[object]:
-        return eager_attention(self.device)
+    @contextlib.contextmanager
+    def _eager_attention(self) -> Iterator[None]:
+        """The eager forwards' settings: their attention backends (``eager_attention``) and,
+        with ``compile_scope: layer``, the plain layer steps (``plain_layer_steps``: the
+        compiled ones serve the captured graphs, whose shapes are fixed)."""
+        with eager_attention(self.device), plain_layer_steps(self.target, self.draft):
+            yield
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

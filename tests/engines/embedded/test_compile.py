@@ -15,7 +15,10 @@ import torch.fx.experimental._config as shape_config
 from torch._dynamo.utils import counters
 
 from engines.embedded import regional
+from engines.embedded.events import SamplingParams, SpecController
 from engines.embedded.loader import load_runner
+from engines.embedded.request import Request
+from tests.engines.embedded.conftest import fixed_k, random_prompt
 
 
 @pytest.fixture(autouse=True)
@@ -224,3 +227,45 @@ def test_keep_allocator_cache_skips_the_cache_emptying_and_restores_it() -> None
         with keep_allocator_cache():
             raise RuntimeError("capture failed")
     assert torch.cuda.empty_cache is device and host() is saved_host
+
+
+@torch.inference_mode()
+def test_eager_forwards_run_the_plain_layer_steps(
+    agreeing_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``compile_scope: layer`` the forwards outside the CUDA graphs (batched prefills of
+    any rows x prompt lengths, packed) run the plain layer steps: nothing compiles for them (a
+    packed prefill through the compiled step fails on SDPA's mask, and every new shape would
+    compile again), they compute what an uncompiled runner does, and the compiled steps are
+    back afterwards for the graphs."""
+    monkeypatch.setattr(regional, "inductor_arguments", lambda mode: {"backend": "aot_eager"})
+    compiled, plain = (load_runner(*agreeing_pair, torch.device("cpu"), 4, 64) for _ in range(2))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled.target.compile_layers()
+    compiled.draft.compile_layers()
+    steps = (compiled.target.layer_step, compiled.draft.layer_step)
+    generator = torch.Generator().manual_seed(0)
+    for trial, lengths in enumerate(([5, 12, 9], [17, 3], [8, 8, 8, 8], [29, 4, 11])):
+        firsts = []
+        for runner in (compiled, plain):
+            requests = [
+                Request(f"r{trial}.{i}", random_prompt(7 * trial + i, length=n), *_greedy())
+                for i, n in enumerate(lengths)
+            ]
+            for slot, request in enumerate(requests):
+                request.slot = slot
+            uniforms = torch.rand(len(lengths), 4, generator=generator.manual_seed(trial))
+            firsts.append(runner.prefill_many(requests, uniforms))
+        assert firsts[0] == firsts[1]
+        for kv in ("k", "v"):
+            torch.testing.assert_close(
+                getattr(compiled.target_cache, kv), getattr(plain.target_cache, kv)
+            )
+    assert counters["stats"]["unique_graphs"] == 0
+    assert (compiled.target.layer_step, compiled.draft.layer_step) == steps
+    assert compiled.target.compiled_layers and compiled.draft.compiled_layers
+
+
+def _greedy() -> tuple[SamplingParams, SpecController, dict[str, object]]:
+    return SamplingParams(max_new_tokens=4), fixed_k(0), {}
