@@ -38,11 +38,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.decisions.arms import Arm, load_arm
+from bench.decisions.arms import ENGINE_PROFILE, Arm, load_arm
 from bench.decisions.driver import PhaseTally, run_policy
 from bench.decisions.policies import NAMES, Built, Context, build
 from bench.decisions.report import merge, summarise
 from bench.decisions.workload import DEFAULT_PHASES, build_jobs, parse_phases
+from engines.config import EmbeddedConfig
 from engines.embedded.events import (
     ATTENTIONS,
     COMPILE_MODES,
@@ -182,6 +183,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
+        "--cuda-defaults",
+        action="store_true",
+        help="every kernel, burst and pricing setting the embedded engine runs by default on "
+        "CUDA (engines/config.py EmbeddedConfig: --attention triton --linear fused "
+        "--defer-context --spec-burst 4 --plain-burst 4 --cost-table engine), each where its "
+        "own flag is not given; the other defaults stay as the earlier calls ran, so they pool",
+    )
+    parser.add_argument(
         "--warm-up",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -218,6 +227,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.merge is None and args.arm is None:
         parser.error("--arm is required (or --merge)")
+    if args.cuda_defaults:
+        if args.device != "cuda":
+            parser.error(
+                "--cuda-defaults needs --device cuda (they are the engine's CUDA defaults)"
+            )
+        given = {token.partition("=")[0] for token in (sys.argv[1:] if argv is None else argv)}
+        for action in parser._actions:
+            if action.dest in CUDA_DEFAULTS and not given & set(action.option_strings):
+                setattr(args, action.dest, cuda_defaults()[action.dest])
     if args.compile_scope != "off" and args.device != "cuda":
         parser.error("--compile-scope needs --device cuda (compiled forwards run as CUDA graphs)")
     if args.compile_mode != "default" and args.compile_scope == "off":
@@ -242,6 +260,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "@burst<N>, N from 1 to 16 (its drafting steps in bursts of N; 1: one a round trip)"
             )
     return args
+
+
+CUDA_DEFAULTS = ("attention", "linear", "defer_context", "spec_burst", "plain_burst", "cost_table")
+
+
+def cuda_defaults() -> dict[str, Any]:
+    """The harness settings that match the embedded engine's defaults on a CUDA device
+    (``EmbeddedConfig``: ``attention``/``linear`` ``auto`` resolve to the Triton attention and
+    the fused linear kernel there; its start-up cost profile prices the goodput policy)."""
+    fields = EmbeddedConfig.model_fields
+    return {
+        "attention": "triton",
+        "linear": "fused",
+        "defer_context": fields["defer_context"].default,
+        "spec_burst": fields["spec_burst"].default,
+        "plain_burst": fields["plain_burst"].default,
+        "cost_table": ENGINE_PROFILE if fields["cost_profile"].default else None,
+    }
 
 
 def _burst_of(name: str) -> int | None:

@@ -921,3 +921,31 @@ def test_unseen_ends_are_recorded_and_every_policy_counts_the_same_tokens(tmp_pa
     assert tokens["static-k7"] == tokens["static-k7@burst4"]
     drafting = runs["static-k7@burst4"]["step_counts"]["drafting"]
     assert drafting["steps"] > drafting["round_trips"]
+
+
+def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
+    """``--cuda-defaults``: the kernels, bursts and pricing the embedded engine runs by default
+    on CUDA (EmbeddedConfig's), each flag given beside it kept; CUDA only."""
+    from bench.gpu_decisions import CUDA_DEFAULTS, parse_args
+    from engines.config import EmbeddedConfig
+
+    base = ["--arm", "synthetic-8b", "--out", str(tmp_path / "x.json")]
+    plain = parse_args(base)
+    args = parse_args([*base, "--cuda-defaults"])
+    fields = EmbeddedConfig.model_fields
+    want = {
+        "attention": "triton",
+        "linear": "fused",
+        "defer_context": fields["defer_context"].default,
+        "spec_burst": fields["spec_burst"].default,
+        "plain_burst": fields["plain_burst"].default,
+        "cost_table": "engine",
+    }
+    assert set(want) == set(CUDA_DEFAULTS)
+    assert {name: getattr(args, name) for name in want} == want
+    assert {name: getattr(plain, name) for name in want} != want  # the pooling defaults
+    assert (want["spec_burst"], want["plain_burst"], want["defer_context"]) == (4, 4, True)
+    kept = parse_args([*base, "--cuda-defaults", "--spec-burst", "1", "--linear=aten"])
+    assert (kept.spec_burst, kept.linear, kept.plain_burst) == (1, "aten", 4)
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--device", "cpu", "--cuda-defaults"])
