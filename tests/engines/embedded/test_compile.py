@@ -269,3 +269,40 @@ def test_eager_forwards_run_the_plain_layer_steps(
 
 def _greedy() -> tuple[SamplingParams, SpecController, dict[str, object]]:
     return SamplingParams(max_new_tokens=4), fixed_k(0), {}
+
+
+@torch.inference_mode()
+def test_a_compiled_engine_serves_mixed_prompts_losslessly(
+    agreeing_pair: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """End to end with ``compile_scope: layer`` (dynamo's ``aot_eager``; static calls stand in
+    for CUDA graphs on the CPU): requests of different prompt lengths admitted together
+    (batched, packed prefills) and verified at per-row k on ragged steps emit target-only
+    greedy tokens, and no batched prefill fails (session 35's H100 call: every one did)."""
+    from engines.embedded.engine import Engine
+    from tests.engines.embedded.test_lossless import PROMPT_LEN, target_only_greedy
+    from tests.engines.embedded.test_ragged import run
+
+    monkeypatch.setattr(regional, "inductor_arguments", lambda mode: {"backend": "aot_eager"})
+    torch._dynamo.reset()
+    runner = load_runner(
+        *agreeing_pair,
+        torch.device("cpu"),
+        4,
+        64,
+        use_cuda_graphs=True,
+        verify_mode="ragged",
+        compile_forwards=True,
+        compile_scope="layer",
+    )
+    prompts = [random_prompt(500 + i, length=n) for i, n in enumerate((10, 14, 18, 12, 16, 11))]
+    with caplog.at_level("WARNING", logger="engines.embedded.engine"):
+        requests = run(Engine(runner, 4, 64), prompts)
+    # (target_only_greedy cuts PROMPT_LEN tokens off: the rest of a longer prompt first)
+    want = [
+        target_only_greedy(agreeing_pair[0], [p], 24)[0][len(p) - PROMPT_LEN :] for p in prompts
+    ]
+    assert [r.output_ids for r in requests] == want
+    assert "batched prefill failed" not in caplog.text
