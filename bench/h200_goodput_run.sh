@@ -15,6 +15,8 @@
 #      ATTENTION=triton on the split-KV Triton attention (engines/embedded/decode_attention.py);
 #      SPEC_BURST=4 PLAIN_BURST=4 at the engine's CUDA bursts (the harness runs 1 by default),
 #      WARM_POLICIES=1 gives each policy a warm pass (--warm-policies), as the 8B arm runs;
+#      CUDA_DEFAULTS=1 every kernel, burst and pricing setting of the engine's CUDA defaults
+#      (--cuda-defaults; the variables above still win where set);
 #   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
@@ -116,6 +118,7 @@ say "bench: real-pair arm, ${LEFT}s left"
   ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} ${SPEC_BURST:+--spec-burst "$SPEC_BURST"} \
   ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${WARM_POLICIES:+--warm-policies} \
+  ${CUDA_DEFAULTS:+--cuda-defaults} \
   --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"
