@@ -233,9 +233,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "--cuda-defaults needs --device cuda (they are the engine's CUDA defaults)"
             )
         given = {token.partition("=")[0] for token in (sys.argv[1:] if argv is None else argv)}
+        defaults = cuda_defaults()
         for action in parser._actions:
-            if action.dest in CUDA_DEFAULTS and not given & set(action.option_strings):
-                setattr(args, action.dest, cuda_defaults()[action.dest])
+            if action.dest in defaults and not given & set(action.option_strings):
+                setattr(args, action.dest, defaults[action.dest])
     if args.compile_scope != "off" and args.device != "cuda":
         parser.error("--compile-scope needs --device cuda (compiled forwards run as CUDA graphs)")
     if args.compile_mode != "default" and args.compile_scope == "off":
@@ -260,9 +261,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "@burst<N>, N from 1 to 16 (its drafting steps in bursts of N; 1: one a round trip)"
             )
     return args
-
-
-CUDA_DEFAULTS = ("attention", "linear", "defer_context", "spec_burst", "plain_burst", "cost_table")
 
 
 def cuda_defaults() -> dict[str, Any]:

@@ -140,7 +140,7 @@ def first_use(shape: Any, device: torch.device, dtype: torch.dtype) -> dict[str,
     """The masked attention of eager prefills at shapes not seen before (rows x longest prompt
     of a batched prefill), per backend choice: ms of each shape's first call and of its
     second. cuDNN's SDPA builds a kernel per new shape; the engine's eager forwards leave it
-    out (``ModelRunner._eager_attention``)."""
+    out (``ModelRunner._eager_forward``)."""
     heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     choices: dict[str, list[Any] | None] = {"default": None, "no_cudnn": _NO_CUDNN}
     out: dict[str, Any] = {}

@@ -255,7 +255,7 @@ class Engine:
                     logger.warning(
                         "a batched prefill failed (%s: %s); prefilling its requests one by one",
                         type(exc).__name__,
-                        str(exc).splitlines()[0] if str(exc) else "",
+                        (str(exc).splitlines() or [""])[0],
                     )
                 else:
                     events += [

@@ -673,7 +673,7 @@ class ModelRunner:
         # recompile them.
         forward = self._verify_forward if name == "verify" else self._draft_forward
         num_keys = -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET
-        with self._eager_attention():
+        with self._eager_forward():
             return forward(ids, positions, min(num_keys, self.target_cache.max_len), *packings)
 
     def _run_draft(
@@ -751,7 +751,7 @@ class ModelRunner:
         packing = None
         if min(lengths) < width:
             packing = Packing.from_lengths(torch.tensor(lengths, device=self.device), width)
-        with self._eager_attention():
+        with self._eager_forward():
             hidden, features = self.target(
                 ids, positions, self.target_cache, first, width, packing=packing
             )
@@ -1303,7 +1303,7 @@ class ModelRunner:
         if self.use_cuda_graphs:
             graph = self._graphs["stash", padded_size(rows, self.batch_sizes), 1]
             return graph(ids, positions, columns)[:rows]
-        with self._eager_attention():
+        with self._eager_forward():
             return self._stashing_verify(ids, positions, columns)
 
     def _insert_deferred(self, rows: list[Request], eager: bool) -> None:
@@ -1551,10 +1551,11 @@ class ModelRunner:
         return rows, outputs
 
     @contextlib.contextmanager
-    def _eager_attention(self) -> Iterator[None]:
-        """The eager forwards' settings: their attention backends (``eager_attention``) and,
-        with ``compile_scope: layer``, the plain layer steps (``plain_layer_steps``: the
-        compiled ones serve the captured graphs, whose shapes are fixed)."""
+    def _eager_forward(self) -> Iterator[None]:
+        """The settings of the forwards outside the CUDA graphs: their attention backends
+        (``eager_attention``) and, with ``compile_scope: layer``, the plain layer steps
+        (``plain_layer_steps``: the compiled ones serve the captured graphs, whose shapes are
+        fixed)."""
         with eager_attention(self.device), plain_layer_steps(self.target, self.draft):
             yield
 

@@ -926,7 +926,7 @@ def test_unseen_ends_are_recorded_and_every_policy_counts_the_same_tokens(tmp_pa
 def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
     """``--cuda-defaults``: the kernels, bursts and pricing the embedded engine runs by default
     on CUDA (EmbeddedConfig's), each flag given beside it kept; CUDA only."""
-    from bench.gpu_decisions import CUDA_DEFAULTS, parse_args
+    from bench.gpu_decisions import cuda_defaults, parse_args
     from engines.config import EmbeddedConfig
 
     base = ["--arm", "synthetic-8b", "--out", str(tmp_path / "x.json")]
@@ -941,7 +941,7 @@ def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path
         "plain_burst": fields["plain_burst"].default,
         "cost_table": "engine",
     }
-    assert set(want) == set(CUDA_DEFAULTS)
+    assert cuda_defaults() == want
     assert {name: getattr(args, name) for name in want} == want
     assert {name: getattr(plain, name) for name in want} != want  # the pooling defaults
     assert (want["spec_burst"], want["plain_burst"], want["defer_context"]) == (4, 4, True)
