@@ -26,6 +26,9 @@
 # On the GPU (device tool `run`; carry .train/demo/tokenizer .train/demo/corpus
 # .train/eval_prompts.json .whl):
 #   bash bench/h200_goodput_run.sh
+# The carry (64 MiB with the tracked tree, ~44 MiB of it) holds the corpus only with its
+# train.bin (uint16 token ids, documents shuffled) cut; session 36 kept the first 6 M tokens:
+#   python3 -c "import numpy as n; f='.train/demo/corpus/train.bin'; n.fromfile(f, n.uint16)[:6_000_000].tofile(f)"
 # CPU dry run (TINY=1: a toy-sized recipe derived from RECIPE, short phases, the 8B table as a
 # stand-in cost table; the numbers mean nothing, it checks that every step runs):
 #   OUT=/tmp/dry DEVICE=cpu PY=.venv/bin/python TINY=1 bash bench/h200_goodput_run.sh
