@@ -128,10 +128,19 @@ class PositionCounts:
         self._snapshot = None
 
     def add_step(self, spec_tokens: int, accept_length: int) -> None:
-        """Record one verify step that drafted ``spec_tokens`` and gained ``accept_length``."""
+        """Record one verify step that drafted ``spec_tokens`` and gained ``accept_length``.
+
+        A plain step (``spec_tokens`` 0) observes no position but ages every count by the
+        half-life, as a drafted step does. Without that a task whose estimate fell below
+        break-even kept it for good: its steps stopped drafting, nothing decayed the counts,
+        and the probes, which wait until fewer than ``probe_min_steps`` recent steps drafted
+        a width, never came (session 36: the real pair's math turned drafting off on its
+        first requests, which accepted 2.06 tokens a step at k = 15, and stayed off through
+        two more runs where static k = 15 drew 2.59 and beat plain decoding by 14%). Aged,
+        the evidence fades and the probes resume."""
+        self._tick()
         if spec_tokens <= 0:
             return
-        self._tick()
         accepted, rejected = trials_from_step(min(spec_tokens, self.num_positions), accept_length)
         w = self._scale
         for i in range(accepted):
@@ -167,9 +176,10 @@ class PositionCounts:
                 if accepted < k:
                     failed[accepted] += 1
                 count += 1
+        if spec_tokens:
+            self._tick(len(spec_tokens))  # plain rows age the counts too (``add_step``)
         if not count:
             return
-        self._tick(count)
         w = self._scale
         reached = 0  # steps that accepted more than i drafts: a success at position i + 1
         for i in range(n - 1, -1, -1):

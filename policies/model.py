@@ -96,7 +96,8 @@ class GoodputSpec(StrictModel):
     prior_accept_rates: dict[Task, list[float]] = Field(default_factory=_default_priors)
     # Weight of the prior, in pseudo-trials per position.
     prior_strength: float = Field(default=30.0, gt=0)
-    # Task estimates forget old steps with this half-life (in recorded steps of that task).
+    # Task estimates forget old steps with this half-life (in recorded steps of that task,
+    # plain ones included: a task that stopped drafting ages its evidence, so probes resume).
     task_half_life_steps: float = Field(default=3000.0, gt=0)
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)

@@ -331,3 +331,44 @@ def test_windows_read_every_few_steps_equal_windows_read_every_step() -> None:
             k = rng.choice((0, 4, 7, 15))
             ks.append(k)
             lengths.append(rng.randint(0, k) + 1)
+
+
+def _run_batch_of_one(
+    width: BatchWidth, models: OnlineModels, rate: float, steps: int, rng: random.Random
+) -> list[int]:
+    """``steps`` engine steps of one math row at a time (a fresh request every 100 steps),
+    each drafted position accepted with ``rate``; every step recorded, plain ones too."""
+    ks = []
+    for step in range(steps):
+        if step % 100 == 0:
+            request = Request(f"r{rng.random()}", Task.MATH)
+        k = _step(width, [request], models.observe)
+        accepted = 0
+        while accepted < k and rng.random() < rate:
+            accepted += 1
+        request.ran(k, accepted + 1)
+        models.record_steps(Task.MATH, [k], [accepted + 1])
+        ks.append(k)
+    return ks
+
+
+def test_a_task_that_stopped_drafting_starts_again_when_its_text_gets_easier() -> None:
+    """Session 36's real pair: math turned drafting off on hard first requests and never
+    drafted again, though later requests accepted well. Plain steps now age the task's
+    evidence, so it drifts back and the easier text turns drafting on again (before: never,
+    0 of the last 1,000 steps drafted). What that costs on text that stays hard: the
+    estimate returns to break-even now and then, and a few percent of the steps draft."""
+    spec = GoodputSpec()
+    # Batch 1: a drafting step costs 1.5 plain steps, so drafting needs ~1.6 tokens a step.
+    table = CostTable(
+        batch_sizes=(1, 2),
+        tokens_per_request=(1, 8, 16),
+        step_time_s=((1e-3, 1.5e-3, 1.5e-3), (1e-3, 1.5e-3, 1.5e-3)),
+    )
+    models = OnlineModels(spec, 16, table)
+    rng = random.Random(0)
+    width = BatchWidth(spec, 16, 4, rng_u=rng.random)
+    hard = _run_batch_of_one(width, models, 0.15, 8000, rng)
+    assert sum(k > 0 for k in hard[-4000:]) < 0.1 * 4000  # hard text: drafting mostly off
+    easy = _run_batch_of_one(width, models, 0.85, 3000, rng)
+    assert sum(k > 0 for k in easy[-1000:]) > 950  # easy text: drafting on again
