@@ -102,7 +102,15 @@ class AcceptanceSnapshot:
 class PositionCounts:
     """Decayed successes/trials per draft position, with a per-position Beta prior."""
 
-    def __init__(self, prior: Sequence[float], prior_strength: float, half_life_steps: float):
+    def __init__(
+        self,
+        prior: Sequence[float],
+        prior_strength: float,
+        half_life_steps: float,
+        plain_step_age: float = 0.0,
+    ):
+        """``plain_step_age``: how far a step that drafted nothing ages the counts, as a share
+        of a drafted step (``add_step``; 0: not at all)."""
         if not prior:
             raise ValueError("prior needs at least one position")
         self._prior = tuple(prior)
@@ -110,6 +118,7 @@ class PositionCounts:
         self._pseudo_successes = [prior_strength * p for p in prior]
         # Lazy decay: stored counts are divided by _scale; each step multiplies _scale by 1/g.
         self._growth = 0.5 ** (-1.0 / half_life_steps) if half_life_steps > 0 else 1.0
+        self._plain_age = plain_step_age
         self._scale = 1.0
         self._successes = [0.0] * len(prior)
         self._trials = [0.0] * len(prior)
@@ -119,7 +128,7 @@ class PositionCounts:
     def num_positions(self) -> int:
         return len(self._prior)
 
-    def _tick(self, steps: int = 1) -> None:
+    def _tick(self, steps: float = 1) -> None:
         self._scale *= self._growth if steps == 1 else self._growth**steps
         if self._scale > _RESCALE_AT:
             self._successes = [s / self._scale for s in self._successes]
@@ -130,17 +139,19 @@ class PositionCounts:
     def add_step(self, spec_tokens: int, accept_length: int) -> None:
         """Record one verify step that drafted ``spec_tokens`` and gained ``accept_length``.
 
-        A plain step (``spec_tokens`` 0) observes no position but ages every count by the
-        half-life, as a drafted step does. Without that a task whose estimate fell below
+        A plain step (``spec_tokens`` 0) observes no position but ages every count as
+        ``plain_step_age`` of a drafted step. Without that a task whose estimate fell below
         break-even kept it for good: its steps stopped drafting, nothing decayed the counts,
         and the probes, which wait until fewer than ``probe_min_steps`` recent steps drafted
         a width, never came (session 36: the real pair's math turned drafting off on its
         first requests, which accepted 2.06 tokens a step at k = 15, and stayed off through
         two more runs where static k = 15 drew 2.59 and beat plain decoding by 14%). Aged,
         the evidence fades and the probes resume."""
-        self._tick()
         if spec_tokens <= 0:
+            if self._plain_age > 0:
+                self._tick(self._plain_age)
             return
+        self._tick()
         accepted, rejected = trials_from_step(min(spec_tokens, self.num_positions), accept_length)
         w = self._scale
         for i in range(accepted):
@@ -176,8 +187,9 @@ class PositionCounts:
                 if accepted < k:
                     failed[accepted] += 1
                 count += 1
-        if spec_tokens:
-            self._tick(len(spec_tokens))  # plain rows age the counts too (``add_step``)
+        plain = len(spec_tokens) - count  # they age the counts too (``add_step``)
+        if count or (plain and self._plain_age > 0):
+            self._tick(count + self._plain_age * plain)
         if not count:
             return
         w = self._scale

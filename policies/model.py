@@ -96,9 +96,14 @@ class GoodputSpec(StrictModel):
     prior_accept_rates: dict[Task, list[float]] = Field(default_factory=_default_priors)
     # Weight of the prior, in pseudo-trials per position.
     prior_strength: float = Field(default=30.0, gt=0)
-    # Task estimates forget old steps with this half-life (in recorded steps of that task,
-    # plain ones included: a task that stopped drafting ages its evidence, so probes resume).
+    # Task estimates forget old steps with this half-life (in recorded steps of that task).
     task_half_life_steps: float = Field(default=3000.0, gt=0)
+    # A step of the task that drafted nothing ages its estimate as this share of a drafted
+    # step: a task that stopped drafting forgets why, so its probes resume and easier text
+    # turns drafting on again. 0 (before session 36): it kept its estimate for good. Chosen
+    # in simulation (docs/goodput.md "Censoring"): 1 cost ~0.5% on mixed traffic, 0.1 kept
+    # less of the gain on steady 64-client chat and code.
+    plain_step_age: float = Field(default=0.25, ge=0, le=1)
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
     # How many of the request's most recent steps are used.

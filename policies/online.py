@@ -35,7 +35,10 @@ class OnlineModels:
         n = max(1, block_size - 1)
         self._acceptance = {
             task: PositionCounts(
-                spec.prior_for(task, n), spec.prior_strength, spec.task_half_life_steps
+                spec.prior_for(task, n),
+                spec.prior_strength,
+                spec.task_half_life_steps,
+                spec.plain_step_age,
             )
             for task in TASKS
         }

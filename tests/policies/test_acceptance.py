@@ -121,21 +121,28 @@ def test_plain_steps_age_the_evidence_but_observe_nothing() -> None:
     """A step of k = 0 tells nothing about any position, but it is a step of the task: the
     half-life counts it, so a task that stopped drafting does not keep old evidence for
     good (its probes wait for that evidence to fade)."""
-    counts = PositionCounts([0.5], prior_strength=1, half_life_steps=10)
-    for _ in range(100):
-        counts.add_step(1, 1)
+
+    def rejected_100_times(plain_step_age: float) -> PositionCounts:
+        counts = PositionCounts([0.5], 1, half_life_steps=10, plain_step_age=plain_step_age)
+        for _ in range(100):
+            counts.add_step(1, 1)
+        return counts
+
+    counts = rejected_100_times(0.5)
     before = counts.snapshot()
-    for _ in range(10):
+    for _ in range(20):
         counts.add_step(0, 1)
     after = counts.snapshot()
-    assert after.trials[0] == pytest.approx(before.trials[0] / 2)  # one half-life
+    assert after.trials[0] == pytest.approx(before.trials[0] / 2)  # 20 x 0.5: one half-life
     assert after.rates[0] > before.rates[0]  # back towards the prior, 0.5
-    many = PositionCounts([0.5], prior_strength=1, half_life_steps=10)
-    for _ in range(100):
-        many.add_step(1, 1)
-    many.add_steps([0] * 10, [1] * 10)  # the rows of plain engine steps, at once
+    many = rejected_100_times(0.5)
+    many.add_steps([0] * 20, [1] * 20)  # the rows of plain engine steps, at once
     assert many.snapshot().trials[0] == pytest.approx(after.trials[0])
     assert many.snapshot().rates[0] == pytest.approx(after.rates[0])
+    frozen = rejected_100_times(0.0)  # the class's default: plain steps change nothing
+    frozen.add_steps([0] * 20, [1] * 20)
+    frozen.add_step(0, 1)
+    assert frozen.snapshot() == before
 
 
 def test_add_steps_counts_what_add_step_counts_one_by_one() -> None:

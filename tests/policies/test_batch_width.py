@@ -355,9 +355,10 @@ def _run_batch_of_one(
 def test_a_task_that_stopped_drafting_starts_again_when_its_text_gets_easier() -> None:
     """Session 36's real pair: math turned drafting off on hard first requests and never
     drafted again, though later requests accepted well. Plain steps now age the task's
-    evidence, so it drifts back and the easier text turns drafting on again (before: never,
-    0 of the last 1,000 steps drafted). What that costs on text that stays hard: the
-    estimate returns to break-even now and then, and a few percent of the steps draft."""
+    evidence (``plain_step_age``), so it drifts back and the easier text turns drafting on
+    again (with 0, as before: 0 of the last 1,000 steps drafted). What that costs on text
+    that stays hard: the estimate returns to break-even now and then, and a few percent of
+    the steps draft (1.8% at the default 0.25, 6.7% at 1)."""
     spec = GoodputSpec()
     # Batch 1: a drafting step costs 1.5 plain steps, so drafting needs ~1.6 tokens a step.
     table = CostTable(
@@ -369,6 +370,6 @@ def test_a_task_that_stopped_drafting_starts_again_when_its_text_gets_easier() -
     rng = random.Random(0)
     width = BatchWidth(spec, 16, 4, rng_u=rng.random)
     hard = _run_batch_of_one(width, models, 0.15, 8000, rng)
-    assert sum(k > 0 for k in hard[-4000:]) < 0.1 * 4000  # hard text: drafting mostly off
+    assert sum(k > 0 for k in hard[-4000:]) < 0.05 * 4000  # hard text: drafting mostly off
     easy = _run_batch_of_one(width, models, 0.85, 3000, rng)
     assert sum(k > 0 for k in easy[-1000:]) > 950  # easy text: drafting on again
