@@ -7,6 +7,7 @@ planner's host time sits inside every measured step, as it does in the daemon.
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import time
 from collections import defaultdict, deque
@@ -24,6 +25,10 @@ from policies.costmodel import padded_width
 # ``unseen_ends``: a request's stated ``max_new_tokens`` exceeds its job's length by this many
 # blocks, so the engine cannot see where it ends (as it cannot see an end-of-sequence token).
 UNSEEN_END_BLOCKS = 8
+# A shared decision's reason (``policies.batch_width.describe``): why, batch size, k, and the
+# gain over a plain step the policy expected.
+_BATCH_REASON = re.compile(r"batch\[(\w+)\] B=(\d+) k=(\d+) ([\d.]+)x plain")
+REASONS_KEPT = 12  # the most frequent decision reasons a phase's summary keeps
 
 
 @dataclass
@@ -38,6 +43,9 @@ class PhaseTally:
     by_shape: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     # Decode-only share: tokens and seconds of the steps that admitted no request.
     decode_tokens: int = 0
+    # Why the planner chose each call's k (``StepController.last_reason``, the batch size
+    # left out): [calls, sum of the gain over a plain step it expected] per reason.
+    reasons: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))
     decode_s: float = 0.0
     # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms, and for a
     # two-phase step the ms blocked on the draft's confidence and the ms from it to the
@@ -78,7 +86,27 @@ class PhaseTally:
                 self.verify_tokens / len(self.step_s) if self.step_s else None
             ),
             "timeline": [list(step) for step in self.timeline],
+            "reasons": self.top_reasons(),
         }
+
+    def top_reasons(self) -> dict[str, dict[str, float | None]]:
+        """The ``REASONS_KEPT`` most frequent reasons: engine calls, and the mean gain over a
+        plain step the policy expected when it chose (shared decisions; None otherwise)."""
+        ranked = sorted(self.reasons.items(), key=lambda item: -item[1][0])[:REASONS_KEPT]
+        return {
+            reason: {"calls": int(calls), "expected_gain": gain / calls if gain else None}
+            for reason, (calls, gain) in ranked
+        }
+
+    def add_reason(self, reason: str) -> None:
+        """Tally one engine call's decision reason (empty: none given)."""
+        if not reason:
+            return
+        found = _BATCH_REASON.fullmatch(reason)
+        key = f"batch[{found[1]}] k={found[3]}" if found else reason[:80]
+        entry = self.reasons[key]
+        entry[0] += 1
+        entry[1] += float(found[4]) if found else 0.0
 
 
 def run_policy(
@@ -145,6 +173,7 @@ def _run_phase(
         step_started = time.perf_counter()
         events = engine.step()
         call_s = time.perf_counter() - step_started
+        tally.add_reason(getattr(built.planner, "last_reason", ""))
         # A call runs one decode step, or a plain burst of several (Engine.plain_burst): each
         # request's i-th report is step i's; the call's time is split evenly between them.
         prefill_tokens = 0  # the admitted requests' first tokens: counted with the first step

@@ -144,6 +144,27 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_each_phase_says_why_the_planner_chose_its_k(arm_json: Path) -> None:
+    """The goodput planner's reasons, tallied per phase (engine calls, and the gain over a
+    plain step it expected for a shared decision), so a call's raw file shows why a phase ran
+    the k it ran; policies without a planner have none."""
+    report = json.loads(arm_json.read_text())
+    for run in report["runs"]:
+        for phase in run["phases"].values():
+            reasons = phase["reasons"]
+            if run["policy"] in ("no-spec", "static-k7", "oracle"):
+                assert reasons == {}
+                continue
+            if run["policy"] != "goodput":
+                continue
+            assert reasons and sum(r["calls"] for r in reasons.values()) <= phase["steps"]
+            shared = {k: r for k, r in reasons.items() if k.startswith("batch[")}
+            assert shared, reasons
+            for key, entry in shared.items():
+                assert key.split()[1].startswith("k=")
+                assert entry["expected_gain"] is None or entry["expected_gain"] > 0
+
+
 def test_a_file_can_be_merged_under_another_arm_name(arm_json: Path, tmp_path: Path) -> None:
     """PATH=NAME keeps runs of one arm made on another day apart instead of pooling them."""
     merged = tmp_path / "results.json"
