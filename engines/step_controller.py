@@ -66,6 +66,9 @@ _REUSE_SHARE = 0.75
 _MIX_SLACK = 8
 # Weight of each new measurement in the running means of decision host time and step time.
 _HOST_EMA = 0.1
+# The auto step mode times an engine call by the wall clock unless it took more than three
+# times its steps' reported time and this much (then the engine had waited for work).
+MODE_IDLE_S = 0.05
 
 
 @dataclass
@@ -230,6 +233,11 @@ class StepController:
         self.scored_late = 0  # ... and scored between their draft and verify
         # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
         self._modes: StepModeChooser | None = None
+        # The auto mode's steps of the last engine call, told to its chooser at the next
+        # ``plan`` with the wall time between the two calls (``_tell_modes``): (chooser, rows,
+        # two-phase, tokens emitted, the step's reported seconds).
+        self._mode_steps: list[tuple[StepModeChooser, int, bool, int, float]] = []
+        self._call_started_s: float | None = None  # the ``_clock`` at the last ``plan``
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
         # not yet folded, and running means of a decision's host time and of the step time.
         self._held: _Held | None = None
@@ -351,6 +359,7 @@ class StepController:
     ) -> list[int]:
         """k for every row of one engine step (the engine's ``StepPlanner``)."""
         started = time.perf_counter()
+        self._tell_modes(self._clock())
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
@@ -608,13 +617,40 @@ class StepController:
         """A step of the auto mode into its chooser (the tokens the step emitted per second of
         its measured time); a change of the mode a bucket runs is logged."""
         report = reports[0]
-        chooser = self._mode_chooser(active)
-        rows = report.batch_size
-        before = chooser.incumbent(rows)
         tokens = sum(r.accept_length for r in reports)
-        chooser.record(rows, report.two_phase, tokens, report.step_time_s)
-        if chooser.incumbent(rows) != before:
-            log.info("%s", chooser.describe(rows))
+        self._mode_steps.append(
+            (
+                self._mode_chooser(active),
+                report.batch_size,
+                report.two_phase,
+                tokens,
+                report.step_time_s,
+            )
+        )
+
+    def _tell_modes(self, now_s: float) -> None:
+        """The last engine call's auto-mode steps into their chooser, timed by the wall time
+        from that call's ``plan`` to this one: the steps' reported (device) times leave out
+        what the modes spend apart from them, the host's round trip each call (one per step
+        for a two-phase step allocated on the host, one per burst of up to ``spec_burst``
+        one-phase steps) and the admissions' prefill (spread over a burst), so a chooser fed
+        them ran two-phase 64-row steps that were ~4% slower than one-phase bursts (session
+        36, the compiled 8B arm's call s36f; call s36a's chooser had kept one phase). The wall
+        time counts only between ``reported`` and ``3 x reported + MODE_IDLE_S`` (below: a
+        clock that is not the engine's; above: the engine waited for work), else the reported
+        times are used; it is shared among the steps in proportion to their reported times."""
+        steps, self._mode_steps = self._mode_steps, []
+        started, self._call_started_s = self._call_started_s, now_s
+        if not steps:
+            return
+        reported = sum(step[4] for step in steps)
+        wall = now_s - started if started is not None else reported
+        scale = wall / reported if reported < wall <= 3 * reported + MODE_IDLE_S else 1.0
+        for chooser, rows, two_phase, tokens, seconds in steps:
+            before = chooser.incumbent(rows)
+            chooser.record(rows, two_phase, tokens, seconds * scale)
+            if chooser.incumbent(rows) != before:
+                log.info("%s", chooser.describe(rows))
 
     def _two_phase_bounds(self, active: ActivePolicy) -> tuple[int, int]:
         """The policy's k bounds for two-phase rows: what a row drafts is at most

@@ -315,6 +315,66 @@ def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_seco
     assert True in modes[8:40]  # ... which does come
 
 
+def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
+    """Session 36's compiled 8B call: the engine reported two-phase 64-row steps as cheap as
+    one-phase ones, but each cost a host round trip the report leaves out (one-phase steps
+    burst and share theirs), and the chooser kept two-phase steps that were ~4% slower. Here
+    a two-phase step reports 9 ms and takes 14 ms from one ``plan`` to the next, a one-phase
+    step reports 10 ms and takes 11 ms: auto mode runs one phase. (Fed the reported times,
+    it would run two.) A gap far past the reported time (the engine waited for work) is not
+    counted: the reported time stands in for it."""
+    goodput = QUIET.model_copy(
+        update={
+            "step_mode": "auto",
+            "slots_min_batch": 2,
+            "mode_probe_steps": 2,
+            "mode_learn_steps": 4,
+            "mode_reprobe_steps": 30,
+        }
+    )
+    spec = PolicySpec(kind="goodput", goodput=goodput)
+    models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
+    now = [0.0]
+    controller = StepController(
+        Source(Active(1, spec, build_policy(spec), models)),
+        16,
+        random.Random(0),
+        clock=lambda: now[0],
+    )
+    rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(3)]
+    ids = ["a", "b", "c"]
+    lengths: dict[str, list[int]] = {rid: [] for rid in ids}
+    ran: dict[str, list[int]] = {rid: [] for rid in ids}
+    modes = []
+    for n in range(40):
+        views = [RequestView(r, n, lengths[r], 3, n, {}, ran[r], 15) for r in ids]
+        ks = controller.plan(views, rows)
+        two_phase = controller.allocates()
+        modes.append(two_phase)
+        if two_phase:
+            ks = controller.allocate(views, rows, [[0.9] * 15] * 3)
+        for rid, k in zip(ids, ks, strict=True):
+            lengths[rid].append(min(k, 3) + 1)
+            ran[rid].append(k)
+        reported, wall = (0.009, 0.014) if two_phase else (0.010, 0.011)
+        if n == 20:
+            wall += 5.0  # idle: no request for seconds
+        reports = [
+            StepReport(k, min(k, 3) + 1, [True] * min(k, 3), reported, 3, two_phase=two_phase)
+            for k in ks
+        ]
+        controller.record(rows, reports)
+        now[0] += wall
+    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
+    assert modes[8:32].count(True) <= 2  # one-phase, but for a re-probe block of 2
+    (bucket,) = controller.step_modes()
+    assert bucket.incumbent is False
+    # each step emits 12 tokens: 12 / 0.011 s one-phase, 12 / 0.014 s two-phase; the idle
+    # 5 s (a one-phase step) did not count
+    assert bucket.one_phase_tok_s == pytest.approx(12 / 0.011, rel=0.01)
+    assert bucket.two_phase_tok_s == pytest.approx(12 / 0.014, rel=0.01)
+
+
 def test_the_default_step_mode_follows_the_engine() -> None:
     """``step_mode: engine`` (the default) is auto where the engine's rows verify at their own
     widths (two-phase steps then at ``slots_min_batch`` rows, measured against one phase) and
