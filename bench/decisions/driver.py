@@ -28,6 +28,7 @@ UNSEEN_END_BLOCKS = 8
 # A shared decision's reason (``policies.batch_width.describe``): why, batch size, k, and the
 # gain over a plain step the policy expected.
 _BATCH_REASON = re.compile(r"batch\[(\w+)\] B=(\d+) k=(\d+) ([\d.]+)x plain")
+_GAIN = re.compile(r"([\d.]+)x plain")  # e.g. a two-phase step's (``SlotAllocator``)
 REASONS_KEPT = 12  # the most frequent decision reasons a phase's summary keeps
 
 
@@ -103,10 +104,16 @@ class PhaseTally:
         if not reason:
             return
         found = _BATCH_REASON.fullmatch(reason)
-        key = f"batch[{found[1]}] k={found[3]}" if found else reason[:80]
+        if found:
+            key, gain = f"batch[{found[1]}] k={found[3]}", float(found[4])
+        else:  # e.g. "allocator: B=64 ... 1.21x plain (device)": the decider, device or not
+            device = " (device)" if reason.endswith("(device)") else ""
+            key = reason.partition(":")[0][:40] + device
+            shown = _GAIN.search(reason)
+            gain = float(shown[1]) if shown else 0.0
         entry = self.reasons[key]
         entry[0] += 1
-        entry[1] += float(found[4]) if found else 0.0
+        entry[1] += gain
 
 
 def run_policy(

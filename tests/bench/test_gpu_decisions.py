@@ -288,6 +288,33 @@ def test_rows_of_one_step_get_their_own_k_on_the_ragged_engine(ragged_json: Path
         assert differing, f"{name}: every row of every step got the same k"
 
 
+def test_two_phase_steps_are_tallied_as_the_allocators(ragged_json: Path) -> None:
+    """A two-phase policy's phases tally its allocator's decisions under ``allocator`` (or
+    ``allocator (device)``) with the gain over a plain step it estimated."""
+    report = json.loads(ragged_json.read_text())
+    for name in ("goodput-slots", "goodput-device-slots"):
+        reasons = [
+            (key, entry)
+            for run in report["runs"]
+            if run["policy"] == name
+            for phase in run["phases"].values()
+            for key, entry in phase["reasons"].items()
+        ]
+        allocated = [entry for key, entry in reasons if key.startswith("allocator")]
+        assert allocated, (name, reasons)
+        assert all(
+            entry["expected_gain"] is None or entry["expected_gain"] > 0 for entry in allocated
+        )
+    device = [
+        key
+        for run in report["runs"]
+        if run["policy"] == "goodput-device-slots"
+        for phase in run["phases"].values()
+        for key in phase["reasons"]
+    ]
+    assert "allocator (device)" in device, device
+
+
 def test_merging_ragged_files_gives_a_ragged_results_file(
     ragged_json: Path, arm_json: Path, tmp_path: Path
 ) -> None:
