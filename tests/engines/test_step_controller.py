@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,57 +272,12 @@ def test_slots_mode_plans_a_batch_below_its_minimum_as_one_shared_k_in_one_phase
     assert controller.plan(views, steps) == [15, 15, 15] and controller.allocates()
 
 
-def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_second() -> None:
-    """On an engine whose two-phase steps cost 30% more for the same tokens, auto mode tries
-    both step modes, then plans one-phase steps (one shared k) but for rare re-probes."""
-    goodput = QUIET.model_copy(
-        update={
-            "step_mode": "auto",
-            "slots_min_batch": 2,
-            "mode_probe_steps": 2,
-            "mode_learn_steps": 4,
-            "mode_reprobe_steps": 30,
-        }
-    )
-    spec = PolicySpec(kind="goodput", goodput=goodput)
-    models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
-    controller = StepController(
-        Source(Active(1, spec, build_policy(spec), models)), 16, random.Random(0)
-    )
-    rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(3)]
-    ids = ["a", "b", "c"]
-    lengths: dict[str, list[int]] = {rid: [] for rid in ids}
-    ran: dict[str, list[int]] = {rid: [] for rid in ids}
-    modes = []
-    for n in range(64):
-        views = [RequestView(r, n, lengths[r], 3, n, {}, ran[r], 15) for r in ids]
-        ks = controller.plan(views, rows)
-        two_phase = controller.allocates()
-        modes.append(two_phase)
-        if two_phase:
-            ks = controller.allocate(views, rows, [[0.9] * 15] * 3)
-        for rid, k in zip(ids, ks, strict=True):
-            lengths[rid].append(min(k, 3) + 1)
-            ran[rid].append(k)
-        seconds = 0.013 if two_phase else 0.010
-        reports = [
-            StepReport(k, min(k, 3) + 1, [True] * min(k, 3), seconds, 3, two_phase=two_phase)
-            for k in ks
-        ]
-        controller.record(rows, reports)
-    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
-    assert modes[8:32].count(True) <= 2  # one-phase now, but for one re-probe block of 2
-    assert True in modes[8:40]  # ... which does come
-
-
-def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
-    """Session 36's compiled 8B call: the engine reported two-phase 64-row steps as cheap as
-    one-phase ones, but each cost a host round trip the report leaves out (one-phase steps
-    burst and share theirs), and the chooser kept two-phase steps that were ~4% slower. Here
-    a two-phase step reports 9 ms and takes 14 ms from one ``plan`` to the next, a one-phase
-    step reports 10 ms and takes 11 ms: auto mode runs one phase. (Fed the reported times,
-    it would run two.) A gap far past the reported time (the engine waited for work) is not
-    counted: the reported time stands in for it."""
+def _auto_mode_run(
+    steps: int, timing: Callable[[int, bool], tuple[float, float]]
+) -> tuple[StepController, list[bool]]:
+    """Three rows under goodput's auto step mode (short learning blocks) for ``steps`` engine
+    calls of one step each; ``timing(n, two_phase)`` gives call n's (reported step seconds,
+    wall seconds to the next ``plan`` on the controller's clock). The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -346,7 +301,7 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
     lengths: dict[str, list[int]] = {rid: [] for rid in ids}
     ran: dict[str, list[int]] = {rid: [] for rid in ids}
     modes = []
-    for n in range(40):
+    for n in range(steps):
         views = [RequestView(r, n, lengths[r], 3, n, {}, ran[r], 15) for r in ids]
         ks = controller.plan(views, rows)
         two_phase = controller.allocates()
@@ -356,15 +311,44 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
         for rid, k in zip(ids, ks, strict=True):
             lengths[rid].append(min(k, 3) + 1)
             ran[rid].append(k)
-        reported, wall = (0.009, 0.014) if two_phase else (0.010, 0.011)
-        if n == 20:
-            wall += 5.0  # idle: no request for seconds
+        reported, wall = timing(n, two_phase)
         reports = [
             StepReport(k, min(k, 3) + 1, [True] * min(k, 3), reported, 3, two_phase=two_phase)
             for k in ks
         ]
         controller.record(rows, reports)
         now[0] += wall
+    return controller, modes
+
+
+def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_second() -> None:
+    """On an engine whose two-phase steps cost 30% more for the same tokens, auto mode tries
+    both step modes, then plans one-phase steps (one shared k) but for rare re-probes."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = 0.013 if two_phase else 0.010
+        return seconds, seconds
+
+    _, modes = _auto_mode_run(64, timing)
+    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
+    assert modes[8:32].count(True) <= 2  # one-phase now, but for one re-probe block of 2
+    assert True in modes[8:40]  # ... which does come
+
+
+def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
+    """Session 36's compiled 8B call: the engine reported two-phase 64-row steps as cheap as
+    one-phase ones, but each cost a host round trip the report leaves out (one-phase steps
+    burst and share theirs), and the chooser kept two-phase steps that were ~4% slower. Here
+    a two-phase step reports 9 ms and takes 14 ms from one ``plan`` to the next, a one-phase
+    step reports 10 ms and takes 11 ms: auto mode runs one phase. (Fed the reported times,
+    it would run two.) A gap far past the reported time (the engine waited for work) is not
+    counted: the reported time stands in for it."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        reported, wall = (0.009, 0.014) if two_phase else (0.010, 0.011)
+        return reported, wall + (5.0 if n == 20 else 0.0)  # call 20: idle for 5 s after it
+
+    controller, modes = _auto_mode_run(40, timing)
     assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
     assert modes[8:32].count(True) <= 2  # one-phase, but for a re-probe block of 2
     (bucket,) = controller.step_modes()
