@@ -614,8 +614,8 @@ class StepController:
         return modes.buckets() if modes is not None else []
 
     def _record_mode(self, active: ActivePolicy, reports: Sequence[StepReport]) -> None:
-        """A step of the auto mode into its chooser (the tokens the step emitted per second of
-        its measured time); a change of the mode a bucket runs is logged."""
+        """A step of the auto mode, kept for its chooser until the next ``plan`` times the
+        engine call it was part of (``_tell_modes``)."""
         report = reports[0]
         tokens = sum(r.accept_length for r in reports)
         self._mode_steps.append(
@@ -630,12 +630,13 @@ class StepController:
 
     def _tell_modes(self, now_s: float) -> None:
         """The last engine call's auto-mode steps into their chooser, timed by the wall time
-        from that call's ``plan`` to this one: the steps' reported (device) times leave out
-        what the modes spend apart from them, the host's round trip each call (one per step
-        for a two-phase step allocated on the host, one per burst of up to ``spec_burst``
-        one-phase steps) and the admissions' prefill (spread over a burst), so a chooser fed
-        them ran two-phase 64-row steps that were ~4% slower than one-phase bursts (session
-        36, the compiled 8B arm's call s36f; call s36a's chooser had kept one phase). The wall
+        from that call's ``plan`` to this one (a change of a bucket's mode is logged). The
+        steps' reported times (the runner's, per step) leave out what the modes spend apart
+        from them: the engine's own work each call (one call per step for a two-phase step
+        allocated on the host, one per burst of up to ``spec_burst`` one-phase steps) and the
+        admissions' prefill (spread over a burst), so a chooser fed them ran two-phase 64-row
+        steps whose phase came out 2-5% below one-phase static k = 7 (session 36, the
+        compiled 8B arm's call s36f; call s36a's chooser had kept one phase). The wall
         time counts only between ``reported`` and ``3 x reported + MODE_IDLE_S`` (below: a
         clock that is not the engine's; above: the engine waited for work), else the reported
         times are used; it is shared among the steps in proportion to their reported times."""

@@ -338,7 +338,7 @@ def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_seco
 def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
     """Session 36's compiled 8B call: the engine reported two-phase 64-row steps as cheap as
     one-phase ones, but each cost a host round trip the report leaves out (one-phase steps
-    burst and share theirs), and the chooser kept two-phase steps that were ~4% slower. Here
+    burst and share theirs), and the chooser kept two-phase steps that lost 2-5%. Here
     a two-phase step reports 9 ms and takes 14 ms from one ``plan`` to the next, a one-phase
     step reports 10 ms and takes 11 ms: auto mode runs one phase. (Fed the reported times,
     it would run two.) A gap far past the reported time (the engine waited for work) is not
