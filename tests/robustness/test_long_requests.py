@@ -6,7 +6,10 @@ still running a 503 ``shutting_down``; nothing is cut silently, and the process 
 then new connections are refused.
 
 A greedy "Tell me a long story." runs to max_tokens on the demo pair (it reached 480 tokens
-without an end-of-text): 900 tokens are seconds of decoding here, however fast a step is.
+without an end-of-text): 900 tokens are seconds of decoding here, however fast a step is
+(session 36, this 2-core CPU: 2.6-3.4 s alone, 4.1 s for four at once; the drain cuts the
+streams 2.5 s after the SIGTERM, so it stays shorter than that as the engine gets faster:
+with a 2 s drain a stream finished once in CI).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from tests.robustness.verdict import openai_error, sse_events, stream_problem
 
 pytestmark = pytest.mark.slow
 
-DRAIN_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 1.0
 DRAIN_GRACE_S = 1.5
 LONG = 900  # tokens: never done within the drain
 
