@@ -7,9 +7,9 @@ then new connections are refused.
 
 A greedy "Tell me a long story." runs to max_tokens on the demo pair (it reached 480 tokens
 without an end-of-text): 900 tokens are seconds of decoding here, however fast a step is
-(session 36, this 2-core CPU: 2.6-3.4 s alone, 4.1 s for four at once; the drain cuts the
-streams 2.5 s after the SIGTERM, so it stays shorter than that as the engine gets faster:
-with a 2 s drain a stream finished once in CI).
+(session 36, this 2-core CPU: 2.6-3.5 s alone, 3.9-5.6 s for four at once; the drain cuts
+the streams 2.5 s after the SIGTERM; with a 2 s drain, 3.5 s after it, a stream finished once
+in CI).
 """
 
 from __future__ import annotations
