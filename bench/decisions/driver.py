@@ -180,7 +180,6 @@ def _run_phase(
         step_started = time.perf_counter()
         events = engine.step()
         call_s = time.perf_counter() - step_started
-        tally.add_reason(getattr(built.planner, "last_reason", ""))
         # A call runs one decode step, or a plain burst of several (Engine.plain_burst): each
         # request's i-th report is step i's; the call's time is split evenly between them.
         prefill_tokens = 0  # the admitted requests' first tokens: counted with the first step
@@ -211,7 +210,9 @@ def _run_phase(
                 tally.accept_by_task[tasks[key]].append(event.report.accept_length)
         for key in ended:
             engine.abort(key)
-        if not step_ks:  # a call that only prefilled
+        if step_ks:  # (a call that only prefilled planned nothing: its reason is the last's)
+            tally.add_reason(getattr(built.planner, "last_reason", ""))
+        else:
             step_ks, step_emitted = [[]], [0]
         step_emitted[0] += prefill_tokens
         waited_s, allocation_s = getattr(engine.runner, "last_two_phase_s", (0.0, 0.0))

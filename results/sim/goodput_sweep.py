@@ -52,15 +52,18 @@ def main() -> None:
         base = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
         if args.key not in type(base.policies.goodput).model_fields:
             parser.error(f"--key: the goodput policy has no key {args.key!r}")
-        keep = {"static_spec_tokens": base.policies.static_spec_tokens if args.with_static else []}
+        statics = base.policies.static_spec_tokens if args.with_static else []
         runs[name] = {}
         for value in values:
             goodput = base.policies.goodput.model_copy(update={args.key: value})
             policies = base.policies.model_copy(
-                update={**keep, "goodput": goodput, "include_oracle": False}
+                update={
+                    "static_spec_tokens": statics,
+                    "goodput": goodput,
+                    "include_oracle": False,
+                    "include_informed": False,
+                }
             )
-            if "include_informed" in type(policies).model_fields:
-                policies = policies.model_copy(update={"include_informed": False})
             per_seed = {}
             for seed in seeds:
                 scenario = base.model_copy(update={"seed": seed, "policies": policies})
