@@ -48,7 +48,9 @@ PROMPTS = {
     "chat": "Suggest three names for a small bakery by the sea, with one sentence on each.",
 }
 # Lines of the daemon's log worth keeping beside the timings.
-_LOG_LINES = re.compile(r"step costs|loaded on|compile caches|attention|capture|Traceback|Error")
+_LOG_LINES = re.compile(
+    r"step costs|loaded on|compile caches|from the environment|attention|capture|Traceback|Error"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(sys.argv),
         "machine": platform.node(),
         "device": args.device,
+        # what the daemons inherit: a cache folder set here wins over compile_cache_dir
+        "environment": {
+            v: os.environ.get(v) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+        },
         "order": [f"{v}#{r}" for v, r in order],
         "runs": [],
         "skipped": [],

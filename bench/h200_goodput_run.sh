@@ -16,7 +16,8 @@
 #      SPEC_BURST=4 PLAIN_BURST=4 at the engine's CUDA bursts (the harness runs 1 by default),
 #      WARM_POLICIES=1 gives each policy a warm pass (--warm-policies), as the 8B arm runs;
 #      CUDA_DEFAULTS=1 every kernel, burst and pricing setting of the engine's CUDA defaults
-#      (--cuda-defaults; the variables above still win where set);
+#      (--cuda-defaults; the variables above still win where set); ORDER_SEED the runs' random
+#      order (--order-seed; unset: the harness's seed, the same order every call);
 #   4. with CONFIDENCE_S seconds kept for it (default 0 = skip): bench/draft_confidence.py on
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
@@ -121,7 +122,7 @@ say "bench: real-pair arm, ${LEFT}s left"
   ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} ${SPEC_BURST:+--spec-burst "$SPEC_BURST"} \
   ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${WARM_POLICIES:+--warm-policies} \
-  ${CUDA_DEFAULTS:+--cuda-defaults} \
+  ${CUDA_DEFAULTS:+--cuda-defaults} ${ORDER_SEED:+--order-seed "$ORDER_SEED"} \
   --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"

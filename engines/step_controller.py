@@ -255,6 +255,10 @@ class StepController:
     def batch_width(self) -> BatchWidth | None:
         return self._width
 
+    def models(self) -> OnlineModels | None:
+        """The running policy's online models (acceptance and step cost), if it has any."""
+        return self._source.active().models
+
     def offer_cost_table(self, table: CostTable) -> None:
         """This engine's measured step costs: the running policy (and every later version)
         prices steps with them unless it has a cost table of its own."""

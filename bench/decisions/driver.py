@@ -21,6 +21,7 @@ from engines.embedded.engine import Engine
 from engines.embedded.events import SamplingParams, SpecController, TokenEvent
 from engines.embedded.request import Request
 from policies.costmodel import padded_width
+from policies.types import Task
 
 # ``unseen_ends``: a request's stated ``max_new_tokens`` exceeds its job's length by this many
 # blocks, so the engine cannot see where it ends (as it cannot see an end-of-sequence token).
@@ -58,6 +59,9 @@ class PhaseTally:
     )
     # Two-phase steps' host ms from the draft's confidence to the verify's launch.
     allocation_ms: list[float] = field(default_factory=list)
+    # What the policy believed once half the phase's requests were admitted (``planner_view``):
+    # its priced step times and expected accept lengths, beside what the steps measured.
+    view: dict[str, Any] | None = None
     # Steps whose rows ran different k (a ragged engine's per-row choices), and the tokens
     # each step verified (sum over rows of k + 1: what a ragged verify computes).
     mixed_k_steps: int = 0
@@ -88,6 +92,7 @@ class PhaseTally:
             ),
             "timeline": [list(step) for step in self.timeline],
             "reasons": self.top_reasons(),
+            "planner_view": self.view,
         }
 
     def top_reasons(self) -> dict[str, dict[str, float | None]]:
@@ -168,7 +173,10 @@ def _run_phase(
     slack = UNSEEN_END_BLOCKS * engine.block_size if unseen_ends else 0
     host_before = built.host()
     started = time.perf_counter()
+    halfway = len(jobs) // 2
     while queue or engine.has_work:
+        if tally.view is None and len(queue) <= halfway:
+            tally.view = planner_view(built.planner, phase.concurrency)
         admitted = False
         while queue and len(engine.scheduler.running) + len(engine.scheduler.waiting) < (
             phase.concurrency
@@ -236,6 +244,45 @@ def _run_phase(
     host_after = built.host()
     tally.host = (host_after[0] - host_before[0], host_after[1] - host_before[1])
     return tally
+
+
+VIEW_KS = (0, 3, 7, 11, 15)
+
+
+def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
+    """What a learning planner believes now, for a step of ``batch`` rows: its priced step
+    ms at each k of ``VIEW_KS`` (within the block), and per task its conditional acceptance
+    per position, their trials, and the accept length (bonus token included) it expects at
+    each k; its last batch-wide decision (why, rows, k, gain over a plain step). None for a
+    planner without online models (static k, vLLM's rule, the oracle)."""
+    models = planner.models() if hasattr(planner, "models") else None
+    if models is None:
+        return None
+    cost = models.step_cost()
+    positions = models.block_size - 1
+    ks = [k for k in VIEW_KS if k <= positions]
+    view: dict[str, Any] = {"batch": batch}
+    if cost is not None:
+        view["step_ms"] = {k: round(1e3 * cost.step_time_s(batch, k), 3) for k in ks}
+    tasks = {}
+    for task in Task:
+        fields = models.observe(task)
+        rates = list(fields["accept_rates"])[:positions]
+        survive, expected = 1.0, [1.0]
+        for rate in rates:
+            survive *= rate
+            expected.append(expected[-1] + survive)
+        tasks[task.value] = {
+            "rates": [round(r, 3) for r in rates],
+            "trials": [round(t, 1) for t in list(fields["accept_trials"])[:positions]],
+            "expected_accept": {k: round(expected[min(k, len(rates))], 3) for k in ks},
+        }
+    view["tasks"] = tasks
+    width = getattr(planner, "batch_width", None)
+    if width is not None:
+        why, rows, k, gain = width.last
+        view["last_shared"] = {"why": why, "rows": rows, "k": k, "gain": round(gain, 3)}
+    return view
 
 
 def _tally_step(

@@ -997,3 +997,20 @@ def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path
     assert (kept.spec_burst, kept.linear, kept.plain_burst) == (1, "aten", 4)
     with pytest.raises(SystemExit):
         parse_args([*base, "--device", "cpu", "--cuda-defaults"])
+
+
+def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> None:
+    """``planner_view``: goodput's priced step times and expected accept lengths once half a
+    phase's requests were in; nothing for policies without online models."""
+    runs = {run["policy"]: run for run in json.loads(arm_json.read_text())["runs"]}
+    assert all(p["planner_view"] is None for p in runs["static-k7"]["phases"].values())
+    for phase, concurrency in (("math", 1), ("mixed", 64), ("chat", 8)):
+        view = runs["goodput"]["phases"][phase]["planner_view"]
+        assert view["batch"] == concurrency
+        step_ms = [view["step_ms"][str(k)] for k in (0, 3, 7, 11, 15)]
+        assert min(step_ms) > 0  # (learnt: a width's own fit may price it under a narrower)
+        for each in view["tasks"].values():
+            expected = [each["expected_accept"][str(k)] for k in (0, 3, 7, 11, 15)]
+            assert expected[0] == 1.0 and expected == sorted(expected) and expected[-1] <= 16
+            assert len(each["rates"]) == len(each["trials"]) == 15
+        assert view["last_shared"]["why"] in {"best", "hold", "probe", "none"}
