@@ -234,6 +234,9 @@ class BatchWidth:
         self.spec_tokens_now = 0  # the k of the last step, probe or not
         self.steps = 0
         self._last: tuple[str, int, int, float] = ("none", 0, 0, 1.0)
+        # The last decision's expected tokens of the whole batch at k = 0..positions (its
+        # rows' blended estimates; what the gain in ``reason`` was computed from).
+        self.last_totals: list[float] = []
         # Steps of one padded width cost the same: only the largest k of each can win.
         multiple = spec.verify_width_multiple
         self._candidates = sorted(
@@ -260,6 +263,7 @@ class BatchWidth:
             np.multiply(rates, self._strength, out=self._prior_successes[TASK_INDEX[task]])
             cost = each.get("step_cost") or cost
         totals = self._expected_totals(slots, ceilings)
+        self.last_totals = totals
         ceiling = max(0, min(max(ceilings), self._positions))
         k = self._choose(totals, len(rows), cost, ceiling, fields)
         self.spec_tokens_now = k

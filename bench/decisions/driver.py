@@ -253,7 +253,8 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
     """What a learning planner believes now, for a step of ``batch`` rows: its priced step
     ms at each k of ``VIEW_KS`` (within the block), and per task its conditional acceptance
     per position, their trials, and the accept length (bonus token included) it expects at
-    each k; its last batch-wide decision (why, rows, k, gain over a plain step). None for a
+    each k; its last batch-wide decision (why, rows, k, gain over a plain step, and the
+    accept length per row it expected at each k, the rows' own histories blended in). None for a
     planner without online models (static k, vLLM's rule, the oracle)."""
     models = planner.models() if hasattr(planner, "models") else None
     if models is None:
@@ -281,7 +282,17 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
     width = getattr(planner, "batch_width", None)
     if width is not None:
         why, rows, k, gain = width.last
-        view["last_shared"] = {"why": why, "rows": rows, "k": k, "gain": round(gain, 3)}
+        totals = width.last_totals
+        view["last_shared"] = {
+            "why": why,
+            "rows": rows,
+            "k": k,
+            "gain": round(gain, 3),
+            # what it expected a row to emit at each k (its rows' own histories blended in)
+            "expected_accept_per_row": {
+                j: round(totals[j] / rows, 3) for j in ks if rows and j < len(totals)
+            },
+        }
     return view
 
 

@@ -1013,4 +1013,8 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
             expected = [each["expected_accept"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert expected[0] == 1.0 and expected == sorted(expected) and expected[-1] <= 16
             assert len(each["rates"]) == len(each["trials"]) == 15
-        assert view["last_shared"]["why"] in {"best", "hold", "probe", "none"}
+        shared = view["last_shared"]
+        assert shared["why"] in {"best", "hold", "probe", "none"}
+        if shared["rows"]:
+            per_row = [shared["expected_accept_per_row"][str(k)] for k in (0, 3, 7, 11, 15)]
+            assert per_row[0] == 1.0 and per_row == sorted(per_row)

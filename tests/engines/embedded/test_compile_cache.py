@@ -5,11 +5,18 @@ does, and skipped with a warning where the folder cannot be made."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
-from engines.embedded.compile_cache import INDUCTOR_VARIABLE, TRITON_VARIABLE, use_compile_cache
+from engines.embedded import compile_cache
+from engines.embedded.compile_cache import (
+    INDUCTOR_VARIABLE,
+    TRITON_VARIABLE,
+    initial_environment,
+    use_compile_cache,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +44,8 @@ def test_the_environment_wins(
     import os
 
     monkeypatch.setenv(INDUCTOR_VARIABLE, str(tmp_path / "mine"))
+    started = {INDUCTOR_VARIABLE: str(tmp_path / "mine")}  # as the operator started it
+    monkeypatch.setattr(compile_cache, "initial_environment", lambda: started)
     with caplog.at_level(logging.INFO, logger="engines.embedded.compile_cache"):
         effective = use_compile_cache(tmp_path / "configured")
     assert effective[INDUCTOR_VARIABLE] == str(tmp_path / "mine")
@@ -56,3 +65,31 @@ def test_a_folder_that_cannot_be_made_is_skipped(
         effective = use_compile_cache(blocker / "cache")
     assert effective == {} and INDUCTOR_VARIABLE not in os.environ
     assert "compiling without it" in caplog.text
+
+
+def test_a_folder_torch_set_inside_the_process_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inductor writes its default folder into the variable the first time anything asks for
+    it; the process did not start with it, so the configured folder is used."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.setattr(compile_cache, "initial_environment", lambda: {})
+    monkeypatch.setenv(INDUCTOR_VARIABLE, str(tmp_path / "torch-default"))
+    with caplog.at_level(logging.INFO, logger="engines.embedded.compile_cache"):
+        effective = use_compile_cache(tmp_path / "configured")
+    configured = str((tmp_path / "configured").resolve())
+    assert effective[INDUCTOR_VARIABLE] == os.environ[INDUCTOR_VARIABLE] == configured
+    assert cache_dir() == configured  # what inductor uses from now on
+    assert "set inside this process" in caplog.text
+
+
+def test_the_initial_environment_is_the_one_the_process_started_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DRAFTCTL_TEST_SET_LATER", "1")
+    started = initial_environment()
+    assert started is not None and "DRAFTCTL_TEST_SET_LATER" not in started
+    assert started.get("PATH") == os.environ.get("PATH") or "PATH" not in started
