@@ -49,6 +49,9 @@ class PhaseTally:
     # left out): [calls, sum of the gain over a plain step it expected] per reason.
     reasons: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))
     decode_s: float = 0.0
+    # Seconds of the calls that admitted spent prefilling (Engine.last_prefill_s): the part of
+    # an admitting call that is not its decode steps.
+    prefill_s: float = 0.0
     # Every step: [rows that stepped, widest k, 1 if it admitted a request, ms, and for a
     # two-phase step the ms blocked on the draft's confidence and the ms from it to the
     # verify's launch (the allocation on the step's path; both 0 one-phase), the tokens the
@@ -82,6 +85,7 @@ class PhaseTally:
             "host_us_per_step": 1e6 * host_s / calls if calls else None,
             # tok/s of the steps without a prefill: free of the prefill's run-to-run noise
             "decode_tok_s": self.decode_tokens / self.decode_s if self.decode_s else None,
+            "prefill_s": self.prefill_s,
             "mixed_k_steps": self.mixed_k_steps,
             # mean host ms of two-phase steps between the draft's confidence and the verify
             "two_phase_allocation_ms": (
@@ -188,6 +192,7 @@ def _run_phase(
         step_started = time.perf_counter()
         events = engine.step()
         call_s = time.perf_counter() - step_started
+        tally.prefill_s += getattr(engine, "last_prefill_s", 0.0)
         # A call runs one decode step, or a plain burst of several (Engine.plain_burst): each
         # request's i-th report is step i's; the call's time is split evenly between them.
         prefill_tokens = 0  # the admitted requests' first tokens: counted with the first step

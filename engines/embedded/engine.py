@@ -16,6 +16,7 @@ other rows of the step go on. A controller that raises only costs its request dr
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -147,6 +148,9 @@ class Engine:
         self.step_counts: dict[str, StepCount] = {"plain": StepCount(), "drafting": StepCount()}
         self.runner = runner
         self.planner = planner
+        # Host seconds the last ``step`` spent on admitted requests' prefills (0: it admitted
+        # none): what a call that admits costs beyond its decode steps (benchmarks).
+        self.last_prefill_s = 0.0
         # This step's rows as the planner saw them, and their controllers.
         self._planned: tuple[list[RequestView], list[SpecController]] = ([], [])
         # The last step's rows (a plain burst: each of its steps'), not yet told to it.
@@ -224,7 +228,10 @@ class Engine:
         return self.scheduler.has_work
 
     def step(self) -> list[StepEvent]:
-        events = self._prefill_admitted(self.scheduler.admit())
+        admitted = self.scheduler.admit()
+        started = time.perf_counter()
+        events = self._prefill_admitted(admitted)
+        self.last_prefill_s = time.perf_counter() - started if admitted else 0.0
         self._release_ended(events)  # done or failed after the first token: never join the step
         if self.scheduler.running:
             events += self._decode()

@@ -131,6 +131,9 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
             assert len(timeline) == phase["steps"]
             assert all(len(step) == 8 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
             assert sum(step[7] for step in timeline) == phase["tokens"]
+            # the prefills are inside the calls that admitted, so inside the phase's time
+            admitted_s = sum(step[3] for step in timeline if step[2]) / 1e3
+            assert 0 < phase["prefill_s"] <= admitted_s + 1e-3
             assert sum(step[6] for step in timeline) == round(
                 phase["verify_tokens_per_step"] * phase["steps"]
             )
