@@ -76,6 +76,15 @@ class RowWindows:
         self.counts = np.zeros((0, 2, positions))
         self._ring = np.zeros((0, size, 2, positions))  # [slot, window step, (s, t), position]
         self._seen = np.zeros(0, np.intp)  # history entries read
+        # Per slot, what the last batch-wide decision expected a step of it to emit at each
+        # k = 0..positions (NaN: no decision since the slot was opened), and the steps the
+        # last ``ingest`` brought: (slots, k [rows, steps], accept length [rows, steps]).
+        self.expected = np.zeros((0, positions + 1))
+        self.last_new: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.zeros(0, np.intp),
+            np.zeros((0, 1), np.intp),
+            np.ones((0, 1), np.intp),
+        )
         # [accepted, rejected]: a step's (successes, trials) rows, trials_from_step's rule
         below = np.arange(positions + 2)[:, None] > self.position
         self._step_row = np.zeros((positions + 1, 2, 2, positions))
@@ -114,6 +123,7 @@ class RowWindows:
             last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
             self._cell = (self._cell + 1) % self.size
             self._write(rows, self._step_rows(last_k, last_length))
+            self.last_new = (rows, last_k[:, None], last_length[:, None])
             return rows
         # Several engine steps since the last call (decisions spaced by the step controller),
         # or rows with none: one cell per engine step, oldest first; row i ran the step j back
@@ -139,6 +149,7 @@ class RowWindows:
         self._ring[at] = entries
         for i in np.flatnonzero((new < 0) | (new > self.size)).tolist():
             self._catch_up(int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i]))
+        self.last_new = (rows, ks, lengths)  # (caught-up rows: their expectation was reset)
         return rows
 
     def _slots(self, row_ids: Sequence[Hashable], tasks: Sequence[Task]) -> list[int]:
@@ -194,6 +205,7 @@ class RowWindows:
         self.rows_per_task[index] += 1
         self.counts[slot] = 0.0
         self._ring[slot] = 0.0
+        self.expected[slot] = np.nan
 
     def _close(self, slot: int) -> None:
         self.rows_per_task[self.task[slot]] -= 1
@@ -206,6 +218,8 @@ class RowWindows:
         self.counts = np.concatenate([self.counts, np.zeros((extra, *self.counts.shape[1:]))])
         self._ring = np.concatenate([self._ring, np.zeros((extra, *self._ring.shape[1:]))])
         self._seen = np.concatenate([self._seen, np.zeros(extra, np.intp)])
+        unseen = np.full((extra, self.positions + 1), np.nan)
+        self.expected = np.concatenate([self.expected, unseen])
         self._free += range(capacity - 1, old - 1, -1)
 
 
@@ -237,6 +251,11 @@ class BatchWidth:
         # The last decision's expected tokens of the whole batch at k = 0..positions (its
         # rows' blended estimates; what the gain in ``reason`` was computed from).
         self.last_totals: list[float] = []
+        # ``shared_calibration``: decayed sums of the drafted tokens the decided rows realized
+        # and of those the decisions expected of them; the drafted part of every expectation
+        # is scaled by their ratio (``calibration``).
+        self._realized = 0.0
+        self._expected = 0.0
         # Steps of one padded width cost the same: only the largest k of each can win.
         multiple = spec.verify_width_multiple
         self._candidates = sorted(
@@ -255,6 +274,8 @@ class BatchWidth:
             *map(_fields, rows), strict=True
         )
         slots = self.windows.ingest(row_ids, tasks, accept_lengths, spec_tokens)
+        if self._spec.shared_calibration:
+            self._calibrate()
         present = self.windows.rows_per_task
         fields = {task: learned(task) for task, n in zip(TASKS, present, strict=True) if n}
         cost: StepCost = self._fallback_cost
@@ -284,7 +305,47 @@ class BatchWidth:
         if min(ceilings) < self._positions:  # rows near their end verify fewer positions
             survive *= windows.position < np.array(ceilings)[:, None]
         batch = float(len(slots))
-        return [batch, *(batch + value for value in survive.sum(axis=0).cumsum().tolist())]
+        drafted = survive.sum(axis=0).cumsum()
+        if self._spec.shared_calibration:  # each row's E_r(k), for ``_calibrate`` to check
+            windows.expected[slots, 0] = 1.0
+            windows.expected[slots, 1:] = 1.0 + survive.cumsum(axis=1)
+            drafted *= self.calibration
+        return [batch, *(batch + value for value in drafted.tolist())]
+
+    @property
+    def calibration(self) -> float:
+        """The factor on the drafted part of every expectation: 1 unless
+        ``shared_calibration``, else realized over expected drafted tokens of the rows the
+        batch-wide decisions drafted (decayed with the task estimates' half-life, shrunk
+        towards 1 by ``prior_strength`` tokens; within 0.25-1.5)."""
+        if not self._spec.shared_calibration:
+            return 1.0
+        prior = self._spec.prior_strength
+        ratio = (self._realized + prior) / (self._expected + prior)
+        return min(max(ratio, 0.25), 1.5)
+
+    def _calibrate(self) -> None:
+        """The steps just ingested against what the last decisions expected of them: each
+        drafted row-step adds its accepted drafts and the drafts expected at its k; every
+        row-step ages the sums (a plain one as ``plain_step_age`` of a drafted one), so while
+        nothing drafts the factor drifts back to 1 and drafting is tried again."""
+        windows = self.windows
+        rows, ks, lengths = windows.last_new
+        if not len(rows):
+            return
+        ks = np.minimum(ks, self._positions)
+        expected = windows.expected[rows[:, None], ks]
+        drafted = (ks > 0) & ~np.isnan(expected)
+        count = int(drafted.sum())
+        plain = int((ks == 0).sum())
+        spec = self._spec
+        age = (count + spec.plain_step_age * plain) / spec.task_half_life_steps
+        keep = 0.5**age
+        self._realized *= keep
+        self._expected *= keep
+        if count:
+            self._realized += float((lengths[drafted] - 1).sum())
+            self._expected += float((expected[drafted] - 1.0).sum())
 
     def _fill(self, task: Task, rates: Sequence[float]) -> list[float]:
         out = list(rates[: self._positions])

@@ -104,6 +104,13 @@ class GoodputSpec(StrictModel):
     # in simulation (docs/goodput.md "Censoring"): 1 cost ~0.5% on mixed traffic, 0.1 kept
     # less of the gain on steady 64-client chat and code.
     plain_step_age: float = Field(default=0.25, ge=0, le=1)
+    # Batch-wide decisions (one k for an engine step's rows) check themselves: what the rows
+    # they drafted accepted against what they expected of them scales the drafted part of
+    # every later expectation (an online factor, decayed like the task estimates, shrunk to 1
+    # by prior_strength tokens). The task estimates learn from steps chosen because they
+    # looked easy, so they overstate a row not yet seen (bench/selection_bias.py: 5-30% on
+    # the demo pair). Off by default: not yet measured on a GPU (docs/goodput.md).
+    shared_calibration: bool = False
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
     # How many of the request's most recent steps are used.

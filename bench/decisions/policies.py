@@ -30,6 +30,8 @@ positions, not 15), ``vllm-av`` its own per-row allocation (``decide_rows``) on 
 ``vllm-av-device`` the same allocated on the device as vLLM does (its budget from the previous
 step's confidence, the allocation from the fresh one, no sync); the ``oracle`` verifies each
 row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both engines.
+``goodput-cal``: ``goodput`` with ``shared_calibration: true`` (batch-wide decisions scaled by
+what the rows they drafted realized against what they expected; not run by default).
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ def build(name: str, ctx: Context) -> Built:
         return Built(None, lambda job: lambda view: k, lambda: (0.0, 0), learns=False)
     if name == "goodput":
         return _goodput(ctx, "auto")
+    if name == "goodput-cal":
+        calibrated = ctx.goodput.model_copy(update={"shared_calibration": True})
+        return _goodput(replace(ctx, goodput=calibrated), "auto")
     if name == "goodput-slots":
         return _goodput(ctx, "slots")
     if name == "goodput-device":
@@ -171,6 +176,7 @@ def build(name: str, ctx: Context) -> Built:
     else:
         extra = (
             "goodput-slots",
+            "goodput-cal",
             "goodput-device",
             "goodput-device-min<N>",
             "goodput-device-slots",

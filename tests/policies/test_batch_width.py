@@ -373,3 +373,56 @@ def test_a_task_that_stopped_drafting_starts_again_when_its_text_gets_easier() -
     assert sum(k > 0 for k in hard[-4000:]) < 0.05 * 4000  # hard text: drafting mostly off
     easy = _run_batch_of_one(width, models, 0.85, 3000, rng)
     assert sum(k > 0 for k in easy[-1000:]) > 950  # easy text: drafting on again
+
+
+def _short_requests(
+    width: BatchWidth, learned: Any, accept: float, steps: int, rng: random.Random, rows: int = 64
+) -> list[int]:
+    """``steps`` decisions over a batch of ``rows`` short requests (replaced as they end), each
+    drafted position accepted with probability ``accept``; the k of every step."""
+    requests = [Request(f"r{i}", Task.CHAT, remaining=12) for i in range(rows)]
+    serial, ks = rows, []
+    for _ in range(steps):
+        k = _step(width, requests, learned, 8)
+        ks.append(k)
+        for i, request in enumerate(requests):
+            run = min(k, request.remaining - 1)
+            accepted = 0
+            while accepted < run and rng.random() < accept:
+                accepted += 1
+            request.ran(run, accepted + 1)
+            if request.remaining <= 1:
+                requests[i] = Request(f"r{serial}", Task.CHAT, remaining=12)
+                serial += 1
+    return ks
+
+
+def test_shared_calibration_checks_the_task_estimate_on_the_rows_it_drafted() -> None:
+    """The task estimate says 0.9 a position (learnt from steps chosen because they looked
+    easy); the rows, short requests with no history of their own, accept 0.35. Uncalibrated,
+    every step drafts; calibrated, the decisions' own rows show the estimate is 4x too
+    optimistic and drafting stops. When the text turns easy (0.95), the factor, aged by the
+    plain steps, drifts back to 1 and drafting resumes."""
+    spec = QUIET.model_copy(update={"shared_calibration": True})
+    off, on = BatchWidth(QUIET, 8, 4), BatchWidth(spec, 8, 4)
+    learned = Learned({t: 0.9 for t in Task}, block=8)
+    learned.cost = FixedCost(narrow=2.5, wide=4.0)
+    assert off.calibration == on.calibration == 1.0  # nothing seen yet
+    ks_off = _short_requests(off, learned, 0.35, 200, random.Random(1))
+    ks_on = _short_requests(on, learned, 0.35, 200, random.Random(1))
+    assert sum(k > 0 for k in ks_off[-100:]) == 100
+    assert sum(k > 0 for k in ks_on[-100:]) <= 10
+    assert on.calibration < 0.5 and off.calibration == 1.0
+    later = _short_requests(on, learned, 0.95, 1500, random.Random(2))
+    assert sum(k > 0 for k in later[-200:]) >= 150
+    assert on.calibration > 0.6
+
+
+def test_shared_calibration_leaves_a_right_estimate_alone() -> None:
+    spec = QUIET.model_copy(update={"shared_calibration": True})
+    width = BatchWidth(spec, 8, 4)
+    learned = Learned({t: 0.6 for t in Task}, block=8)
+    learned.cost = FixedCost(narrow=1.5, wide=2.0)
+    ks = _short_requests(width, learned, 0.6, 300, random.Random(3))
+    assert sum(k > 0 for k in ks[-100:]) == 100
+    assert 0.85 < width.calibration < 1.15
