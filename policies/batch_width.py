@@ -80,6 +80,7 @@ class RowWindows:
         # k = 0..positions (NaN: no decision since the slot was opened), and the steps the
         # last ``ingest`` brought: (slots, k [rows, steps], accept length [rows, steps]).
         self.expected = np.zeros((0, positions + 1))
+        self.decided = np.zeros(0, np.intp)  # the k that decision gave the slot (-1: none)
         self.last_new: tuple[np.ndarray, np.ndarray, np.ndarray] = (
             np.zeros(0, np.intp),
             np.zeros((0, 1), np.intp),
@@ -206,6 +207,7 @@ class RowWindows:
         self.counts[slot] = 0.0
         self._ring[slot] = 0.0
         self.expected[slot] = np.nan
+        self.decided[slot] = -1
 
     def _close(self, slot: int) -> None:
         self.rows_per_task[self.task[slot]] -= 1
@@ -220,6 +222,7 @@ class RowWindows:
         self._seen = np.concatenate([self._seen, np.zeros(extra, np.intp)])
         unseen = np.full((extra, self.positions + 1), np.nan)
         self.expected = np.concatenate([self.expected, unseen])
+        self.decided = np.concatenate([self.decided, np.full(extra, -1, np.intp)])
         self._free += range(capacity - 1, old - 1, -1)
 
 
@@ -287,6 +290,8 @@ class BatchWidth:
         self.last_totals = totals
         ceiling = max(0, min(max(ceilings), self._positions))
         k = self._choose(totals, len(rows), cost, ceiling, fields)
+        if self._spec.shared_calibration:  # what each row runs: k within its ceiling
+            self.windows.decided[slots] = np.minimum(k, np.asarray(ceilings))
         self.spec_tokens_now = k
         self.steps += 1
         return k
@@ -326,7 +331,8 @@ class BatchWidth:
 
     def _calibrate(self) -> None:
         """The steps just ingested against what the last decisions expected of them: each
-        drafted row-step adds its accepted drafts and the drafts expected at its k; every
+        drafted row-step that ran its decided k adds its accepted drafts and the drafts
+        expected at that k; every
         row-step ages the sums (a plain one as ``plain_step_age`` of a drafted one), so while
         nothing drafts the factor drifts back to 1 and drafting is tried again."""
         windows = self.windows
@@ -335,7 +341,10 @@ class BatchWidth:
             return
         ks = np.minimum(ks, self._positions)
         expected = windows.expected[rows[:, None], ks]
-        drafted = (ks > 0) & ~np.isnan(expected)
+        # Only steps that ran the k the decision gave them: a probe's wider width, or a
+        # two-phase step's per-row k from the draft's confidence, was not that decision's.
+        decided = ks == windows.decided[rows][:, None]
+        drafted = (ks > 0) & decided & ~np.isnan(expected)
         count = int(drafted.sum())
         plain = int((ks == 0).sum())
         spec = self._spec

@@ -426,3 +426,23 @@ def test_shared_calibration_leaves_a_right_estimate_alone() -> None:
     ks = _short_requests(width, learned, 0.6, 300, random.Random(3))
     assert sum(k > 0 for k in ks[-100:]) == 100
     assert 0.85 < width.calibration < 1.15
+
+
+def test_shared_calibration_counts_only_steps_that_ran_the_decided_k() -> None:
+    """A step at another k (a probe's wider width, a two-phase step's per-row k from the
+    draft's confidence) was not the decision's: it leaves the factor alone."""
+    spec = QUIET.model_copy(update={"shared_calibration": True})
+    width = BatchWidth(spec, 8, 4)
+    learned = Learned({t: 0.5 for t in Task}, block=8)
+    requests = [Request(f"r{i}", Task.MATH) for i in range(8)]
+    k = _step(width, requests, learned, 8)
+    assert k == 7
+    for request in requests:
+        request.ran(4, 5)  # another k, everything accepted
+    _step(width, requests, learned, 8)
+    assert width.calibration == 1.0
+    k = _step(width, requests, learned, 8)
+    for request in requests:
+        request.ran(k, k + 1)  # the decided k, everything accepted: better than expected
+    _step(width, requests, learned, 8)
+    assert width.calibration > 1.0
