@@ -20,6 +20,7 @@ from bench.decisions.workload import Job, Phase
 from engines.embedded.engine import Engine
 from engines.embedded.events import SamplingParams, SpecController, TokenEvent
 from engines.embedded.request import Request
+from policies.acceptance import expected_by_k
 from policies.costmodel import padded_width
 from policies.types import Task
 
@@ -274,10 +275,7 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
     for task in Task:
         fields = models.observe(task)
         rates = list(fields["accept_rates"])[:positions]
-        survive, expected = 1.0, [1.0]
-        for rate in rates:
-            survive *= rate
-            expected.append(expected[-1] + survive)
+        expected = expected_by_k(rates)
         tasks[task.value] = {
             "rates": [round(r, 3) for r in rates],
             "trials": [round(t, 1) for t in list(fields["accept_trials"])[:positions]],
