@@ -172,6 +172,9 @@ Layout = tuple[float, int, float, int]
 # and it has seen this many observations (fractional when a step falls between two rows).
 _MIN_SPREAD = 0.05
 _MIN_OBSERVATIONS = 20.0
+# A width counts as seen at a row once its own steps make up this much of its fit (a
+# ``WidthFit`` weight: about 14 steps at the default learning rate of 0.05).
+_SEEN_WIDTH_WEIGHT = 0.5
 
 
 @dataclass
@@ -194,10 +197,11 @@ class RowFit:
         self.sum_xx = keep * self.sum_xx + rate * predicted_s * predicted_s
         self.sum_xy = keep * self.sum_xy + rate * predicted_s * observed_s
 
-    def fit(self, prior_overhead_s: float = 0.0) -> tuple[float, float]:
+    def fit(self, prior_overhead_s: float = 0.0, separable: bool = True) -> tuple[float, float]:
         """(scale, overhead seconds); (1, prior) before any observation.
 
-        Until the overhead can be separated (or when the fit is implausible) the overhead is
+        Until the overhead can be separated (or when the fit is implausible, or the caller
+        says the spread is not one it may separate on: ``separable``) the overhead is
         ``prior_overhead_s`` and the scale the ratio of means of the time above it.
         """
         level = self.level(prior_overhead_s)
@@ -206,7 +210,8 @@ class RowFit:
         ratio, prior = level
         mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
         var_x = self.sum_xx / self.weight - mean_x * mean_x
-        if self.count < _MIN_OBSERVATIONS or var_x <= (_MIN_SPREAD * mean_x) ** 2:
+        spread = var_x > (_MIN_SPREAD * mean_x) ** 2
+        if not separable or self.count < _MIN_OBSERVATIONS or not spread:
             return ratio, prior
         scale = (self.sum_xy / self.weight - mean_x * mean_y) / var_x
         overhead = mean_y - scale * mean_x
@@ -344,11 +349,23 @@ class CostModel:
                 touched.add(row)
         for row in touched:
             prior = self.prior_overhead(self.table.batch_sizes[row])
-            self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior)
+            separable = self.widths_seen(row) >= 2
+            self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior, separable)
             self._row_terms[row] = self._terms(row)
         # Keep the memoised snapshot until a touched row moved by more than 0.1%.
         if touched and self._snapshot is not None and self._moved(self._snapshot, sorted(touched)):
             self._snapshot = None
+
+    def widths_seen(self, row: int) -> int:
+        """Captured widths whose own steps make up at least ``_SEEN_WIDTH_WEIGHT`` of their
+        fit at ``row``. The row's overhead is separated only across two of them: a spread of
+        predictions at one width comes from batch sizes between two rows, where the table's
+        interpolation, not the step's width, is what the fit would explain (the real pair on
+        an H100, call s37c: 64-row steps at k = 7 only, with batches of 33 to 63 between the
+        rows, fitted an overhead of 0.8-1.2 ms and priced the plain step the row had never
+        run at 1.9-2.2 ms, table 1.28, measured 1.59: drafting looked 1.3-1.5x better than
+        it was, and a plain step was never tried to correct it)."""
+        return sum(f.weight >= _SEEN_WIDTH_WEIGHT for f in self._width_fits[row])
 
     def _terms(self, row: int) -> Terms:
         """(factor, added seconds) per width at ``row``: T = table time x factor + added.

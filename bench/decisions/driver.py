@@ -6,6 +6,7 @@ planner's host time sits inside every measured step, as it does in the daemon.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import re
 import statistics
@@ -271,6 +272,7 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
     view: dict[str, Any] = {"batch": batch}
     if cost is not None:
         view["step_ms"] = {k: round(1e3 * cost.step_time_s(batch, k), 3) for k in ks}
+        view["cost_fit"] = cost_fit(models.cost, batch)
     tasks = {}
     for task in Task:
         fields = models.observe(task)
@@ -297,6 +299,26 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
             },
         }
     return view
+
+
+def cost_fit(model: Any, batch: int) -> dict[str, Any]:
+    """The online cost fit of the table row nearest ``batch`` (at or above it): the row's
+    factor and overhead, how many captured widths it has seen (its overhead is separated
+    only across two), and each width's own ratio to the table and how far it has replaced
+    the row's fit."""
+    sizes = model.table.batch_sizes
+    row = min(bisect.bisect_left(sizes, batch), len(sizes) - 1)
+    snap = model.snapshot()
+    return {
+        "row": sizes[row],
+        "correction": round(snap.corrections[row], 4),
+        "overhead_ms": round(1e3 * snap.overheads_s[row], 4),
+        "widths_seen": model.widths_seen(row),
+        "widths": {
+            width: [round(ratio, 4), round(weight, 3)]
+            for width, (ratio, weight) in zip(model.widths, model.width_fits()[row], strict=True)
+        },
+    }
 
 
 def _tally_step(

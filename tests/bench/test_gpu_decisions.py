@@ -1012,6 +1012,10 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
         assert view["batch"] == concurrency
         step_ms = [view["step_ms"][str(k)] for k in (0, 3, 7, 11, 15)]
         assert min(step_ms) > 0  # (learnt: a width's own fit may price it under a narrower)
+        fit = view["cost_fit"]
+        assert fit["row"] >= concurrency and 0 <= fit["widths_seen"] <= len(fit["widths"])
+        assert fit["correction"] > 0 and fit["overhead_ms"] >= 0
+        assert all(r > 0 and 0 <= w <= 1 for r, w in fit["widths"].values())
         for each in view["tasks"].values():
             expected = [each["expected_accept"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert expected[0] == 1.0 and expected == sorted(expected) and expected[-1] <= 16

@@ -210,3 +210,31 @@ def test_a_width_the_row_has_barely_run_is_not_priced_below_the_rows_mean_ratio(
     snap = model.snapshot()
     assert snap.step_time_s(64, 15) / snap.step_time_s(64, 7) > 1.3  # measured 1.49
     assert snap.step_time_s(64, 7) == pytest.approx(29.15e-3, rel=0.15)
+
+
+def test_a_width_the_row_has_never_run_is_not_priced_from_an_overhead_fitted_at_one_width() -> None:
+    """Fault found in the real pair's H100 run (call s37c, 2026-12-05): a row that has run one
+    width only still fitted an overhead, from the spread that batches between two rows give
+    the table's interpolation, and priced the plain step it had never run far above the
+    table's shape (here 28.2 ms, about a k = 7 step; table 11.5). Drafting then looked
+    better than it was, and the plain step, never tried, was never corrected. One width
+    seen: the row's ratio of means scales every width."""
+    path = Path(__file__).resolve().parents[2] / "cost_tables/qwen3-8b-h200.json"
+    table = CostTable.from_dict(json.loads(path.read_text()))
+    model = CostModel(table, block_size=16, verify_width_multiple=8, draft_cost_fraction=0.16)
+    measured = {(40, 8): 28.7e-3, (48, 8): 28.77e-3, (56, 8): 28.9e-3, (64, 8): 29.15e-3}
+    steps = [(b, 8.0, 1.0, s) for (b, w), s in measured.items() for _ in range(60)]
+    random.Random(2).shuffle(steps)
+    model.observe_steps(steps)
+    snap = model.snapshot()
+    row = table.batch_sizes.index(64)
+    assert model.widths_seen(row) == 1
+    assert snap.overhead_s(64) == 0.0
+    plain_table = model.base_step_time_s(64, 1.0, 0.0)
+    ratio = snap.correction(64)
+    assert snap.step_time_s(64, 0) == pytest.approx(plain_table * ratio, rel=1e-6)
+    assert snap.step_time_s(64, 0) < 0.6 * snap.step_time_s(64, 7)
+    # Once the row runs plain steps too, the overhead is separated across the two widths.
+    model.observe_steps([(64, 1.0, 0.0, plain_table + 2e-3)] * 40)
+    assert model.widths_seen(row) == 2
+    assert model.snapshot().step_time_s(64, 0) == pytest.approx(plain_table + 2e-3, rel=0.05)

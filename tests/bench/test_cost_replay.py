@@ -1,0 +1,62 @@
+"""bench/cost_replay.py: a harness call's decode steps replayed into goodput's cost model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cost_replay import main
+
+TABLE_MS = {  # rows -> verify width -> ms (whole steps, as the engine profiles them)
+    str(b): {str(w): (1.0 + 0.02 * b) * (1.0 if w == 1 else 2.0 + 0.1 * w) for w in (1, 8, 16)}
+    for b in (1, 32, 64)
+}
+
+
+def _raw(tmp_path: Path) -> Path:
+    """A call whose goodput ran k = 7 only, at 40-64 rows that cost the same (no plain step at
+    the row of 64), and a no-spec run whose plain 64-row steps took 2.5 ms."""
+    goodput = [[rows, 7, 0, 6.2, 0, 0, rows * 8, rows * 3] for rows in (40, 48, 56, 64) * 30]
+    plain = [[64, 0, 0, 2.5, 0, 0, 64, 64]] * 20 + [[64, 0, 1, 30.0, 0, 0, 64, 64]]
+    runs = [
+        {
+            "policy": "goodput",
+            "repeat": 0,
+            "phases": {
+                "math": {"timeline": []},
+                "mixed": {"timeline": goodput},
+                "chat": {"timeline": []},
+            },
+        },
+        {"policy": "no-spec", "repeat": 0, "phases": {"mixed": {"timeline": plain}}},
+    ]
+    raw = {"arm_info": {"cost_table_ms": TABLE_MS, "block_size": 16}, "runs": runs}
+    path = tmp_path / "call.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    return path
+
+
+def test_a_row_that_ran_one_width_prices_plain_by_the_tables_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "replay.json"
+    main([str(_raw(tmp_path)), "--batch", "64", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report == json.loads(capsys.readouterr().out)
+    assert report["measured_ms_by_k"] == {"0": 2.5}  # the admitting call left out
+    last = report["replay"][-1]
+    assert [r["phase"] for r in report["replay"]] == ["math", "mixed", "chat"]
+    assert last["steps"] == 0 and report["replay"][1]["steps"] == 120
+    assert last["row"] == 64 and last["row_widths_seen"] == 1 and last["row_overhead_ms"] == 0
+    table = report["table_ms"]
+    assert last["priced_k7_over_plain"] == pytest.approx(table["7"] / table["0"], rel=1e-3)
+
+
+def test_a_policy_the_file_lacks_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no runs of policy 'oracle' \\(has goodput, no-spec\\)"):
+        main([str(_raw(tmp_path)), "--policy", "oracle"])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing.json.gz")])
