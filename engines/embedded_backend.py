@@ -176,6 +176,8 @@ class EmbeddedEngineBackend:
 
         c = self.config
         device = str(engine.runner.device)
+        # Known before the table is offered: a ragged engine's table prices every k.
+        self.steps.ragged = engine.runner.per_row_widths
         # Bursts change what a step costs: part of what the table depends on.
         kernels = {
             **engine.runner.kernel_settings(),

@@ -192,8 +192,9 @@ class StepController:
         self._source = source
         self.block_size = block_size
         # The engine's rows verify at their own widths (ragged CUDA-graph verifies or the eager
-        # packed path; the embedded backend sets it once the engine is loaded): goodput's
-        # ``step_mode: engine`` (the default) then runs ``auto``, else ``shared``.
+        # packed path; the embedded backend sets it once the engine is loaded, before it offers
+        # its cost table): goodput's ``step_mode: engine`` (the default) then runs ``auto``,
+        # else ``shared``, and the engine's table prices every k on its own (no padded widths).
         self.ragged = ragged
         self._rng = rng or random.Random()
         self._window = window_steps
@@ -268,10 +269,14 @@ class StepController:
     def _adopt_cost_table(self, active: ActivePolicy) -> None:
         models = active.models
         if models is not None and models.cost is None and self.cost_table is not None:
+            # A ragged engine verifies each row's own k + 1 tokens: every k has its price.
+            multiple = 1 if self.ragged else None
             with self._lock:
-                if models.adopt_cost_table(self.cost_table):
+                if models.adopt_cost_table(self.cost_table, multiple):
                     log.info(
-                        "policy version %d prices steps with this engine's profile", active.version
+                        "policy version %d prices steps with this engine's profile%s",
+                        active.version,
+                        " (per-row widths: every k priced)" if self.ragged else "",
                     )
 
     def start(self, task: Task, confidence: float, first_spec_tokens: int) -> RequestSteps:
@@ -317,7 +322,9 @@ class StepController:
                 width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
                 drafting = 1.0
             else:
-                width = float(padded_width(widest, newest.models.spec.verify_width_multiple))
+                cost = newest.models.cost
+                multiple = (cost or newest.models.spec).verify_width_multiple
+                width = float(padded_width(widest, multiple))
                 drafting = float(widest > 0)
             seconds = reports[0].step_time_s
             if self.step_mode(newest) == "auto":

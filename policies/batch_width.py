@@ -17,7 +17,10 @@ ceiling now); the engine gives every row that k, clamped to the row's ceiling.
   row's ceiling, in a few numpy passes over all rows; host time barely grows with the batch.
 - The choice: k maximises ``sum_r E_r(k) / T(B, k)`` over 0 and the largest k of each captured
   width in ``[min_k, max_k]`` (k's of one padded width cost the same; T at the width the
-  clamped rows really run). Drafting must beat a plain step by ``min_gain``; the previous
+  clamped rows really run). The widths are the step cost's: an engine whose rows verify at
+  their own widths (ragged) hands its table with multiple 1, so every k in ``[min_k, max_k]``
+  is a candidate at its own price (before session 38 the policy's multiple of 8 left only
+  k = 7 and 15 there). Drafting must beat a plain step by ``min_gain``; the previous
   *decision* is kept unless another k is better by ``hysteresis``.
 - Probes, and why they end: positions past the chosen k are censored, so with probability
   ``probe_probability`` a step verifies one captured width wider, but only while fewer than
@@ -259,9 +262,17 @@ class BatchWidth:
         # is scaled by their ratio (``calibration``).
         self._realized = 0.0
         self._expected = 0.0
-        # Steps of one padded width cost the same: only the largest k of each can win.
-        multiple = spec.verify_width_multiple
-        self._candidates = sorted(
+        # Steps of one padded width cost the same: only the largest k of each can win. The
+        # widths are the step cost's (an engine whose rows verify at their own widths prices
+        # every k: multiple 1), known only once the cost arrives (``_candidates_for``); probes
+        # step by the policy's captured width either way.
+        self._multiple = spec.verify_width_multiple
+        self._candidates = self._candidates_for(self._multiple)
+        self._probe_targets = self._candidates
+
+    def _candidates_for(self, multiple: int) -> list[int]:
+        """0 and the largest k in [min_k, max_k] of each padded width of ``multiple``."""
+        return sorted(
             {0}
             | {
                 min(self._max_k, padded_width(k, multiple) - 1)
@@ -286,6 +297,9 @@ class BatchWidth:
             rates = self._fill(task, each.get("accept_rates", ()))
             np.multiply(rates, self._strength, out=self._prior_successes[TASK_INDEX[task]])
             cost = each.get("step_cost") or cost
+        multiple = getattr(cost, "verify_width_multiple", self._spec.verify_width_multiple)
+        if multiple != self._multiple:
+            self._multiple, self._candidates = multiple, self._candidates_for(multiple)
         totals = self._expected_totals(slots, ceilings)
         self.last_totals = totals
         ceiling = max(0, min(max(ceilings), self._positions))
@@ -406,7 +420,7 @@ class BatchWidth:
         self, spec_tokens: int, ceiling: int, fields: Mapping[Task, Mapping[str, Any]]
     ) -> int | None:
         """One captured width wider, while a batch task has few recent steps that drafted it."""
-        wider = [k for k in self._candidates if k > spec_tokens]
+        wider = [k for k in self._probe_targets if k > spec_tokens]
         if not wider or ceiling <= spec_tokens or self._rng_u() >= self._spec.probe_probability:
             return None
         target = wider[0]

@@ -29,7 +29,13 @@ from policies.types import TASKS, StepCost, Task
 class OnlineModels:
     """Per-task acceptance estimates plus the step cost model, updated from outcomes."""
 
-    def __init__(self, spec: GoodputSpec, block_size: int, cost_table: CostTable | None = None):
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        block_size: int,
+        cost_table: CostTable | None = None,
+        verify_width_multiple: int | None = None,
+    ):
         self.spec = spec
         self.block_size = block_size
         n = max(1, block_size - 1)
@@ -44,17 +50,20 @@ class OnlineModels:
         }
         self.cost: CostModel | None = None
         if cost_table is not None:
-            self.adopt_cost_table(cost_table)
+            self.adopt_cost_table(cost_table, verify_width_multiple)
 
-    def adopt_cost_table(self, table: CostTable) -> bool:
+    def adopt_cost_table(self, table: CostTable, verify_width_multiple: int | None = None) -> bool:
         """Price steps with ``table`` unless a cost model exists already (the policy's own
-        ``cost_table`` wins over an engine's start-up profile); True when adopted."""
+        ``cost_table`` wins over an engine's start-up profile); True when adopted.
+        ``verify_width_multiple``: the engine's own, when it knows it (1 for an engine whose
+        rows verify at their own widths: every k has its own price); else the policy's."""
         if self.cost is not None:
             return False
+        multiple = verify_width_multiple or self.spec.verify_width_multiple
         self.cost = CostModel(
             table=table,
             block_size=self.block_size,
-            verify_width_multiple=self.spec.verify_width_multiple,
+            verify_width_multiple=multiple,
             draft_cost_fraction=self.spec.draft_cost_fraction,
             learning_rate=self.spec.cost_learning_rate,
             prior_overhead_s=self.spec.step_overhead_s,
@@ -112,7 +121,7 @@ class OnlineModels:
         if batch_size is None or self.cost is None:
             return
         k0 = per_step[0] if per_step else (spec_tokens if isinstance(spec_tokens, int) else 0)
-        width = float(padded_width(k0, self.spec.verify_width_multiple))
+        width = float(padded_width(k0, self.cost.verify_width_multiple))
         drafting = 1.0 if k0 > 0 else 0.0
         for seconds in step_times_s:
             self.cost.observe_step(batch_size, width, drafting, seconds)

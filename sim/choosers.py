@@ -71,10 +71,13 @@ class GoodputChooser:
         min_k: int,
         padded: bool = False,
         models: OnlineModels | None = None,
+        engine_multiple: int | None = None,
     ):
         self._policy = GoodputPolicy(spec)
-        # ``models``: shared with another chooser of the same policy (goodput-auto's modes)
-        self._models = models or OnlineModels(spec, block_size, table)
+        # ``models``: shared with another chooser of the same policy (goodput-auto's modes);
+        # ``engine_multiple``: the engine's verify width multiple, which the embedded engine
+        # hands its policy with its table (1 when rows verify at their own widths)
+        self._models = models or OnlineModels(spec, block_size, table, engine_multiple)
         self._block_size = block_size
         self._rng = random.Random(f"goodput:{seed}")
         self._window = spec.request_window_steps
@@ -176,10 +179,11 @@ class Informed:
         block_size: int,
         min_k: int,
         padded: bool = False,
+        engine_multiple: int | None = None,
     ):
         quiet = spec.model_copy(update={"probe_probability": 0.0, "hysteresis": 0.0})
         self._policy = GoodputPolicy(quiet)
-        self._cost = OnlineModels(quiet, block_size, table).step_cost()
+        self._cost = OnlineModels(quiet, block_size, table, engine_multiple).step_cost()
         self._block_size = block_size
         self._min_k = min_k
         self._padded = padded  # one k for the batch: best_shared_k on the rows' rates

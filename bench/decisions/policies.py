@@ -82,9 +82,17 @@ class Context:
     # the goodput policies' min_spec_tokens (``-kmin<N>``); None: the policy file's default
     min_spec_tokens: int | None = None
 
+    def engine_multiple(self) -> int | None:
+        """The verify width multiple the engine hands its policies with its table: 1 on a
+        ragged engine (each row verifies its own k + 1 tokens), None (the policy's) padded."""
+        return 1 if self.verify_mode == "ragged" else None
+
     def cost(self) -> StepCost:
         """The cost table as the goodput policy prices it before it learns anything."""
-        snapshot = OnlineModels(self.goodput, self.block_size, self.cost_table).step_cost()
+        models = OnlineModels(
+            self.goodput, self.block_size, self.cost_table, self.engine_multiple()
+        )
+        snapshot = models.step_cost()
         assert snapshot is not None, "a cost table gives a step cost"
         return snapshot
 
@@ -223,7 +231,9 @@ def _goodput(
         if slots_min_batch is not None:
             update["slots_min_batch"] = slots_min_batch
         goodput = GoodputSpec.model_validate(goodput.model_dump() | update)
-    models = OnlineModels(goodput, ctx.block_size, ctx.cost_table)
+    # The engine hands its policy its table with its verify width multiple (a ragged engine
+    # prices every k on its own: StepController.offer_cost_table).
+    models = OnlineModels(goodput, ctx.block_size, ctx.cost_table, ctx.engine_multiple())
     bounds = {} if ctx.min_spec_tokens is None else {"min_spec_tokens": ctx.min_spec_tokens}
     spec = PolicySpec(kind="goodput", goodput=goodput, **bounds)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)

@@ -55,7 +55,9 @@ def main() -> None:
         statics = base.policies.static_spec_tokens if args.with_static else []
         runs[name] = {}
         for value in values:
-            goodput = base.policies.goodput.model_copy(update={args.key: value})
+            # validated, so a value is coerced to the key's type (an int key from "8")
+            spec = base.policies.goodput
+            goodput = type(spec).model_validate(spec.model_dump() | {args.key: value})
             policies = base.policies.model_copy(
                 update={
                     "static_spec_tokens": statics,

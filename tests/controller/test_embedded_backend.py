@@ -123,3 +123,31 @@ async def test_tpot_of_whole_requests_comes_from_the_engine(
         tpot = stats["tasks"][task]["tpot_p50_s"]
         assert tpot is not None and 0 < tpot < 5, stats["tasks"][task]
     assert stats["backends"][0]["tpot_p50_s"] is not None
+
+
+async def test_the_engines_profile_reaches_a_goodput_policy_with_every_k_priced(
+    tmp_path: Path, pair: tuple[Path, Path]
+) -> None:
+    """The backend tells its step controller the engine verifies rows at their own widths
+    (the CPU engine packs them) before it offers the start-up profile, so the goodput policy
+    prices k = 4 at 5 tokens a row, not padded to k = 7's width."""
+    from engines.config import EmbeddedConfig
+    from engines.embedded_backend import EmbeddedEngineBackend
+    from engines.step_controller import FixedPolicySource
+    from policies.goodput import GoodputPolicy
+    from policies.model import GoodputSpec, PolicySpec
+    from policies.online import OnlineModels
+
+    spec = PolicySpec(kind="goodput")
+    models = OnlineModels(spec.goodput, 8)
+    source = FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), models)
+    config = EmbeddedConfig.model_validate(backend_for(pair) | {"cost_cache_dir": tmp_path})
+    backend = EmbeddedEngineBackend(config, source)
+    await backend.start()
+    try:
+        assert backend.steps.ragged
+        assert models.cost is not None and models.cost.verify_width_multiple == 1
+        snapshot = models.cost.snapshot()
+        assert snapshot.step_time_s(1, 4) != snapshot.step_time_s(1, 7)
+    finally:
+        await backend.close()

@@ -446,3 +446,48 @@ def test_shared_calibration_counts_only_steps_that_ran_the_decided_k() -> None:
         request.ran(k, k + 1)  # the decided k, everything accepted: better than expected
     _step(width, requests, learned, 8)
     assert width.calibration > 1.0
+
+
+def test_on_a_ragged_engine_every_k_is_a_candidate_and_priced_on_its_own() -> None:
+    """An engine whose rows verify at their own widths hands its table with multiple 1: a step
+    of k = 4 costs 5 tokens a row, not a padded 8, so a shared k of 4-6 can win where the
+    padded candidates (0, 7, 15) could not (the real pair's 8-row chat phase on an H100, call
+    s37c: static-k4 8,520 tok/s, static-k7 8,308, the shared k only 7 or 15)."""
+    # 8 rows: each verified token a row costs 0.08 of a plain step.
+    table = CostTable(
+        batch_sizes=(1, 8, 64),
+        tokens_per_request=(1, 2, 4, 8, 16),
+        step_time_s=tuple(
+            tuple(1e-3 * (1.0 + b * 0.01 * (t - 1)) for t in (1, 2, 4, 8, 16)) for b in (1, 8, 64)
+        ),
+    )
+    rates = {task: 0.55 for task in Task}  # a short run: most of it within 4 drafts
+    chosen = {}
+    for multiple in (8, 1):
+        learned = Learned(rates, block=16)
+        learned.cost = OnlineModels(QUIET, 16, table, multiple).step_cost()
+        width = BatchWidth(QUIET, 16, min_spec_tokens=4)
+        chosen[multiple] = _step(width, [Request(f"r{i}", Task.CHAT) for i in range(8)], learned)
+    assert chosen[8] in (0, 7, 15)
+    assert 4 <= chosen[1] < 7  # priced at its own width, a narrower k wins
+    # The expected rate at the chosen k beats the padded choice's under the ragged prices.
+    cost = OnlineModels(QUIET, 16, table, 1).step_cost()
+    assert cost is not None
+    expected = expected_by_k([0.55] * 15)
+    rate = {k: expected[k] / cost.step_time_s(8, k) for k in (chosen[1], chosen[8])}
+    assert rate[chosen[1]] > rate[chosen[8]]
+
+
+def test_probes_on_a_ragged_engine_still_step_by_the_policys_captured_width() -> None:
+    """Probes observe the positions past the chosen k a whole captured width at a time: from a
+    narrow k on a ragged engine the probe verifies k = 7, not one position more."""
+    table = CostTable(
+        batch_sizes=(1, 8), tokens_per_request=(1, 16), step_time_s=((1e-3, 1.3e-3), (1e-3, 2e-3))
+    )
+    spec = GoodputSpec(probe_probability=1.0, probe_min_steps=1e9, hysteresis=0.0)
+    learned = Learned({task: 0.55 for task in Task}, block=16, trials=1.0)
+    learned.cost = OnlineModels(spec, 16, table, 1).step_cost()
+    width = BatchWidth(spec, 16, min_spec_tokens=4, rng_u=lambda: 0.0)
+    k = _step(width, [Request("r", Task.CHAT)], learned)
+    assert width.last[0] == "probe" and k == 7
+    assert 4 <= width._decided < 7  # the decision itself: a narrow k

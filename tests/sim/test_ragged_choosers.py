@@ -157,3 +157,32 @@ def test_a_capped_allocator_drafts_and_verifies_at_most_its_cap(tmp_path: Path) 
     allocator.choose = recorded  # type: ignore[method-assign]
     SimServer(scenario, Workload(scenario), allocator, engine_cost(scenario, table)).run()
     assert widest and max(widest) <= 7 and max(widest) >= 4
+
+
+@pytest.mark.parametrize(
+    ("cost", "want"),
+    [
+        ("batch_verify: ragged, verify_width_multiple: 1", 1),
+        ("batch_verify: padded, verify_width_multiple: 1", 8),
+    ],
+)
+def test_goodput_prices_steps_with_the_engines_multiple_on_a_ragged_engine(
+    tmp_path: Path, cost: str, want: int
+) -> None:
+    """As the embedded engine hands its policy its table: a ragged engine's verify width
+    multiple (every k priced at its own width); a padded engine leaves the policy's (8)."""
+    from engines.cost_tables import load_cost_table
+    from sim.runner import build_choosers
+
+    text = _ci_small("  include_goodput_auto: true\n  include_informed: true\n")
+    text = text.replace("cost:\n", f"cost:\n  {cost.split(', ')[0]}\n  {cost.split(', ')[1]}\n")
+    path = tmp_path / "multiple.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    table = load_cost_table(scenario.resolve(scenario.cost.table))
+    choosers = {c.name: c for c in build_choosers(scenario, table)}
+    models = choosers["goodput"]._models
+    assert models.cost is not None and models.cost.verify_width_multiple == want
+    if want == 1:
+        auto = choosers["goodput-auto"]._one._models
+        assert auto.cost is not None and auto.cost.verify_width_multiple == 1

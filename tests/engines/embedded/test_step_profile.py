@@ -320,3 +320,22 @@ def test_the_policy_prices_steps_with_the_profile_only_without_a_table_of_its_ow
     other.offer_cost_table(table(True))
     other.start(Task.MATH, 1.0, 0)
     assert own.cost is not None and not own.cost.table.includes_draft  # the policy's own wins
+
+
+def test_a_ragged_engines_profile_prices_every_k_on_its_own() -> None:
+    """The engine's verify width multiple comes with its table: on an engine whose rows verify
+    at their own widths (``StepController.ragged``) every k is priced at k + 1 tokens; on a
+    padded one the policy's multiple (8) still pads k = 4 up to the width of k = 7."""
+    spec = PolicySpec(kind="goodput")
+    priced = {}
+    for ragged in (False, True):
+        models = OnlineModels(spec.goodput, 16)
+        source = FixedPolicySource(spec, GoodputPolicy(GoodputSpec()), models)
+        controller = StepController(source, 16, ragged=ragged)
+        controller.offer_cost_table(table(True))
+        assert models.cost is not None
+        assert models.cost.verify_width_multiple == (1 if ragged else 8)
+        snapshot = models.cost.snapshot()
+        priced[ragged] = [snapshot.step_time_s(1, k) for k in (4, 7)]
+    assert priced[False][0] == priced[False][1]  # padded: one width, one price
+    assert priced[True][0] < priced[True][1]  # ragged: 5 tokens cost less than 8
