@@ -7,9 +7,11 @@ Run once per tree, each on its own code (a git worktree of the older commit for 
     cd /work/main && PYTHONPATH=. python results/sim/code_ab.py \\
         mixed-shift-host-overhead,steady-math-c64 > b.json
 
-Each scenario (``scenarios/NAME.yaml`` of this repository) runs with only the goodput policy
-(no static k, oracle or informed policy) at each of ``--seeds``; prints
-``{"code": COMMIT, "runs": {"NAME/SEED": {"goodput_tok_s", "phases": {PHASE: tok/s}}}}``.
+Each scenario (``scenarios/NAME.yaml`` of this repository) runs with only the goodput policies
+(``goodput`` and, where the scenario includes it, ``goodput-auto``; no static k, oracle,
+informed, allocator or vLLM policy) at each of ``--seeds``; prints ``{"code": COMMIT, "runs":
+{"NAME/SEED[/POLICY]": {"goodput_tok_s", "phases": {PHASE: tok/s}}}}`` (POLICY when not
+``goodput``).
 """
 
 from __future__ import annotations
@@ -44,17 +46,25 @@ def main() -> None:
         if not path.is_file():
             parser.error(f"no scenario {path}")
         base = load_scenario(path)
+        others = ("oracle", "informed", "allocator", "vllm_av", "allocator_gated")
         policies = base.policies.model_copy(
-            update={"static_spec_tokens": [], "include_oracle": False, "include_informed": False}
+            update={
+                "static_spec_tokens": [],
+                "include_allocator_prior": False,
+                **{f"include_{name}": False for name in others},
+            }
         )
         for seed in seeds:
             scenario = base.model_copy(update={"seed": seed, "policies": policies})
-            report = run_scenario(scenario)["policies"]["goodput"]
-            runs[f"{name}/{seed}"] = {
-                "goodput_tok_s": report["goodput_tok_s"],
-                "phases": {p: v["goodput_tok_s"] for p, v in report.get("phases", {}).items()},
-            }
-            print(f"{name} seed {seed}: {report['goodput_tok_s']:.1f} tok/s", file=sys.stderr)
+            for policy, report in run_scenario(scenario)["policies"].items():
+                if not policy.startswith("goodput"):
+                    continue
+                key = f"{name}/{seed}" if policy == "goodput" else f"{name}/{seed}/{policy}"
+                runs[key] = {
+                    "goodput_tok_s": report["goodput_tok_s"],
+                    "phases": {p: v["goodput_tok_s"] for p, v in report.get("phases", {}).items()},
+                }
+                print(f"{key}: {report['goodput_tok_s']:.1f} tok/s", file=sys.stderr)
     print(json.dumps({"code": code, "runs": runs}, indent=1))
 
 
