@@ -4,7 +4,8 @@ A raw file of ``bench/gpu_decisions.py`` keeps every step of every run (``timeli
 widest k, whether the call admitted, ms, ...) and the arm's start-up cost table. This feeds
 one policy's decode steps (admitting calls left out: their time holds a prefill), run by run
 and phase by phase in the order they ran, into a ``CostModel`` built as the harness builds
-goodput's (the arm's table, ``GoodputSpec()``'s width multiple and learning rate), and prints
+goodput's (the arm's table; the engine's width multiple, 1 on a ragged arm, else
+``GoodputSpec()``'s; its learning rate), and prints
 after each phase the priced step time at k = 0 and the block's k's for a batch, against the
 table's and against the plain and k = 7 steps the file measured at that batch. The step
 times are the harness's (a call's wall time over its steps), not the runner's own, so the
@@ -86,10 +87,12 @@ def measured_ms(raw: dict[str, Any], batch: int) -> dict[str, float]:
 def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]:
     spec = GoodputSpec()
     table = arm_table(raw["arm_info"])
+    # the engine's multiple, as the harness hands it (1 on a ragged engine: every k its price)
+    ragged = raw["arm_info"].get("verify_mode") == "ragged"
     model = CostModel(
         table=table,
         block_size=raw["arm_info"]["block_size"],
-        verify_width_multiple=spec.verify_width_multiple,
+        verify_width_multiple=1 if ragged else spec.verify_width_multiple,
         draft_cost_fraction=spec.draft_cost_fraction,
         learning_rate=spec.cost_learning_rate,
     )
@@ -101,7 +104,7 @@ def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]
             continue
         for name in PHASES:
             steps = [
-                (rows, float(padded_width(k, spec.verify_width_multiple)), float(k > 0), ms / 1e3)
+                (rows, float(padded_width(k, model.verify_width_multiple)), float(k > 0), ms / 1e3)
                 for rows, k, admitted, ms, *_ in run["phases"][name].get("timeline", ())
                 if not admitted
             ]
