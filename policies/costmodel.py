@@ -281,8 +281,19 @@ class CostModel:
         self._overhead_s = [self.prior_overhead(b) for b in self.table.batch_sizes]
         self._fits = [RowFit() for _ in range(rows)]
         self._width_fits = [[WidthFit() for _ in self.widths] for _ in range(rows)]
+        # Per bucketed batch of the table: ascending token counts, and measured over the
+        # table's time there (``token_bucket``).
+        table = self.table
+        self._buckets: list[tuple[int, list[int], list[float]]] = [
+            (
+                batch,
+                [n for n, _ in points],
+                [t / table.time_s(batch, n / batch) for n, t in points],
+            )
+            for batch, points in table.token_buckets
+        ]
         self._row_base_s = [
-            [self.base_step_time_s(b, w, 1.0 if w > 1 else 0.0) for w in self.widths]
+            [self.step_base_s(b, w, 1.0 if w > 1 else 0.0) for w in self.widths]
             for b in self.table.batch_sizes
         ]
         self._row_terms = [self._terms(row) for row in range(rows)]
@@ -302,10 +313,42 @@ class CostModel:
         found = self._layouts.get(key)
         if found is None:
             width = padded_width(spec_tokens, self.verify_width_multiple)
-            base = self.base_step_time_s(batch_size, width, 1.0 if spec_tokens else 0.0)
+            base = self.step_base_s(batch_size, width, 1.0 if spec_tokens else 0.0)
             i, w = _bracket(self.table.batch_sizes, batch_size)
             found = self._layouts[key] = (base, i, min(max(w, 0.0), 1.0), self.width_index(width))
         return found
+
+    def token_bucket(self, batch_size: int, tokens: float) -> tuple[float, float]:
+        """The captured token count a drafting step of ``batch_size`` rows and ``tokens``
+        tokens runs (the smallest measured one >= it at the first bucketed batch >= the
+        step's), and the measured over the table's time there; ``(tokens, 1.0)`` unmeasured
+        (no bucketed batch that large, or more tokens than its largest count)."""
+        for bucket_batch, counts, ratios in self._buckets:
+            if bucket_batch >= batch_size:
+                at = bisect.bisect_left(counts, tokens)
+                if at == len(counts):
+                    break
+                return float(counts[at]), ratios[at]
+        return float(tokens), 1.0
+
+    def step_base_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
+        """The table's time of a step as the engine runs it, before any online correction.
+
+        On an engine whose rows verify at their own widths (``verify_width_multiple`` 1) a
+        drafting step runs the captured token count at or above its tokens, so where the table
+        measured them (``token_buckets``) it is priced there: the table's step at that count
+        times the measured over the table's time. A GPU's verify climbs in stairs between the
+        table's widths (tiles): with the session 37 8B profiles, at 32 rows k = 8 interpolated
+        as 0.3% better than k = 7 where the counts it runs make it 8% worse. Elsewhere (padded
+        engines, plain steps, batches whose graph is not a bucketed one), ``base_step_time_s``."""
+        batch = max(1, round(batch_size))
+        # only where the step's graph runs a bucketed batch (captured batch sizes double: a
+        # step of 17-32 rows runs the 32-row graphs); smaller steps were not measured so
+        bucketed = any(batch <= b < 2 * batch for b, _, _ in self._buckets)
+        if drafting <= 0 or self.verify_width_multiple != 1 or not bucketed:
+            return self.base_step_time_s(batch_size, mean_width, drafting)
+        tokens, ratio = self.token_bucket(batch, batch * mean_width)
+        return self.base_step_time_s(batch_size, tokens / batch, drafting) * ratio
 
     def base_step_time_s(self, batch_size: float, mean_width: float, drafting: float) -> float:
         """Uncorrected table time for a step; ``drafting`` = share of requests that draft."""
@@ -334,7 +377,7 @@ class CostModel:
             if shape is None:
                 i, w = _bracket(self.table.batch_sizes, batch_size)
                 shape = shapes[(batch_size, mean_width, drafting)] = (
-                    self.base_step_time_s(batch_size, mean_width, drafting),
+                    self.step_base_s(batch_size, mean_width, drafting),
                     self.width_index(mean_width),
                     i,
                     min(max(w, 0.0), 1.0),

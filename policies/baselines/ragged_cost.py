@@ -20,7 +20,6 @@ the drafts past it pay for the tile.
 
 from __future__ import annotations
 
-import bisect
 from typing import Protocol
 
 import numpy as np
@@ -58,35 +57,13 @@ class TableRaggedCost:
     def __init__(self, model: CostModel):
         self._model = model
         self._snapshot = model.snapshot()
-        table = model.table
-        # per bucketed batch: ascending token counts, and measured over the table's time there
-        self._buckets: list[tuple[int, list[int], list[float]]] = [
-            (
-                batch,
-                [n for n, _ in points],
-                [t / table.time_s(batch, n / batch) for n, t in points],
-            )
-            for batch, points in table.token_buckets
-        ]
 
     def step_time_s(self, batch_size: int, num_draft_tokens: int) -> float:
         batch = max(1, batch_size)
         tokens = float(batch + num_draft_tokens)
         drafting = 1.0 if num_draft_tokens > 0 else 0.0
         ratio = 1.0
-        if drafting:
-            tokens, ratio = self._bucket(batch, batch + num_draft_tokens)
+        if drafting:  # the captured count it runs (``CostModel.token_bucket``)
+            tokens, ratio = self._model.token_bucket(batch, batch + num_draft_tokens)
         base = self._model.base_step_time_s(batch, tokens / batch, drafting)
         return base * ratio * self._snapshot.correction(batch) + self._snapshot.overhead_s(batch)
-
-    def _bucket(self, batch: int, tokens: int) -> tuple[float, float]:
-        """The captured token count a drafting step of ``batch`` rows and ``tokens`` tokens
-        runs, and the measured over the table's time there (``tokens`` and 1.0 unmeasured:
-        no bucketed batch >= ``batch``, or more tokens than its largest count)."""
-        for bucket_batch, counts, ratios in self._buckets:
-            if bucket_batch >= batch:
-                at = bisect.bisect_left(counts, tokens)
-                if at == len(counts):
-                    break
-                return float(counts[at]), ratios[at]
-        return float(tokens), 1.0

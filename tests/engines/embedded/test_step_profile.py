@@ -339,3 +339,28 @@ def test_a_ragged_engines_profile_prices_every_k_on_its_own() -> None:
         priced[ragged] = [snapshot.step_time_s(1, k) for k in (4, 7)]
     assert priced[False][0] == priced[False][1]  # padded: one width, one price
     assert priced[True][0] < priced[True][1]  # ragged: 5 tokens cost less than 8
+
+
+def test_a_ragged_engines_shared_k_is_priced_at_the_counts_its_steps_run() -> None:
+    """With every k a candidate (a ragged engine's multiple of 1), the policy's own step cost
+    prices a shared k at the captured count its step runs, as the budget rules do: 64 rows at
+    k = 6 (448 tokens) pay the stair past 384 like k = 7 (512), where the widths' line made
+    k = 6 look cheaper; steps of rows whose graph is not a bucketed one (16 rows), plain
+    steps, and padded engines keep the line."""
+    table = stair_cost(True)._model.table
+    ragged = CostModel(table, block_size=16, verify_width_multiple=1).snapshot()
+    line = CostModel(
+        CostTable(
+            table.batch_sizes, table.tokens_per_request, table.step_time_s, includes_draft=True
+        ),
+        block_size=16,
+        verify_width_multiple=1,
+    ).snapshot()
+    for k in (5, 6, 7, 9):
+        assert ragged.step_time_s(64, k) == pytest.approx(stair_step_s(64, k + 1))
+    assert ragged.step_time_s(64, 6) > line.step_time_s(64, 6)  # the stair the line hides
+    assert ragged.step_time_s(48, 6) != line.step_time_s(48, 6)  # 48 rows run the 64-row graphs
+    for batch, k in ((16, 6), (64, 0)):
+        assert ragged.step_time_s(batch, k) == pytest.approx(line.step_time_s(batch, k))
+    padded = CostModel(table, block_size=16, verify_width_multiple=8).snapshot()
+    assert padded.step_time_s(64, 4) == pytest.approx(line.step_time_s(64, 7))
