@@ -5,16 +5,18 @@ widest k, whether the call admitted, ms, ...) and the arm's start-up cost table.
 one policy's decode steps (admitting calls left out: their time holds a prefill), run by run
 and phase by phase in the order they ran, into a ``CostModel`` built as the harness builds
 goodput's (the arm's table; the engine's width multiple, 1 on a ragged arm, else
-``GoodputSpec()``'s; its learning rate), and prints
-after each phase the priced step time at k = 0 and the block's k's for a batch, against the
-table's and against the plain and k = 7 steps the file measured at that batch. The step
-times are the harness's (a call's wall time over its steps), not the runner's own, so the
-replay approximates the run's fit; it found the fault fixed in session 38 (an overhead fitted
-at a row that had run one width: docs/goodput.md "Online correction").
+``GoodputSpec()``'s; its learning rate), and prints after each phase the priced step time at
+k = 0 and the block's k's for a batch, against the table's and against the plain and k = 7
+steps the file measured at that batch; and, before anything is learnt, every shared k's
+expected rate over a plain step's by the start-up table and the arm's population rates
+(``shared_k_prices``). The step times are the harness's (a call's wall time over its steps),
+not the runner's own, so the replay approximates the run's fit; it found the fault fixed in
+session 38 (an overhead fitted at a row that had run one width: docs/goodput.md "Online
+correction").
 
     .venv/bin/python bench/cost_replay.py \\
       bench/results/gpu_decisions/real-pair_2026-12-05s37c.json.gz --batch 64 \\
-      --out bench/results/cost_replay_s37c.json
+      --out bench/results/cost_replay/real-pair_2026-12-05s37c_b64.json
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from policies.acceptance import expected_by_k  # noqa: E402
 from policies.costmodel import CostModel, CostTable, padded_width  # noqa: E402
 from policies.model import GoodputSpec  # noqa: E402
 
@@ -130,6 +133,47 @@ def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]
     return out
 
 
+def shared_k_prices(raw: dict[str, Any]) -> dict[str, Any]:
+    """Before anything is learnt: every k's expected tokens a second over a plain step's for
+    one shared k, by the arm's start-up table as the engine now hands it (its multiple; on a
+    ragged arm every k at the token count its step runs) and the arm's population rates
+    (``global_rates``, else the pair's ``measured_rates``), at 8 rows on the chat phase's mix
+    and 32 / 48 / 64 rows on the mixed phase's; and the best k."""
+    info = raw["arm_info"]
+    rates = info.get("global_rates") or info.get("measured_rates")
+    if not rates:
+        return {}
+    ragged = info.get("verify_mode") == "ragged"
+    spec = GoodputSpec()
+    model = CostModel(
+        table=arm_table(info),
+        block_size=info["block_size"],
+        verify_width_multiple=1 if ragged else spec.verify_width_multiple,
+    )
+    cost = model.snapshot()
+    mixes = {phase["name"]: phase["mix"] for phase in raw.get("phases", ())}
+    expected = {task: expected_by_k(values) for task, values in rates.items()}
+    out: dict[str, Any] = {}
+    for batch, phase in ((8, "chat"), (32, "mixed"), (48, "mixed"), (64, "mixed")):
+        mix = mixes.get(phase)
+        if mix is None:
+            continue
+        plain = cost.step_time_s(batch, 0)
+        ks = range(info["block_size"])
+        gain = {
+            k: sum(share * expected[task][k] for task, share in mix.items() if task in expected)
+            * plain
+            / cost.step_time_s(batch, k)
+            for k in ks
+        }
+        best = max(gain, key=lambda k: gain[k])
+        out[f"{batch}x{phase}"] = {
+            "best_k": best,
+            "gain_over_plain": {str(k): round(v, 4) for k, v in gain.items()},
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data = args.raw.read_bytes()
@@ -153,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "measured_ms_by_k": measured_ms(raw, args.batch),
         "replay": replay(raw, args.policy, args.batch),
+        "shared_k_prices": shared_k_prices(raw),
     }
     text = json.dumps(report, indent=1)
     print(text)

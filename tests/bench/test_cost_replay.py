@@ -33,7 +33,10 @@ def _raw(tmp_path: Path) -> Path:
         },
         {"policy": "no-spec", "repeat": 0, "phases": {"mixed": {"timeline": plain}}},
     ]
-    raw = {"arm_info": {"cost_table_ms": TABLE_MS, "block_size": 16}, "runs": runs}
+    rates = {"math": [0.9] * 15, "chat": [0.5] * 15}
+    info = {"cost_table_ms": TABLE_MS, "block_size": 16, "global_rates": rates}
+    phases = [{"name": "mixed", "mix": {"math": 0.5, "chat": 0.5}}]
+    raw = {"arm_info": info, "phases": phases, "runs": runs}
     path = tmp_path / "call.json.gz"
     path.write_bytes(gzip.compress(json.dumps(raw).encode()))
     return path
@@ -53,6 +56,15 @@ def test_a_row_that_ran_one_width_prices_plain_by_the_tables_shape(
     assert last["row"] == 64 and last["row_widths_seen"] == 1 and last["row_overhead_ms"] == 0
     table = report["table_ms"]
     assert last["priced_k7_over_plain"] == pytest.approx(table["7"] / table["0"], rel=1e-3)
+    # before anything is learnt: a shared k for the mixed phase's rows at 32, 48 and 64
+    prices = report["shared_k_prices"]
+    assert set(prices) == {"32xmixed", "48xmixed", "64xmixed"}
+    for each in prices.values():
+        gains = {int(k): v for k, v in each["gain_over_plain"].items()}
+        assert gains[0] == pytest.approx(1.0) and each["best_k"] == max(
+            gains, key=gains.__getitem__
+        )
+        assert each["best_k"] in (0, 7, 15)  # a padded arm: k's of one width cost the same
 
 
 def test_a_policy_the_file_lacks_is_named(tmp_path: Path) -> None:
