@@ -392,7 +392,7 @@ class CostModel:
                 touched.add(row)
         for row in touched:
             prior = self.prior_overhead(self.table.batch_sizes[row])
-            separable = self.widths_seen(row) >= 2
+            separable = self.separable(row)
             self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior, separable)
             self._row_terms[row] = self._terms(row)
         # Keep the memoised snapshot until a touched row moved by more than 0.1%.
@@ -409,6 +409,23 @@ class CostModel:
         run at 1.9-2.2 ms, table 1.28, measured 1.59: drafting looked 1.3-1.5x better than
         it was, and a plain step was never tried to correct it)."""
         return sum(f.weight >= _SEEN_WIDTH_WEIGHT for f in self._width_fits[row])
+
+    def separable(self, row: int) -> bool:
+        """Whether ``row`` may separate an overhead: two widths it has seen (``widths_seen``)
+        whose table times differ by more than ``_MIN_SPREAD`` of their mean. With every k a
+        width of its own (a ragged engine's multiple of 1), k = 14 and k = 15 are two widths
+        of about one cost: a batch-1 math phase ran them and a few steps of other widths,
+        and the overhead fitted across them priced its plain step 5-9% over the measured one
+        (the session 37 eager 8B call's steps, replayed)."""
+        seen = [
+            base
+            for f, base in zip(self._width_fits[row], self._row_base_s[row], strict=True)
+            if f.weight >= _SEEN_WIDTH_WEIGHT
+        ]
+        if len(seen) < 2:
+            return False
+        low, high = min(seen), max(seen)
+        return high - low > _MIN_SPREAD * (high + low) / 2
 
     def _terms(self, row: int) -> Terms:
         """(factor, added seconds) per width at ``row``: T = table time x factor + added.

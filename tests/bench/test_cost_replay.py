@@ -72,3 +72,22 @@ def test_a_policy_the_file_lacks_is_named(tmp_path: Path) -> None:
         main([str(_raw(tmp_path)), "--policy", "oracle"])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.json.gz")])
+
+
+def test_the_measured_steps_of_a_gpu_call_price_the_plain_step_near_its_measured_time() -> None:
+    """Session 37's eager 8B call (H100, committed raw file), goodput's steps replayed: the
+    row of 64 ran k = 7 only, the row of 1 ran k = 14 and 15 (with every k a width of its own,
+    two widths of about one cost) and a few others. Neither may separate an overhead: fitted
+    there, they priced the plain step they had barely run at 13.5-14.4 ms (measured 9.8) and
+    7.1-7.4 ms (measured 6.8)."""
+    from bench.cost_replay import measured_ms, replay
+
+    path = Path(__file__).resolve().parents[2] / "bench/results/gpu_decisions"
+    raw = json.loads(gzip.decompress((path / "synthetic-8b_2026-12-05s37d.json.gz").read_bytes()))
+    for batch in (1, 64):
+        plain = measured_ms(raw, batch)["0"]
+        fitted = [p for p in replay(raw, "goodput", batch) if p["row_widths_seen"]]
+        assert len(fitted) >= 4  # (batch 64: from the first mixed phase on)
+        for phase in fitted:
+            assert phase["row_overhead_ms"] == 0.0
+            assert phase["priced_ms"]["0"] == pytest.approx(plain, rel=0.06)
