@@ -324,7 +324,10 @@ class StepController:
             else:
                 cost = newest.models.cost
                 multiple = (cost or newest.models.spec).verify_width_multiple
-                width = float(padded_width(widest, multiple))
+                if multiple == 1:  # rows verify their own k + 1 (some clamped near their end)
+                    width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
+                else:
+                    width = float(padded_width(widest, multiple))
                 drafting = float(widest > 0)
             seconds = reports[0].step_time_s
             if self.step_mode(newest) == "auto":

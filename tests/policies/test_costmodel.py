@@ -238,4 +238,3 @@ def test_a_width_the_row_has_never_run_is_not_priced_from_an_overhead_fitted_at_
     model.observe_steps([(64, 1.0, 0.0, plain_table + 2e-3)] * 40)
     assert model.widths_seen(row) == 2
     assert model.snapshot().step_time_s(64, 0) == pytest.approx(plain_table + 2e-3, rel=0.05)
-
