@@ -318,17 +318,13 @@ class StepController:
         newest = max(seen.values(), key=_version) if seen else None
         if newest is not None and newest.models is not None and reports:
             widest = max(report.spec_tokens for report in reports)
-            if reports[0].two_phase:  # every row drafted; each verified its own k + 1
+            two_phase = reports[0].two_phase  # every row drafted
+            multiple = (newest.models.cost or newest.models.spec).verify_width_multiple
+            if two_phase or multiple == 1:  # each row verified its own k + 1
                 width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
-                drafting = 1.0
             else:
-                cost = newest.models.cost
-                multiple = (cost or newest.models.spec).verify_width_multiple
-                if multiple == 1:  # rows verify their own k + 1 (some clamped near their end)
-                    width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
-                else:
-                    width = float(padded_width(widest, multiple))
-                drafting = float(widest > 0)
+                width = float(padded_width(widest, multiple))
+            drafting = 1.0 if two_phase else float(widest > 0)
             seconds = reports[0].step_time_s
             if self.step_mode(newest) == "auto":
                 self._record_mode(newest, reports)

@@ -264,8 +264,9 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
     if chosen.include_allocator_prior:
         out.append(allocator(prior_only=True))
     if chosen.include_goodput_auto:
-        multiple = scenario.cost.verify_width_multiple  # a ragged engine's (engine_multiple)
-        models = OnlineModels(chosen.goodput, scenario.block_size, table, multiple)
+        models = OnlineModels(
+            chosen.goodput, scenario.block_size, table, scenario.cost.engine_multiple
+        )
         one = GoodputChooser(
             chosen.goodput, table, scenario.block_size, scenario.seed, min_k, True, models
         )

@@ -41,15 +41,6 @@ def engine_cost(scenario: Scenario, table: CostTable) -> EngineCost:
     )
 
 
-def engine_multiple(scenario: Scenario) -> int | None:
-    """The verify width multiple the simulated engine hands its goodput policy with its
-    table, as the embedded engine does (``StepController.offer_cost_table``): a ragged
-    engine's own (each row's k + 1 tokens, 1 in the shipped scenarios); None on a padded one,
-    whose policy keeps its configured multiple."""
-    cost = scenario.cost
-    return cost.verify_width_multiple if cost.batch_verify == "ragged" else None
-
-
 def build_choosers(scenario: Scenario, table: CostTable) -> list[KChooser]:
     chosen = scenario.policies
     max_k = scenario.block_size - 1
@@ -60,7 +51,7 @@ def build_choosers(scenario: Scenario, table: CostTable) -> list[KChooser]:
         choosers.append(FixedK(k))
     min_k = min(chosen.min_spec_tokens, max_k)
     padded = scenario.cost.batch_verify == "padded"
-    multiple = engine_multiple(scenario)
+    multiple = scenario.cost.engine_multiple
     goodput = GoodputChooser(
         chosen.goodput, table, scenario.block_size, scenario.seed, min_k, padded, None, multiple
     )

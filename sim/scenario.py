@@ -138,6 +138,14 @@ class Costs(Section):
             )
         return self
 
+    @property
+    def engine_multiple(self) -> int | None:
+        """The verify width multiple the simulated engine hands its goodput policy with its
+        table, as the embedded engine does (``StepController.offer_cost_table``): a ragged
+        engine's own (each row's k + 1 tokens, 1 in the shipped scenarios); None on a padded
+        one, whose policy keeps its configured multiple."""
+        return self.verify_width_multiple if self.batch_verify == "ragged" else None
+
     def narrow_factor(self, batch_size: int) -> float:
         """The draft forward's cost factor at ``batch_size`` for a narrow draft (1.0: none)."""
         if not self.narrow_draft_factor:
