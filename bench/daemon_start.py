@@ -49,8 +49,10 @@ PROMPTS = {
 }
 # Lines of the daemon's log worth keeping beside the timings.
 _LOG_LINES = re.compile(
-    r"step costs|loaded on|compile caches|from the environment|attention|capture|Traceback|Error"
+    r"step costs|loaded on|loaded target|compile caches|from the environment|attention|capture"
+    r"|classifier|listening|imported in|Traceback|Error"
 )
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,6 +143,7 @@ def one_start(caches: Path, args: argparse.Namespace, variant: str, kind: str) -
         config = str(folder / "config.yaml")
         argv = [sys.executable, "-m", "controller.cli", "serve", "--config", config]
         began = time.monotonic()
+        began_wall = time.time()
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         daemon = start("draftctl", argv, folder, {"HF_HUB_OFFLINE": "1", "PYTHONPATH": path})
         url = f"http://127.0.0.1:{port}"
@@ -159,7 +162,23 @@ def one_start(caches: Path, args: argparse.Namespace, variant: str, kind: str) -
         "exit_code": daemon.popen.returncode,
         "requests": rounds,
         "log": [line for line in log if _LOG_LINES.search(line)][-40:],
+        # seconds from the launch to each kept line (where the start-up's time went)
+        "stages": stages(log, began_wall),
     }
+
+
+def stages(log: list[str], began_wall: float) -> list[list[Any]]:
+    """[seconds after the launch, the line without its stamp] for each kept, stamped line of
+    the daemon's log (its clock is this machine's: the same host)."""
+    kept: list[list[Any]] = []
+    for line in log:
+        stamp = _STAMP.match(line)
+        if stamp is None or not _LOG_LINES.search(line):
+            continue
+        at = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S"))
+        offset = at + int(stamp.group(2)) / 1e3 - began_wall
+        kept.append([round(offset, 2), line[stamp.end() :][:160]])
+    return kept[-40:]
 
 
 def differences(runs: list[dict[str, Any]]) -> dict[str, int]:

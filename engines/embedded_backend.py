@@ -135,10 +135,16 @@ class EmbeddedEngineBackend:
         return 1  # one engine; its batch is the load
 
     async def start(self) -> None:
+        c = self.config
+        began = time.perf_counter()
         from engines.embedded import AsyncEngine  # imports torch
         from engines.embedded.compile_cache import use_compile_cache
 
-        c = self.config
+        # (a first start's time goes to imports, the load, compiles and captures: the log says
+        # which; bench/daemon_start.py reads these lines)
+        log.info(
+            "backend %s: engine modules imported in %.1f s", c.name, time.perf_counter() - began
+        )
         for role, folder in (("target", c.target), ("draft", c.draft)):
             if not folder.is_dir():
                 raise FileNotFoundError(f"backend {c.name}: {role} directory {folder} not found")

@@ -27,6 +27,13 @@ def test_a_first_start_and_its_restart_answer_alike(tmp_path: Path) -> None:
     assert any("profiled in" in line for line in runs[0]["log"])
     assert any("step costs (cached" in line for line in runs[1]["log"])
     assert set(result["ready_s"]) == {"eager first", "eager restart"}
+    # Where each start's time went: kept lines at their seconds after the launch, in order,
+    # from the engine's imports to the listening socket, all before ready.
+    for run in runs:
+        offsets = [at for at, _ in run["stages"]]
+        lines = [line for _, line in run["stages"]]
+        assert offsets == sorted(offsets) and 0 < offsets[0] and offsets[-1] <= run["ready_s"]
+        assert "engine modules imported in" in lines[0] and "listening on" in lines[-1]
 
 
 def test_differences_count_answers_unlike_the_first_eager_ones() -> None:
