@@ -416,14 +416,22 @@ def _run(
     built once, carrying what its earlier runs taught it); the runner's verify mode is the
     context's for the run (``NAME@padded``: padded graphs) and the engine's ``spec_burst``
     the name's (``NAME@burst<N>``: N; a policy that decides every step afresh, the oracle:
-    1; else the arm's ``--spec-burst``), both switched back after."""
+    1; else the arm's ``--spec-burst``), all switched back after. A policy that decides
+    every step afresh also runs plain steps one at a time: the oracle's k = 0 (a row whose
+    drawn run is 0) would otherwise start a plain burst of ``plain_burst`` steps, and a row
+    that accepts a long run at the next step would decode it one token a step (GPU arms,
+    where the CUDA default bursts plain steps: session 37's oracle took 244 math steps to
+    static-k15's 187)."""
     base, context = _context(arm, name) if warm is None else (name, warm[1])
     runner = arm.engine.runner
     before, bursts = runner.verify_mode, arm.engine.spec_burst
+    plain_bursts = arm.engine.plain_burst
     runner.verify_mode = context.verify_mode
     try:
         built = build(base, context) if warm is None else warm[0]
         arm.engine.spec_burst = _burst_of(name) or (1 if built.single_steps else bursts)
+        if built.single_steps:
+            arm.engine.plain_burst = 1
         scored = _device_scored(built)
         counted = _step_counts(arm.engine)
         tallies: list[PhaseTally] = run_policy(
@@ -437,6 +445,7 @@ def _run(
     finally:
         runner.verify_mode = before
         arm.engine.spec_burst = bursts
+        arm.engine.plain_burst = plain_bursts
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
     now = _step_counts(arm.engine)

@@ -889,6 +889,30 @@ def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> No
             main(_tiny_argv(tmp_path / "bad.json", bad, 1))
 
 
+def test_the_oracle_decodes_plain_steps_one_at_a_time_on_an_arm_of_plain_bursts(
+    tmp_path: Path,
+) -> None:
+    """The oracle verifies each row's drawn run, so it emits exactly what static-k15 emits in
+    every step (run + 1 tokens) and takes its steps; a run of 0 is a plain step (k = 0), which
+    on an arm of plain bursts (the CUDA default) would run ``plain_burst`` plain steps where
+    the next ones could accept long runs: the harness runs the oracle's plain steps one at a
+    time (and puts the engine's setting back after)."""
+    out = tmp_path / "oracle.json"
+    argv = ["--arm", "synthetic-tiny", "--device", "cpu", "--policies", "oracle,static-k15"]
+    argv += ["--scale", "0.15", "--repeats", "1", "--no-warm-run", "--plain-burst", "4"]
+    assert main([*argv, "--phases", "math:1:6:math=1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["arm_info"]["plain_burst"] == 4
+    runs = {r["policy"]: r["phases"] for r in report["runs"]}
+    oracle_ks = [k for p in runs["oracle"].values() for _, k, *_ in p["timeline"]]
+    assert 0 in oracle_ks  # it did run plain steps
+    for phase, oracle in runs["oracle"].items():
+        assert (oracle["steps"], oracle["tokens"]) == (
+            runs["static-k15"][phase]["steps"],
+            runs["static-k15"][phase]["tokens"],
+        )
+
+
 def _drifting_runs(speeds: dict[str, float]) -> list[dict[str, Any]]:
     """Two blocks of one run per policy at these tok/s, the second block 10% slower."""
     runs = []
