@@ -468,14 +468,15 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
 
     def fake_build(name: str, ctx: Any) -> Any:
         seen.append((name, ctx.verify_mode, runner.verify_mode))
-        return SimpleNamespace(planner=None, single_steps=False)
+        return SimpleNamespace(planner=None, single_steps=name == "oracle")
 
     def failing_run(*args: Any, **options: Any) -> Any:
+        assert engine.plain_burst == (1 if seen[-1][0] == "oracle" else 4)
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(harness, "build", fake_build)
     monkeypatch.setattr(harness, "run_policy", failing_run)
-    engine = SimpleNamespace(runner=runner, spec_burst=1, step_counts={})
+    engine = SimpleNamespace(runner=runner, spec_burst=1, plain_burst=4, step_counts={})
     arm = SimpleNamespace(engine=engine, context=context, info={})
     with pytest.raises(RuntimeError, match="the run failed"):
         harness._run(arm, "goodput@padded", 0, [], [])  # type: ignore[arg-type]
@@ -484,6 +485,9 @@ def test_a_padded_variant_runs_on_the_padded_graphs_and_switches_back(
     with pytest.raises(RuntimeError, match="the run failed"):
         harness._run(arm, "goodput@burst4", 0, [], [])  # type: ignore[arg-type]
     assert seen[-1] == ("goodput", "ragged", "ragged") and arm.engine.spec_burst == 1
+    with pytest.raises(RuntimeError, match="the run failed"):  # one plain step a call, then back
+        harness._run(arm, "oracle", 0, [], [])  # type: ignore[arg-type]
+    assert (engine.spec_burst, engine.plain_burst) == (1, 4)
 
 
 def test_compiled_arms_need_cuda_and_are_recorded_in_the_arm_info(tmp_path: Path) -> None:
