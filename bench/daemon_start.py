@@ -8,7 +8,9 @@ compile and cost-table caches (a first start: it compiles, captures and profiles
 greedy chat requests (math, code, chat) through the OpenAI API, a SIGTERM; then, unless
 ``--no-restart``, a second ``serve`` on the same caches (a restart: inductor's and Triton's
 caches and the cost table are read back) and the same requests. Writes the JSON after every
-start, so a call cut short keeps what it measured.
+start, so a call cut short keeps what it measured; each start keeps its ``stages``, the seconds
+after the launch at which the daemon logged its engine imports, load, attention check, step
+costs and listening socket (where a first start's time goes).
 
     python3 bench/daemon_start.py --device cuda --repeats 2 --out $OUT/daemon_start.json
 
