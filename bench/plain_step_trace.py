@@ -28,7 +28,10 @@ and on CUDA the ratio to the batch's weight-read floor (``bench/decode_gpu.py``'
 target's and the draft context's weights and each row's K/V, over the measured copy
 bandwidth). ``--k K`` makes every step a drafting one at k = K instead (the random weights'
 drafts are almost never accepted: about a token a step) and the bursts drafting bursts
-(``Engine(spec_burst=n)``); no floor then.
+(``Engine(spec_burst=n)``); no floor then. ``--burst-graph N`` (plain steps): the runner also
+captures its plain-burst graphs of N steps (``ModelRunner(plain_burst_graph=N)``: a whole
+burst in one CUDA graph) and the bursts compared add ``Ng``, bursts of N replaying them, beside
+N without them (the runner's ``burst_graphs`` off for every other length).
 
 ``--trace`` also writes the Chrome trace (gzip) for a look at the timeline. ``--tiny --device
 cpu``: a tiny random pair without compiling (graphs as static calls), CPU activity only: the
@@ -78,7 +81,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="k of every row (default 0: plain steps; above 0 the bursts are drafting ones, "
         "Engine.spec_burst, and the trace is of drafting steps)",
     )
+    parser.add_argument(
+        "--burst-graph",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare bursts of N plain steps replaying one graph per burst (label Ng; "
+        "default 0: none)",
+    )
     args = parser.parse_args(argv)
+    if args.burst_graph and (args.k or not 2 <= args.burst_graph <= 16):
+        parser.error("--burst-graph: from 2 to 16 steps, with plain steps (--k 0)")
     if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1 or args.rounds < 1:
         parser.error("--batch, --steps, --warmup, --top and --rounds must be >= 1")
     try:
@@ -119,6 +132,8 @@ def build_engine(args: argparse.Namespace) -> Any:
         compile_forwards=cuda,
         compile_scope="layer",
         attention="auto",
+        defer_context=True if args.burst_graph else None,
+        plain_burst_graph=args.burst_graph,
     )
     return Engine(runner, args.batch, max_seq_len, plain_burst=1, spec_burst=1), shape
 
@@ -174,20 +189,24 @@ def timed_burst(engine: Any, steps: int, synchronize: Any) -> float:
 def compare_bursts(
     engine: Any, args: argparse.Namespace, synchronize: Any, floor_ms: float | None
 ) -> dict[str, Any]:
-    """Per burst length, the wall time per plain step in each round (random order per round)."""
+    """Per burst length (and ``Ng``: N replaying the plain-burst graphs, ``--burst-graph``),
+    the wall time per plain step in each round (random order per round)."""
     import random
 
     order_rng = random.Random(args.order_seed)
-    runs: dict[int, list[float]] = {b: [] for b in args.bursts}
+    labels = [str(b) for b in args.bursts] + ([f"{args.burst_graph}g"] if args.burst_graph else [])
+    runs: dict[str, list[float]] = {label: [] for label in labels}
     orders = []
     for _ in range(args.rounds):
-        order = list(args.bursts)
+        order = list(labels)
         order_rng.shuffle(order)
         orders.append(order)
-        for burst in order:
+        for label in order:
+            burst = int(label.rstrip("g"))
+            engine.runner.burst_graphs = label.endswith("g")
             engine.plain_burst = engine.spec_burst = burst
             timed_burst(engine, burst, synchronize)  # settle into this length
-            runs[burst].append(1e3 * timed_burst(engine, args.steps, synchronize))
+            runs[label].append(1e3 * timed_burst(engine, args.steps, synchronize))
     engine.plain_burst = engine.spec_burst = 1
     out: dict[str, Any] = {"orders": orders}
     for burst, values in runs.items():

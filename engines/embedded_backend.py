@@ -168,6 +168,7 @@ class EmbeddedEngineBackend:
             defer_context=c.defer_context,
             plain_burst=c.plain_burst,
             spec_burst=c.spec_burst,
+            plain_burst_graph=c.plain_burst_graph,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

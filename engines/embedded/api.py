@@ -96,6 +96,7 @@ class AsyncEngine:
         defer_context: bool = True,
         plain_burst: int = PLAIN_BURST,
         spec_burst: int = SPEC_BURST,
+        plain_burst_graph: bool = False,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -113,7 +114,9 @@ class AsyncEngine:
         ``defer_context``: on a CUDA device, k = 0 steps stash the draft's context
         (``ModelRunner``); ``plain_burst``: on a CUDA device, plain steps per host round
         trip when every row has k = 0, and ``spec_burst`` for drafting steps
-        (``Engine``; elsewhere 1)."""
+        (``Engine``; elsewhere 1); ``plain_burst_graph``: with CUDA graphs and
+        ``defer_context``, a burst of ``plain_burst`` greedy plain steps replays one graph
+        holding all of them (``ModelRunner``)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -133,6 +136,7 @@ class AsyncEngine:
             compile_attention_ahead=None if compile_attention_ahead else False,
             linear=linear,
             defer_context=None if defer_context else False,
+            plain_burst_graph=plain_burst if plain_burst_graph else 0,
         )
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir), local_files_only=True)
         cuda = torch_device.type == "cuda"

@@ -91,6 +91,7 @@ def load_runner(
     graph_warmups: int = 1,
     linear: LinearChoice = "auto",
     defer_context: bool | None = None,
+    plain_burst_graph: int = 0,
 ) -> ModelRunner:
     """``synthetic``: benchmark-only drawn acceptance (engines/embedded/synthetic.py).
     ``verify_mode``: how CUDA-graph verifies run (default ragged: each row at its own width,
@@ -103,7 +104,8 @@ def load_runner(
     graph's forward before its capture); ``linear``: ``ModelRunner``'s (the linear layers'
     kernel, ``aten``, ``gemv``, ``fused`` or ``auto``: fused on CUDA); ``defer_context``:
     ``ModelRunner``'s (k = 0 steps stash the draft's context, inserted before the row
-    drafts; default: on CUDA)."""
+    drafts; default: on CUDA); ``plain_burst_graph``: ``ModelRunner``'s (steps of a plain
+    burst held in one graph; 0: none)."""
     shape = target_shape(Path(target_dir))
     spec = draft_spec(Path(draft_dir), shape)
     dtype = dtype or default_dtype(device)
@@ -148,4 +150,5 @@ def load_runner(
         graph_warmups=graph_warmups,
         linear=linear,
         defer_context=defer_context,
+        plain_burst_graph=plain_burst_graph,
     )

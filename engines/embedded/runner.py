@@ -158,6 +158,7 @@ class ModelRunner:
         graph_warmups: int = 1,
         linear: LinearChoice = "auto",
         defer_context: bool | None = None,
+        plain_burst_graph: int = 0,
     ) -> None:
         """``use_cuda_graphs``: fixed-shape steps, captured as CUDA graphs on a CUDA device (on
         the CPU the same static buffers run eagerly: tests of the graph path). ``verify_mode``
@@ -197,7 +198,11 @@ class ModelRunner:
         ``DEFERRED_POSITIONS`` plain steps, for all of them, or not at all if the row never
         drafts again); a row's stash is inserted before it drafts (``_insert_deferred``), so
         its drafts see the same context. On the H200 8B shape it took 0.19-0.22 ms off the
-        plain step at batch 1, 8 and 64 (session 28a)."""
+        plain step at batch 1, 8 and 64 (session 28a). ``plain_burst_graph`` (graph runners
+        with ``defer_context``; 0 or 1: none): a burst of exactly this many greedy plain steps
+        (``plain_steps``) replays one graph that holds all of them, each step's argmax fed
+        to the next inside it, instead of one graph, an argmax and the inputs' copies per step
+        (the device's gaps between a burst's steps; ``burst_graphs`` turns its use off)."""
         if linear not in LINEAR_CHOICES:
             raise ValueError(f"linear={linear!r}: use one of {', '.join(LINEAR_CHOICES)}")
         if linear == "auto":
@@ -254,6 +259,14 @@ class ModelRunner:
         # ``scoring``: one scoring and budget per burst); off, each runs alone (``step``).
         self.allocates_in_bursts = True
         self.defer_context = defer_context
+        if plain_burst_graph < 0 or plain_burst_graph > DEFERRED_POSITIONS:
+            raise ValueError(
+                f"plain_burst_graph={plain_burst_graph}: 0 (none) to {DEFERRED_POSITIONS} steps"
+            )
+        # Steps of the plain-burst graphs (captured with ``defer_context``; 0: none), and
+        # whether ``plain_steps`` replays them (benchmarks compare both on one runner).
+        self.plain_burst_graph = plain_burst_graph if defer_context else 0
+        self.burst_graphs = True
         self._stash: torch.Tensor | None = None  # [max batch, DEFERRED_POSITIONS, features]
         if defer_context:
             features = draft.fc.weight.shape[1]
@@ -410,6 +423,21 @@ class ModelRunner:
         self._stash[rows, columns] = features[:, 0]
         return self.target.logits(hidden)
 
+    def _stashing_burst(
+        self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, *, steps: int
+    ) -> torch.Tensor:
+        """``steps`` greedy plain steps of ``_stashing_verify`` back to back, each row's
+        input the previous step's argmax, its position and stash column one further a step
+        (the plain-burst graph's function): ids, positions [B, 1], columns [B]. Returns the
+        tokens [B, steps]."""
+        out = []
+        for i in range(steps):
+            if i:
+                positions, columns = positions + 1, columns + 1
+            ids = self._stashing_verify(ids, positions, columns)[:, 0].argmax(dim=-1)[:, None]
+            out.append(ids)
+        return torch.cat(out, dim=1)
+
     def _insert_stash_forward(self, positions: torch.Tensor) -> torch.Tensor:
         """Every row's stash into the draft's context at ``positions`` [B, DEFERRED_POSITIONS]
         (a column not pending writes at a scratch position). Returns ``positions``."""
@@ -477,6 +505,12 @@ class ModelRunner:
                 self._graphs["stash", batch, 1] = call(
                     self._stashing_verify, (ids, pos, columns), pool
                 )
+                if self.plain_burst_graph > 1:
+                    steps = self.plain_burst_graph
+                    burst = functools.partial(self._stashing_burst, steps=steps)
+                    self._graphs["stash_burst", batch, steps] = call(
+                        burst, (ids, pos, columns), pool
+                    )
                 pos = torch.arange(DEFERRED_POSITIONS, device=self.device).repeat(batch, 1)
                 self._graphs["insert_stash", batch, DEFERRED_POSITIONS] = call(
                     self._insert_stash_forward, (pos,), pool
@@ -589,7 +623,12 @@ class ModelRunner:
                 f"{self.compile_scope}/{self.compile_mode}" if self.compile_forwards else False
             ),
             "dtype": str(self.dtype),
+            # (only when captured: the keys of tables profiled without it stay valid)
+            **({"plain_burst_graph": self.plain_burst_graph} if self._burst_graphs_held() else {}),
         }
+
+    def _burst_graphs_held(self) -> bool:
+        return self.use_cuda_graphs and self.plain_burst_graph > 1
 
     @property
     def per_row_widths(self) -> bool:
@@ -1268,6 +1307,16 @@ class ModelRunner:
         if defer and any(r.pending_context + steps > DEFERRED_POSITIONS for r in rows):
             self._insert_deferred(rows, eager)
             pending = torch.zeros_like(pending)
+        graph = self._burst_graph(len(rows), steps) if defer and is_greedy else None
+        if graph is not None:
+            # Padded rows start at position 0 and stash column 0 of their free slots, so every
+            # step of the burst writes scratch within bounds. The tokens are copied out of the
+            # graph's buffer before ``overlap`` (which may replay a graph).
+            batch = graph.static_inputs[0].shape[0]
+            inputs = torch.zeros(3, batch, dtype=torch.long, device=self.device)
+            inputs[:, : len(rows)] = torch.stack([last, start, pending])
+            tokens = graph(inputs[0, :, None], inputs[1, :, None], inputs[2])[: len(rows)]
+            return self._plain_sync(rows, tokens.clone(), steps, overlap)
         params = None if is_greedy else self._params_tensors(rows)
         drawn = None if is_greedy else self._to_device(bonus_uniforms)
         ids, positions, columns = last[:, None], start[:, None], pending
@@ -1286,13 +1335,31 @@ class ModelRunner:
                 probs = sampling_probs(logits, *params)
                 ids = sample_from_probs(probs[:, 0], drawn[i])[:, None]
             out.append(ids)
+        tokens = out[0] if steps == 1 else torch.cat(out, dim=1)
+        return self._plain_sync(rows, tokens, steps if defer else 0, overlap)
+
+    def _plain_sync(
+        self,
+        rows: list[Request],
+        tokens: torch.Tensor,
+        stashed: int,
+        overlap: Callable[[], None] | None,
+    ) -> torch.Tensor:
+        """The end of ``_plain_tokens``: ``overlap``, then the tokens [B, steps] to the host
+        (the one sync); each row's stash holds ``stashed`` more columns."""
         if overlap is not None:
             overlap()
-        host_tokens = (out[0] if steps == 1 else torch.cat(out, dim=1)).cpu()  # the sync
-        if defer:
-            for row in rows:
-                row.pending_context += steps
+        host_tokens = tokens.cpu()  # the sync
+        for row in rows:
+            row.pending_context += stashed
         return host_tokens
+
+    def _burst_graph(self, rows: int, steps: int) -> StaticCall | None:
+        """The plain-burst graph for ``rows`` rows and ``steps`` greedy steps, if captured
+        and in use (``burst_graphs``)."""
+        if not (self.use_cuda_graphs and self.burst_graphs and steps == self.plain_burst_graph):
+            return None
+        return self._graphs.get(("stash_burst", padded_size(rows, self.batch_sizes), steps))
 
     def _run_stashing_verify(
         self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor

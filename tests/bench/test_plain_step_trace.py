@@ -31,7 +31,7 @@ def test_the_smoke_run_summarises_the_host_operators_per_step(tmp_path: Path) ->
     assert report["device_idle_ms"] is None  # no device activity on the CPU
     assert "traceEvents" in json.loads(gzip.decompress(trace.read_bytes()))
     bursts = report["bursts"]  # the default lengths, 5 rounds each in shuffled orders
-    assert sorted(bursts["orders"][0]) == [1, 4, 8] and len(bursts["orders"]) == 5
+    assert sorted(bursts["orders"][0]) == ["1", "4", "8"] and len(bursts["orders"]) == 5
     for burst in ("1", "4", "8"):
         cell = bursts[burst]
         assert len(cell["ms_per_step"]) == 5 and all(v > 0 for v in cell["ms_per_step"])
@@ -72,8 +72,43 @@ def test_bursts_are_timed_per_plain_step(tmp_path: Path) -> None:
     assert set(seen) == {3}
     # Per round: one settling burst, then 6 steps = 2 bursts.
     assert len(engine.scheduler.running[0].output_ids) - before == 2 * (3 + 6)
-    assert result["orders"] == [[3], [3]] and len(result["3"]["ms_per_step"]) == 2
+    assert result["orders"] == [["3"], ["3"]] and len(result["3"]["ms_per_step"]) == 2
     assert engine.plain_burst == 1
+
+
+def test_burst_graph_rounds_replay_the_burst_graphs_and_the_others_do_not(tmp_path: Path) -> None:
+    """``--burst-graph 3``: the runner holds plain-burst graphs of 3 steps; the rounds of
+    ``3g`` replay them (one replay per burst), those of 3 and 1 never do."""
+    from bench import plain_step_trace
+
+    engine, args = _prefilled(
+        tmp_path,
+        "--batch",
+        "2",
+        "--steps",
+        "6",
+        "--bursts",
+        "1,3",
+        "--rounds",
+        "2",
+        "--burst-graph",
+        "3",
+    )
+    call = engine.runner._graphs["stash_burst", 2, 3]
+    fn, replays = call.fn, []
+
+    def counting(*inputs):  # type: ignore[no-untyped-def]
+        replays.append(engine.runner.burst_graphs)
+        return fn(*inputs)
+
+    call.fn = counting
+    result = plain_step_trace.compare_bursts(engine, args, lambda: None, None)
+    assert sorted(result["orders"][0]) == ["1", "3", "3g"]
+    assert len(result["3g"]["ms_per_step"]) == 2
+    # Per 3g round: one settling burst, then 6 steps = 2 bursts; always with the graphs on.
+    assert len(replays) == 2 * 3 and all(replays)
+    with pytest.raises(SystemExit):
+        plain_step_trace.parse_args(["--out", "x", "--burst-graph", "3", "--k", "2"])
 
 
 def test_drafting_bursts_are_timed_at_k(tmp_path: Path) -> None:

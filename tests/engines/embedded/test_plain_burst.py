@@ -34,6 +34,7 @@ def _engine(
     defer: bool = False,
     planner: Any = None,
     max_batch_size: int = 4,
+    burst_graph: int = 0,
 ) -> Engine:
     runner = load_runner(
         *pair,
@@ -42,6 +43,7 @@ def _engine(
         128,
         use_cuda_graphs=graphs,
         defer_context=defer,
+        plain_burst_graph=burst_graph,
     )
     return Engine(runner, max_batch_size, 128, planner=planner, plain_burst=burst)
 
@@ -114,14 +116,82 @@ def test_bursts_give_the_tokens_of_single_steps(
     assert any(reason == "stop" for _, reason in outputs[0])
 
 
-@pytest.mark.parametrize("defer", [False, True])
+def test_a_plain_burst_graph_gives_the_tokens_of_single_steps(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """``plain_burst_graph``: a burst of exactly that many greedy plain steps runs one static
+    call holding all of them (a CUDA graph on a GPU; here the same fixed-shape function,
+    eagerly): the tokens and finish reasons of single steps, with rows joining and leaving
+    (padded batches of 3 rows in a graph of 4) and drafting stretches between the bursts
+    (each row's stash inserted before it drafts); shorter bursts and a batch with a sampled
+    row take the per-step path; ``burst_graphs`` off takes it too."""
+    outputs = []
+    replays: list[int] = []
+    for burst, graph in ((1, 0), (5, 5), (5, 0)):
+        engine = _engine(agreeing_pair, burst, graphs=True, defer=True, burst_graph=graph)
+        runner = engine.runner
+        held = [key for key in runner._graphs if key[0] == "stash_burst"]
+        assert held == (
+            [("stash_burst", b, 5) for b in reversed(runner.batch_sizes)] if graph else []
+        )
+        assert ("plain_burst_graph" in runner.kernel_settings()) == bool(graph)
+        counted = [0]
+        for key in held:
+            call = runner._graphs[key]
+            fn = call.fn
+
+            def counting(
+                *inputs: torch.Tensor, fn: Any = fn, counted: list[int] = counted
+            ) -> torch.Tensor:
+                counted[0] += 1
+                return fn(*inputs)
+
+            call.fn = counting
+        requests = _requests(False)
+        run_staggered(engine, requests)
+        outputs.append([(r.output_ids, r.finish_reason) for r in requests])
+        replays.append(counted[0])
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert replays[0] == replays[2] == 0 and replays[1] >= 5, replays
+
+    engine = _engine(agreeing_pair, 5, graphs=True, defer=True, burst_graph=5)
+    engine.runner.burst_graphs = False
+    assert engine.runner._burst_graph(3, 5) is None
+    engine.runner.burst_graphs = True
+    assert engine.runner._burst_graph(3, 5) is engine.runner._graphs["stash_burst", 4, 5]
+    assert engine.runner._burst_graph(3, 4) is None
+    with pytest.raises(ValueError, match="plain_burst_graph"):
+        load_runner(
+            *agreeing_pair,
+            torch.device("cpu"),
+            2,
+            128,
+            use_cuda_graphs=True,
+            defer_context=True,
+            plain_burst_graph=DEFERRED_POSITIONS + 1,
+        )
+    no_defer = load_runner(
+        *agreeing_pair, torch.device("cpu"), 2, 128, use_cuda_graphs=True, plain_burst_graph=5
+    )
+    assert no_defer.plain_burst_graph == 0  # (the stash it writes needs defer_context)
+
+
+@pytest.mark.parametrize(("defer", "burst_graph"), [(False, 0), (True, 0), (True, 5)])
 def test_the_draft_context_after_bursts_is_a_fresh_prefill(
-    agreeing_pair: tuple[Path, Path], defer: bool
+    agreeing_pair: tuple[Path, Path], defer: bool, burst_graph: int
 ) -> None:
     """After 2 * DEFERRED_POSITIONS + 3 tokens decoded in bursts (stashes filled and
-    inserted on the way when deferring), the draft's cache holds what a fresh prefill of the
-    prompt and those tokens writes; then drafting accepts long runs again."""
-    engine = _engine(agreeing_pair, 5, defer=defer, max_batch_size=1)
+    inserted on the way when deferring; ``burst_graph``: in the static calls of whole bursts),
+    the draft's cache holds what a fresh prefill of the prompt and those tokens writes; then
+    drafting accepts long runs again."""
+    engine = _engine(
+        agreeing_pair,
+        5,
+        graphs=bool(burst_graph),
+        defer=defer,
+        max_batch_size=1,
+        burst_graph=burst_graph,
+    )
     plain_for = 2 * DEFERRED_POSITIONS + 3
     request = Request(
         "r",
