@@ -624,11 +624,12 @@ class ModelRunner:
             ),
             "dtype": str(self.dtype),
             # (only when captured: the keys of tables profiled without it stay valid)
-            **({"plain_burst_graph": self.plain_burst_graph} if self._burst_graphs_held() else {}),
+            **(
+                {"plain_burst_graph": self.plain_burst_graph}
+                if self.use_cuda_graphs and self.plain_burst_graph > 1
+                else {}
+            ),
         }
-
-    def _burst_graphs_held(self) -> bool:
-        return self.use_cuda_graphs and self.plain_burst_graph > 1
 
     @property
     def per_row_widths(self) -> bool:
