@@ -140,8 +140,10 @@ def build_engine(args: argparse.Namespace) -> Any:
 
 def new_tokens(args: argparse.Namespace) -> int:
     """Tokens each request may make: warm-up, the timed and the traced steps, every burst
-    round (a settling burst, then the steps rounded up to whole bursts), room to spare."""
-    rounds = args.rounds * sum(args.steps + 2 * b for b in args.bursts)
+    round (a settling burst, then the steps rounded up to whole bursts; ``--burst-graph``'s
+    ``Ng`` label is a round's burst too), room to spare."""
+    lengths = [*args.bursts, *([args.burst_graph] if args.burst_graph else [])]
+    rounds = args.rounds * sum(args.steps + 2 * b for b in lengths)
     # Drafting steps: the random weights' drafts are almost never accepted (about a token a
     # step), and a drafting burst needs room for k + 1 tokens a step to the end.
     room = (args.k + 1) * 2 * max(args.bursts, default=1) if args.k else 16
