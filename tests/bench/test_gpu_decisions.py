@@ -625,12 +625,31 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
     assert sorted(builds) == ["goodput", "static-k7", "vllm-av"]  # once each, not per run
     assert first_keys[:2] == ["warm-p0-r0"] * 2 and first_keys[2:] == ["p0-r0"] * 6
     data = json.loads(out.read_text())
+    assert data["build_order"] == builds  # built in the recorded order
     assert data["arm_info"]["warm_policies"] is True
     assert set(data["warm_pass_s"]) == {"goodput", "vllm-av"}
     assert all(run["repeat"] >= 0 for run in data["runs"]) and len(data["runs"]) == 6
     merged = tmp_path / "merged.json"
     with pytest.raises(ValueError, match="cannot pool"):
         main(["--merge", str(arm_json), str(out), "--out", str(merged)])
+
+
+def test_warm_policies_are_built_in_an_order_drawn_from_the_order_seed() -> None:
+    """Not the listed order (the instance built first of an A/A pair ran faster on the GPU,
+    whichever copy it was): a permutation of the names, the same for the same seed, another
+    for another seed."""
+    from bench.gpu_decisions import _build_order, parse_args
+
+    names = ["vllm-av-device", "vllm-av-device#2", "goodput", "static-k7", "oracle"]
+
+    def order(*seed: str) -> list[str]:
+        return _build_order(names, parse_args(["--arm", "synthetic-tiny", "--out", "x", *seed]))
+
+    orders = {tuple(order("--order-seed", str(i))) for i in range(8)}
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert len(orders) > 4  # (a fixed order would give one)
+    assert order("--order-seed", "s41") == order("--order-seed", "s41")
+    assert order() == order("--seed", "0") != order("--seed", "1")
 
 
 def test_an_aa_twin_is_another_instance_reported_on_its_own(tmp_path: Path) -> None:
