@@ -134,8 +134,8 @@ class EmbeddedConfig(Section):
     # With CUDA graphs and defer_context: a burst of plain_burst greedy plain steps replays
     # one CUDA graph holding all of them, each step's token fed to the next on the device,
     # instead of a graph, an argmax and the inputs' copies per step (start-up captures one
-    # more graph per batch size). Off until measured on a GPU. docs/engine.md, "One graph per
-    # burst".
+    # more graph per batch size). Off: no gain measured on an H100 (session 41). docs/engine.md,
+    # "One graph per burst".
     plain_burst_graph: bool = False
     # On a CUDA device: drafting steps run up to this many back to back the same way (1:
     # off): one-phase steps each row at the k planned for the first; two-phase steps
