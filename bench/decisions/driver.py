@@ -261,8 +261,11 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
     ms at each k of ``VIEW_KS`` (within the block), and per task its conditional acceptance
     per position, their trials, and the accept length (bonus token included) it expects at
     each k; its last batch-wide decision (why, rows, k, gain over a plain step, and the
-    accept length per row it expected at each k, the rows' own histories blended in). None for a
-    planner without online models (static k, vLLM's rule, the oracle)."""
+    accept length per row it expected at each k, the rows' own histories blended in); its
+    step-mode chooser's buckets (auto mode: per batch-size bucket the mode it runs outside
+    probes, each mode's measured tok/s and the paired two-phase over one-phase ratio it chooses
+    on; session 41's `goodput-device` ran no two-phase step at 64 rows and nothing said why).
+    None for a planner without online models (static k, vLLM's rule, the oracle)."""
     models = planner.models() if hasattr(planner, "models") else None
     if models is None:
         return None
@@ -298,7 +301,26 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
                 j: round(totals[j] / rows, 3) for j in ks if rows and j < len(totals)
             },
         }
+    modes = getattr(planner, "step_modes", None)
+    if modes is not None:
+        view["step_modes"] = [
+            {
+                "rows": bucket.rows,
+                "incumbent": {None: "learning", False: "one-phase", True: "two-phase"}[
+                    bucket.incumbent
+                ],
+                "one_phase_tok_s": _rounded(bucket.one_phase_tok_s),
+                "two_phase_tok_s": _rounded(bucket.two_phase_tok_s),
+                "paired_ratio": _rounded(bucket.paired_ratio, 4),
+                "pairs": bucket.pairs,
+            }
+            for bucket in modes()
+        ]
     return view
+
+
+def _rounded(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def cost_fit(model: Any, batch: int) -> dict[str, Any]:

@@ -1072,3 +1072,29 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
         if shared["rows"]:
             per_row = [shared["expected_accept_per_row"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert per_row[0] == 1.0 and per_row == sorted(per_row)
+
+
+def test_planner_view_says_what_the_step_mode_chooser_measured(
+    arm_json: Path, ragged_json: Path
+) -> None:
+    """``planner_view.step_modes``: the auto step mode's buckets (the mode run outside probes,
+    each mode's tok/s, the paired ratio it chooses on); none where no chooser runs (goodput on
+    a padded engine runs one shared k)."""
+    padded = {run["policy"]: run for run in json.loads(arm_json.read_text())["runs"]}
+    assert all(p["planner_view"]["step_modes"] == [] for p in padded["goodput"]["phases"].values())
+    ragged = {run["policy"]: run for run in json.loads(ragged_json.read_text())["runs"]}
+    # two-phase allowed from one row: a chooser learns in every phase's bucket (the view is
+    # taken mid-phase: a bucket's steps are told to it at the next plan, so some may have none)
+    seen = []
+    for phase in ragged["goodput-device-min1"]["phases"].values():
+        buckets = phase["planner_view"]["step_modes"]
+        seen += buckets
+        assert buckets and [b["rows"] for b in buckets] == sorted(b["rows"] for b in buckets)
+        for bucket in buckets:
+            assert bucket["incumbent"] in {"learning", "one-phase", "two-phase"}
+            assert bucket["pairs"] >= 0 and (bucket["paired_ratio"] is None) == (
+                bucket["pairs"] == 0
+            )
+            rates = (bucket["one_phase_tok_s"], bucket["two_phase_tok_s"])
+            assert all(r is None or r > 0 for r in rates)  # None: no step of it recorded yet
+    assert any(b["two_phase_tok_s"] for b in seen)  # (this short run makes no pairs)
