@@ -240,12 +240,22 @@ class WidthFit:
     weight: float = 0.0
     sum_x: float = 0.0
     sum_y: float = 0.0
+    # For people (not used in pricing): steps folded in, and the one whose observed time was
+    # furthest above its prediction, as (batch size, predicted s, observed s): a fit pulled
+    # far from the table by one stall shows it (the real pair's plain width at the row of 64,
+    # session 41: 4.73x the table, from steps the files did not show).
+    steps: int = 0
+    worst: tuple[int, float, float] | None = None
 
-    def add(self, predicted_s: float, observed_s: float, rate: float) -> None:
+    def add(self, predicted_s: float, observed_s: float, rate: float, batch_size: int = 0) -> None:
         keep = 1.0 - rate
         self.weight = keep * self.weight + rate
         self.sum_x = keep * self.sum_x + rate * predicted_s
         self.sum_y = keep * self.sum_y + rate * observed_s
+        self.steps += 1
+        worst = self.worst
+        if predicted_s > 0 and (worst is None or observed_s / predicted_s > worst[2] / worst[1]):
+            self.worst = (batch_size, predicted_s, observed_s)
 
     @property
     def ratio(self) -> float:
@@ -388,7 +398,7 @@ class CostModel:
                     continue
                 rate = self.learning_rate * share
                 self._fits[row].add(predicted, observed_s, rate, share)
-                self._width_fits[row][width].add(predicted, observed_s, rate)
+                self._width_fits[row][width].add(predicted, observed_s, rate, batch_size)
                 touched.add(row)
         for row in touched:
             prior = self.prior_overhead(self.table.batch_sizes[row])
@@ -464,6 +474,11 @@ class CostModel:
     def width_fits(self) -> list[list[tuple[float, float]]]:
         """(ratio, weight) of every width fit, per batch size row (``OnlineModels.to_dict``)."""
         return [[(f.ratio, f.weight) for f in row] for row in self._width_fits]
+
+    def width_steps(self, row: int) -> list[tuple[int, tuple[int, float, float] | None]]:
+        """Per captured width at ``row``: the steps its fit has folded in and its most
+        out-of-line one (batch size, predicted s, observed s), for people; not saved."""
+        return [(f.steps, f.worst) for f in self._width_fits[row]]
 
     def load_corrections(
         self,

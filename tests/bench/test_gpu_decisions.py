@@ -1054,6 +1054,7 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
     phase's requests were in; nothing for policies without online models."""
     runs = {run["policy"]: run for run in json.loads(arm_json.read_text())["runs"]}
     assert all(p["planner_view"] is None for p in runs["static-k7"]["phases"].values())
+    ran = 0
     for phase, concurrency in (("math", 1), ("mixed", 64), ("chat", 8)):
         view = runs["goodput"]["phases"][phase]["planner_view"]
         assert view["batch"] == concurrency
@@ -1063,6 +1064,10 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
         assert fit["row"] >= concurrency and 0 <= fit["widths_seen"] <= len(fit["widths"])
         assert fit["correction"] > 0 and fit["overhead_ms"] >= 0
         assert all(r > 0 and 0 <= w <= 1 for r, w in fit["widths"].values())
+        assert set(fit["width_steps"]) <= set(fit["widths"])  # the widths that have run
+        for steps, rows, predicted_ms, observed_ms in fit["width_steps"].values():
+            assert steps >= 1 and rows >= 1 and predicted_ms > 0 and observed_ms > 0
+        ran += len(fit["width_steps"])
         for each in view["tasks"].values():
             expected = [each["expected_accept"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert expected[0] == 1.0 and expected == sorted(expected) and expected[-1] <= 16
@@ -1072,6 +1077,7 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
         if shared["rows"]:
             per_row = [shared["expected_accept_per_row"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert per_row[0] == 1.0 and per_row == sorted(per_row)
+    assert ran  # some phase's row has run steps of some width by mid-phase
 
 
 def test_planner_view_says_what_the_step_mode_chooser_measured(

@@ -238,3 +238,21 @@ def test_a_width_the_row_has_never_run_is_not_priced_from_an_overhead_fitted_at_
     model.observe_steps([(64, 1.0, 0.0, plain_table + 2e-3)] * 40)
     assert model.widths_seen(row) == 2
     assert model.snapshot().step_time_s(64, 0) == pytest.approx(plain_table + 2e-3, rel=0.05)
+
+
+def test_each_width_fit_counts_its_steps_and_keeps_its_most_out_of_line_one() -> None:
+    """``width_steps``: for people reading a fit far from the table (session 41's real pair),
+    how many steps made it and the one furthest above its prediction; pricing ignores it."""
+    model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
+    row = TABLE.batch_sizes.index(64)
+    assert all(steps == 0 and worst is None for steps, worst in model.width_steps(row))
+    for seconds in (2.1, 9.0, 2.0):  # plain steps at 64 rows (table 2.0 s), one a stall
+        model.observe_step(64, 1.0, 0.0, seconds)
+    model.observe_step(64, 8.0, 1.0, 6.6)  # width 8: 1.1x
+    by_width = dict(zip(model.widths, model.width_steps(row), strict=True))
+    assert by_width[1] == (3, (64, pytest.approx(2.0), 9.0))
+    assert by_width[8] == (1, (64, pytest.approx(6.0), 6.6))
+    assert by_width[16] == (0, None)
+    # 32 rows: shared between the rows of 8 and 64, each fit counts it
+    model.observe_step(32, 8.0, 1.0, 4.0)
+    assert dict(zip(model.widths, model.width_steps(row), strict=True))[8][0] == 2
