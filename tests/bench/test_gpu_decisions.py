@@ -628,6 +628,11 @@ def test_warm_policies_learn_on_another_trace_and_carry_it_across_their_runs(
     assert data["build_order"] == builds  # built in the recorded order
     assert data["arm_info"]["warm_policies"] is True
     assert set(data["warm_pass_s"]) == {"goodput", "vllm-av"}
+    # the passes' runs are kept apart (with their timelines and views), in no figure
+    warm_runs = data["warm_runs"]
+    assert set(warm_runs) == {"goodput", "vllm-av"}
+    assert all(run["repeat"] == -1 and run["policy"] == name for name, run in warm_runs.items())
+    assert warm_runs["goodput"]["phases"]["mixed"]["planner_view"]["batch"] > 0
     assert all(run["repeat"] >= 0 for run in data["runs"]) and len(data["runs"]) == 6
     merged = tmp_path / "merged.json"
     with pytest.raises(ValueError, match="cannot pool"):
