@@ -82,6 +82,10 @@ class _Bucket:
         return self.log_ratio / self.weight if self.weight > 0 else None
 
 
+# A bucket's incumbent (``BucketView.incumbent``) in words, for people.
+MODE_NAMES: dict[bool | None, str] = {None: "learning", False: "one-phase", True: "two-phase"}
+
+
 class BucketView(NamedTuple):
     """One batch-size bucket of the chooser, for people (metrics, dashboards)."""
 
@@ -198,7 +202,7 @@ class StepModeChooser:
         """A line for people: the bucket's measured rates and the mode it runs."""
         one, two = self.rates(rows)
         state = self._buckets.get(self.bucket(rows)) or _Bucket()
-        runs = {None: "learning", False: "one-phase", True: "two-phase"}[state.incumbent]
+        runs = MODE_NAMES[state.incumbent]
         show = [f"{x:.0f}" if x is not None else "?" for x in (one, two)]
         advantage = state.advantage()
         paired = "?" if advantage is None else f"{math.exp(advantage):.3f}x"

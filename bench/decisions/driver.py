@@ -23,6 +23,7 @@ from engines.embedded.events import SamplingParams, SpecController, TokenEvent
 from engines.embedded.request import Request
 from policies.acceptance import expected_by_k
 from policies.costmodel import padded_width
+from policies.step_mode import MODE_NAMES
 from policies.types import Task
 
 # ``unseen_ends``: a request's stated ``max_new_tokens`` exceeds its job's length by this many
@@ -306,9 +307,7 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
         view["step_modes"] = [
             {
                 "rows": bucket.rows,
-                "incumbent": {None: "learning", False: "one-phase", True: "two-phase"}[
-                    bucket.incumbent
-                ],
+                "incumbent": MODE_NAMES[bucket.incumbent],
                 "one_phase_tok_s": _rounded(bucket.one_phase_tok_s),
                 "two_phase_tok_s": _rounded(bucket.two_phase_tok_s),
                 "paired_ratio": _rounded(bucket.paired_ratio, 4),
