@@ -175,6 +175,26 @@ _MIN_OBSERVATIONS = 20.0
 # A width counts as seen at a row once its own steps make up this much of its fit (a
 # ``WidthFit`` weight: about 14 steps at the default learning rate of 0.05).
 _SEEN_WIDTH_WEIGHT = 0.5
+# A step observed at more than this many times its current price (once its row's fit has
+# this many observations) is folded in at that multiple: one stall -- a collector's pause,
+# host work the step's sync waited for -- otherwise sets a width's price for the ~14 steps its
+# fit takes to forget it, and a width priced that high is not run again to correct it (the real
+# pair on an H100, call s41b: the plain width at the row of 64 learnt 4.73x the table in the
+# warm pass and was priced at 4.2-4.4 ms against the 1.5 ms no-spec's plain steps took there).
+# A real change of speed still gets in, at most (multiple - 1) x the learning rate a step.
+_STALL_MULTIPLE = 3.0
+_CLIP_AFTER = 5.0
+# A width's own fit fades once its row has run this many steps at other widths since its own
+# last one: its weight (and sums, so its ratio stays) halves every ``_WIDTH_HALF_LIFE_STEPS``
+# more, and the row's fit takes over its price again (widths in use keep their fits whole).
+# A width priced out of use by steps that no longer hold would otherwise keep that price for
+# good: the real pair's warm pass (call s42b) ran 16 plain 64-row steps at 4.3-4.5 ms early in
+# its mixed phase, the plain width learnt 3.36x the table, and no plain step ran at 64 rows
+# again in the three timed runs, where no-spec's took 1.5 ms.
+_WIDTH_GRACE_STEPS = 50.0
+_WIDTH_HALF_LIFE_STEPS = 50.0
+_AGE_PER_STEP = math.log(2.0) / _WIDTH_HALF_LIFE_STEPS
+_GRACE = _AGE_PER_STEP * _WIDTH_GRACE_STEPS
 
 
 @dataclass
@@ -243,19 +263,51 @@ class WidthFit:
     # For people (not used in pricing): steps folded in, and the one whose observed time was
     # furthest above its prediction, as (batch size, predicted s, observed s): a fit pulled
     # far from the table by one stall shows it (the real pair's plain width at the row of 64,
-    # session 41: 4.73x the table, from steps the files did not show).
+    # session 41: 4.73x the table, from steps the files did not show), and the steps folded in
+    # at ``_STALL_MULTIPLE`` of their price (``worst`` keeps a clipped step's own time).
     steps: int = 0
     worst: tuple[int, float, float] | None = None
+    clipped: int = 0
+    # The row's age (``CostModel``'s clock) this fit was last brought to (``settle``), and
+    # at its own last step.
+    aged_at: float = 0.0
+    own_at: float = 0.0
 
-    def add(self, predicted_s: float, observed_s: float, rate: float, batch_size: int = 0) -> None:
+    def settle(self, clock: float) -> None:
+        """Fade the fit by the row's steps at other widths since it was last settled, past
+        the grace after its own last step."""
+        start = max(self.aged_at, self.own_at + _GRACE)
+        if clock > start and self.weight > 0:
+            keep = math.exp(start - clock)
+            self.weight *= keep
+            self.sum_x *= keep
+            self.sum_y *= keep
+        self.aged_at = max(self.aged_at, clock)
+
+    def ran(self, clock: float) -> None:
+        """Its own step, at the row's age ``clock`` (after ``settle``)."""
+        self.aged_at = self.own_at = clock
+
+    def add(
+        self,
+        predicted_s: float,
+        observed_s: float,
+        rate: float,
+        batch_size: int = 0,
+        measured_s: float | None = None,
+    ) -> None:
+        """Fold in a step ``observed_s`` (``measured_s``: what it took, when ``observed_s``
+        is that clipped to a multiple of its price)."""
         keep = 1.0 - rate
         self.weight = keep * self.weight + rate
         self.sum_x = keep * self.sum_x + rate * predicted_s
         self.sum_y = keep * self.sum_y + rate * observed_s
         self.steps += 1
+        took = observed_s if measured_s is None else measured_s
+        self.clipped += took > observed_s
         worst = self.worst
-        if predicted_s > 0 and (worst is None or observed_s / predicted_s > worst[2] / worst[1]):
-            self.worst = (batch_size, predicted_s, observed_s)
+        if predicted_s > 0 and (worst is None or took / predicted_s > worst[2] / worst[1]):
+            self.worst = (batch_size, predicted_s, took)
 
     @property
     def ratio(self) -> float:
@@ -278,6 +330,7 @@ class CostModel:
     _fits: list[RowFit] = field(default_factory=list)
     _width_fits: list[list[WidthFit]] = field(default_factory=list)  # [row][width index]
     _row_base_s: list[list[float]] = field(default_factory=list)  # table time, same indices
+    _row_clock: list[float] = field(default_factory=list)  # each row's age (``WidthFit.settle``)
     _row_terms: list[Terms] = field(default_factory=list)  # ``_terms(row)``, kept current
     _layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
     _snapshot: CostSnapshot | None = None
@@ -291,6 +344,7 @@ class CostModel:
         self._overhead_s = [self.prior_overhead(b) for b in self.table.batch_sizes]
         self._fits = [RowFit() for _ in range(rows)]
         self._width_fits = [[WidthFit() for _ in self.widths] for _ in range(rows)]
+        self._row_clock = [0.0] * rows
         # Per bucketed batch of the table: ascending token counts, and measured over the
         # table's time there (``token_bucket``).
         table = self.table
@@ -372,7 +426,9 @@ class CostModel:
         self, batch_size: int, mean_width: float, drafting: float, observed_s: float
     ) -> None:
         """Fold one measured step time into the fits of the nearest table rows: the row's
-        scale and overhead, and that row's ratio for the step's padded width."""
+        scale and overhead, and that row's ratio for the step's padded width. Once a row's
+        fit has ``_CLIP_AFTER`` observations, a step over ``_STALL_MULTIPLE`` x its current
+        price there is folded in at that (a stall must not price a width out of use)."""
         self.observe_steps(((batch_size, mean_width, drafting, observed_s),))
 
     def observe_steps(self, steps: Sequence[tuple[int, float, float, float]]) -> None:
@@ -397,10 +453,20 @@ class CostModel:
                 if share <= 0:
                     continue
                 rate = self.learning_rate * share
-                self._fits[row].add(predicted, observed_s, rate, share)
-                self._width_fits[row][width].add(predicted, observed_s, rate, batch_size)
+                fit, width_fit = self._fits[row], self._width_fits[row][width]
+                width_fit.settle(self._row_clock[row])
+                self._row_clock[row] += _AGE_PER_STEP * share
+                width_fit.ran(self._row_clock[row])  # (its own step does not age it)
+                observed = observed_s
+                if fit.count >= _CLIP_AFTER:
+                    price = self._price_now(row, fit, width_fit, predicted)
+                    observed = min(observed_s, _STALL_MULTIPLE * price)
+                fit.add(predicted, observed, rate, share)
+                width_fit.add(predicted, observed, rate, batch_size, observed_s)
                 touched.add(row)
         for row in touched:
+            for width_fit in self._width_fits[row]:
+                width_fit.settle(self._row_clock[row])
             prior = self.prior_overhead(self.table.batch_sizes[row])
             separable = self.separable(row)
             self._correction[row], self._overhead_s[row] = self._fits[row].fit(prior, separable)
@@ -408,6 +474,17 @@ class CostModel:
         # Keep the memoised snapshot until a touched row moved by more than 0.1%.
         if touched and self._snapshot is not None and self._moved(self._snapshot, sorted(touched)):
             self._snapshot = None
+
+    def _price_now(self, row: int, fit: RowFit, width_fit: WidthFit, predicted_s: float) -> float:
+        """What the fits as they stand price a step of table time ``predicted_s`` at this
+        width of ``row``: the width's own ratio blended with the row's ratio of means (not
+        the separated fit, solved once per batch of steps: this is current step by step, so
+        steps folded together clip as one at a time do)."""
+        level = fit.level(self.prior_overhead(self.table.batch_sizes[row]))
+        assert level is not None, "a row with observations"
+        ratio, overhead = level
+        w = width_fit.weight
+        return predicted_s * ((1.0 - w) * ratio + w * width_fit.ratio) + (1.0 - w) * overhead
 
     def widths_seen(self, row: int) -> int:
         """Captured widths whose own steps make up at least ``_SEEN_WIDTH_WEIGHT`` of their
@@ -449,12 +526,27 @@ class CostModel:
         width 16 for ~40 steps until that width's own ratio had learned it).
         """
         scale, overhead = self._correction[row], self._overhead_s[row]
-        level = self._fits[row].level(self.prior_overhead(self.table.batch_sizes[row]))
+        prior = self.prior_overhead(self.table.batch_sizes[row])
+        level = self._fits[row].level(prior)
+        # A table of the engine's own whole steps (its start-up profile) prices a plain step
+        # at no less than it measured on the engine's own plain path (the plain fast path,
+        # bursts) until the plain width's own steps take over: the row's fit comes from its
+        # drafting steps, which may say little of that path (the real pair on an H100, call
+        # s42b: drafting steps at the row of 8 ran 0.86-0.95x the table, plain ones 1.03x; the
+        # row's 0.88 priced a plain step at 0.91 ms, no-spec's took 1.09, and the 8-client chat
+        # phase ran plain steps where static k = 7 was 1.16x faster). Above the table the row's
+        # fit stands (the 8B arm's call s37d: plain 64-row steps took 9.8 ms, 1.08x the table,
+        # as its drafting steps' ratio said).
+        own_plain = self.table.includes_draft and self.widths[0] == 1
         factors, added = [], []
-        for f, base in zip(self._width_fits[row], self._row_base_s[row], strict=True):
+        for w, (f, base) in enumerate(
+            zip(self._width_fits[row], self._row_base_s[row], strict=True)
+        ):
             s, a = scale, overhead
             if level is not None and base * level[0] + level[1] > base * scale + overhead:
                 s, a = level
+            if own_plain and w == 0 and base + prior > base * s + a:
+                s, a = 1.0, prior
             factors.append((1.0 - f.weight) * s + f.weight * f.ratio)
             added.append((1.0 - f.weight) * a)
         return tuple(factors), tuple(added)
@@ -475,10 +567,11 @@ class CostModel:
         """(ratio, weight) of every width fit, per batch size row (``OnlineModels.to_dict``)."""
         return [[(f.ratio, f.weight) for f in row] for row in self._width_fits]
 
-    def width_steps(self, row: int) -> list[tuple[int, tuple[int, float, float] | None]]:
-        """Per captured width at ``row``: the steps its fit has folded in and its most
-        out-of-line one (batch size, predicted s, observed s), for people; not saved."""
-        return [(f.steps, f.worst) for f in self._width_fits[row]]
+    def width_steps(self, row: int) -> list[tuple[int, int, tuple[int, float, float] | None]]:
+        """Per captured width at ``row``: the steps its fit has folded in, how many of them
+        at ``_STALL_MULTIPLE`` of their price, and its most out-of-line one (batch size,
+        predicted s, observed s), for people; not saved."""
+        return [(f.steps, f.clipped, f.worst) for f in self._width_fits[row]]
 
     def load_corrections(
         self,
@@ -506,6 +599,7 @@ class CostModel:
         self._correction = list(corrections)
         self._overhead_s = overheads
         self._width_fits = fits
+        self._row_clock = [0.0] * rows
         self._row_terms = [self._terms(row) for row in range(rows)]
         self._snapshot = None
 

@@ -340,10 +340,13 @@ def cost_fit(model: Any, batch: int) -> dict[str, Any]:
             for width, (ratio, weight) in zip(model.widths, model.width_fits()[row], strict=True)
         },
         # per width that has run: [steps folded in, and its most out-of-line step's batch
-        # size, predicted ms, observed ms] (a fit pulled far from the table by one stall)
+        # size, predicted ms, observed ms, and the steps folded in clipped to a multiple of
+        # their price] (a fit pulled far from the table by stalls)
         "width_steps": {
-            width: [steps, worst[0], round(1e3 * worst[1], 3), round(1e3 * worst[2], 3)]
-            for width, (steps, worst) in zip(model.widths, model.width_steps(row), strict=True)
+            width: [steps, worst[0], round(1e3 * worst[1], 3), round(1e3 * worst[2], 3), clipped]
+            for width, (steps, clipped, worst) in zip(
+                model.widths, model.width_steps(row), strict=True
+            )
             if steps and worst is not None
         },
     }

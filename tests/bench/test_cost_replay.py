@@ -54,8 +54,10 @@ def test_a_row_that_ran_one_width_prices_plain_by_the_tables_shape(
     assert [r["phase"] for r in report["replay"]] == ["math", "mixed", "chat"]
     assert last["steps"] == 0 and report["replay"][1]["steps"] == 120
     assert last["row"] == 64 and last["row_widths_seen"] == 1 and last["row_overhead_ms"] == 0
-    table = report["table_ms"]
+    table, priced = report["table_ms"], last["priced_ms"]
     assert last["priced_k7_over_plain"] == pytest.approx(table["7"] / table["0"], rel=1e-3)
+    # (the row's ratio is over 1: above the engine's profile, which floors the plain price)
+    assert priced["0"] > table["0"]
     # before anything is learnt: a shared k for the mixed phase's rows at 32, 48 and 64
     prices = report["shared_k_prices"]
     assert set(prices) == {"32xmixed", "48xmixed", "64xmixed"}

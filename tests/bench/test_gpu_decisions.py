@@ -1070,8 +1070,9 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
         assert fit["correction"] > 0 and fit["overhead_ms"] >= 0
         assert all(r > 0 and 0 <= w <= 1 for r, w in fit["widths"].values())
         assert set(fit["width_steps"]) <= set(fit["widths"])  # the widths that have run
-        for steps, rows, predicted_ms, observed_ms in fit["width_steps"].values():
+        for steps, rows, predicted_ms, observed_ms, clipped in fit["width_steps"].values():
             assert steps >= 1 and rows >= 1 and predicted_ms > 0 and observed_ms > 0
+            assert 0 <= clipped <= steps
         ran += len(fit["width_steps"])
         for each in view["tasks"].values():
             expected = [each["expected_accept"][str(k)] for k in (0, 3, 7, 11, 15)]

@@ -148,10 +148,73 @@ def test_a_width_seen_rarely_blends_from_the_row_fit_to_its_own_ratio() -> None:
     assert model.snapshot().step_time_s(64, 15) == pytest.approx(12.0, rel=0.01)  # the row's
     model.observe_step(64, 16.0, 1.0, 15.0)  # one width-16 step at 1.5x: weight 0.1 ...
     assert 12.0 < model.snapshot().step_time_s(64, 15) < 13.0
-    for _ in range(60):  # ... then 1 - 0.9^61
+    for _ in range(45):  # ... then 1 - 0.9^46
         model.observe_step(64, 16.0, 1.0, 15.0)
     assert model.snapshot().step_time_s(64, 15) == pytest.approx(15.0, rel=0.01)
+    # (width 8's fit is within its grace: 46 steps of other widths since its own last one)
     assert model.snapshot().step_time_s(64, 7) == pytest.approx(7.2, rel=0.01)
+
+
+def test_a_width_not_run_for_a_while_fades_back_to_the_row_fit_and_is_tried_again() -> None:
+    """Call s42b (the real pair, H100): 16 plain 64-row steps at ~3.4x the table early in the
+    warm pass priced the plain width out of use, and nothing ever ran it again. A width's own
+    fit is kept whole for ``_WIDTH_GRACE_STEPS`` steps of its row at other widths, then halves
+    every ``_WIDTH_HALF_LIFE_STEPS``; its ratio stays, so steps of its own pick up from it."""
+    from policies import costmodel
+
+    model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
+    plain_table = TABLE.time_s(64, 1.0)
+    model.observe_steps([(64, 1.0, 0.0, 3.4 * plain_table)] * 16)  # the slow plain steps
+    model.observe_steps([(64, 8.0, 1.0, TABLE.time_s(64, 8.0))] * 20)
+    row = TABLE.batch_sizes.index(64)
+    weight = model.width_fits()[row][0][1]
+    assert weight == pytest.approx(1 - 0.95**16)  # (in its grace: whole)
+    assert model.snapshot().step_time_s(64, 0) > 2.0 * plain_table
+    grace, half = costmodel._WIDTH_GRACE_STEPS, costmodel._WIDTH_HALF_LIFE_STEPS
+    more = int(grace) - 20 + int(2 * half)  # past the grace, then two half-lives
+    model.observe_steps([(64, 8.0, 1.0, TABLE.time_s(64, 8.0))] * more)
+    ratio, faded = model.width_fits()[row][0]
+    assert faded == pytest.approx(weight / 4, rel=1e-6)
+    assert ratio == pytest.approx(3.4)
+    # the row's fit (drafting steps at the table) prices most of it again
+    assert model.snapshot().step_time_s(64, 0) < 1.7 * plain_table
+    # folded together or one at a time: the same fade
+    one = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
+    steps = [(64, 1.0, 0.0, 3.4 * plain_table)] * 16 + [(64, 8.0, 1.0, 8.0)] * (20 + more)
+    for step in steps:
+        one.observe_step(*step)
+    assert one.width_fits()[row][0][1] == pytest.approx(faded, rel=1e-9)
+
+
+def test_an_engine_profile_prices_a_plain_step_on_its_own_path_until_plain_steps_run() -> None:
+    """Call s42b: at the row of 8 the real pair's drafting steps ran 0.86-0.95x its start-up
+    profile and plain steps 1.03x; the row's fit (0.88, from drafting steps) priced the plain
+    step at 0.91 ms where it took 1.09, and the chat phase ran plain where k = 7 was 1.16x
+    faster. A whole-step table (the engine's profile, ``includes_draft``) floors a plain
+    step's price at what it measured until the plain width's own steps say otherwise (above
+    it the row's fit stands: the 8B arm's plain steps ran 1.08x the table, as its drafting
+    steps' ratio said); a table of forwards (pools) keeps the row's fit, which carries what
+    the table leaves out."""
+    profile = CostTable(
+        TABLE.batch_sizes, TABLE.tokens_per_request, TABLE.step_time_s, includes_draft=True
+    )
+    plain_table = profile.time_s(8, 1.0)
+    models = {}
+    for table, expected in ((profile, plain_table), (TABLE, 0.88 * plain_table)):
+        model = models[table.includes_draft] = CostModel(
+            table, verify_width_multiple=8, draft_cost_fraction=0.0
+        )
+        model.observe_steps([(8, 8.0, 1.0, 0.88 * table.time_s(8, 8.0))] * 60)
+        assert model.snapshot().step_time_s(8, 0) == pytest.approx(expected, rel=1e-6)
+        assert model.snapshot().step_time_s(8, 7) == pytest.approx(
+            0.88 * table.time_s(8, 8.0), rel=1e-6
+        )
+    model = models[True]
+    model.observe_steps([(8, 1.0, 0.0, 1.06 * plain_table)] * 80)  # its own plain steps
+    assert model.snapshot().step_time_s(8, 0) == pytest.approx(1.06 * plain_table, rel=0.02)
+    above = CostModel(profile, verify_width_multiple=8, draft_cost_fraction=0.0)
+    above.observe_steps([(8, 8.0, 1.0, 1.08 * profile.time_s(8, 8.0))] * 60)
+    assert above.snapshot().step_time_s(8, 0) == pytest.approx(1.08 * plain_table, rel=1e-6)
 
 
 def test_saved_width_fits_round_trip_and_bad_ones_name_the_key() -> None:
@@ -242,17 +305,52 @@ def test_a_width_the_row_has_never_run_is_not_priced_from_an_overhead_fitted_at_
 
 def test_each_width_fit_counts_its_steps_and_keeps_its_most_out_of_line_one() -> None:
     """``width_steps``: for people reading a fit far from the table (session 41's real pair),
-    how many steps made it and the one furthest above its prediction; pricing ignores it."""
+    how many steps made it, how many were clipped as stalls, and the one furthest above its
+    prediction (its own time, clipped or not); pricing ignores it."""
     model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
     row = TABLE.batch_sizes.index(64)
-    assert all(steps == 0 and worst is None for steps, worst in model.width_steps(row))
+    assert all(s == c == 0 and w is None for s, c, w in model.width_steps(row))
     for seconds in (2.1, 9.0, 2.0):  # plain steps at 64 rows (table 2.0 s), one a stall
         model.observe_step(64, 1.0, 0.0, seconds)
     model.observe_step(64, 8.0, 1.0, 6.6)  # width 8: 1.1x
     by_width = dict(zip(model.widths, model.width_steps(row), strict=True))
-    assert by_width[1] == (3, (64, pytest.approx(2.0), 9.0))
-    assert by_width[8] == (1, (64, pytest.approx(6.0), 6.6))
-    assert by_width[16] == (0, None)
+    assert by_width[1] == (3, 0, (64, pytest.approx(2.0), 9.0))  # (too early to clip)
+    assert by_width[8] == (1, 0, (64, pytest.approx(6.0), 6.6))
+    assert by_width[16] == (0, 0, None)
     # 32 rows: shared between the rows of 8 and 64, each fit counts it
     model.observe_step(32, 8.0, 1.0, 4.0)
     assert dict(zip(model.widths, model.width_steps(row), strict=True))[8][0] == 2
+
+
+def test_a_stall_is_folded_in_at_a_multiple_of_the_price_once_the_row_has_seen_steps() -> None:
+    """One stall (a step 60x its price: a collector's pause, host work the sync waited for)
+    moved the plain width's fit to ~4.7x the table at a weight of ~0.5 (session 41's real
+    pair, call s41b), and priced so, a plain step was never run again. Clipped at
+    ``_STALL_MULTIPLE`` x the current price it moves the fit by at most a few percent; a real
+    change of speed still gets in, a step at a time."""
+    plain_table = TABLE.time_s(64, 1.0)
+
+    def learnt(stall_s: float) -> tuple[float, CostModel]:
+        model = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
+        model.observe_steps([(64, 1.0, 0.0, plain_table)] * 10)
+        model.observe_step(64, 1.0, 0.0, stall_s)
+        model.observe_steps([(64, 1.0, 0.0, plain_table)] * 5)
+        return model.snapshot().step_time_s(64, 0) / plain_table, model
+
+    ratio, model = learnt(60 * plain_table)
+    row = TABLE.batch_sizes.index(64)
+    steps, clipped, worst = model.width_steps(row)[0]
+    assert (steps, clipped) == (16, 1) and worst is not None
+    assert worst[2] == pytest.approx(60 * plain_table)  # what it took, for people
+    # clipped to 3x: as if the step had taken 3x the price, not 60x
+    assert ratio == pytest.approx(learnt(3 * plain_table)[0], rel=1e-9)
+    assert 1.0 < ratio < 1.15
+    # Unclipped (a step under the multiple) it counts in full; before the row has seen
+    # ``_CLIP_AFTER`` steps nothing is clipped (a table far off learns from its first step).
+    assert learnt(2.5 * plain_table)[0] > 1.05
+    cold = CostModel(TABLE, verify_width_multiple=8, draft_cost_fraction=0.0)
+    cold.observe_step(64, 1.0, 0.0, 50 * plain_table)
+    assert cold.snapshot().step_time_s(64, 0) == pytest.approx(50 * plain_table, rel=1e-6)
+    # A lasting slow-down (5x) is learnt through the clip, within about twenty steps.
+    model.observe_steps([(64, 1.0, 0.0, 5 * plain_table)] * 25)
+    assert model.snapshot().step_time_s(64, 0) > 4.0 * plain_table
