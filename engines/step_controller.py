@@ -239,6 +239,9 @@ class StepController:
         # two-phase, tokens emitted, the step's reported seconds).
         self._mode_steps: list[tuple[StepModeChooser, int, bool, int, float]] = []
         self._call_started_s: float | None = None  # the ``_clock`` at the last ``plan``
+        # The engine's last decode call, its wall time over its steps (``call_time``): what
+        # its steps, recorded while the next call runs, are priced at in the cost model.
+        self._call_step_s = 0.0
         # Decision cadence (module docstring): the decision kept for the same rows, the steps
         # not yet folded, and running means of a decision's host time and of the step time.
         self._held: _Held | None = None
@@ -326,11 +329,18 @@ class StepController:
                 width = float(padded_width(widest, multiple))
             drafting = 1.0 if two_phase else float(widest > 0)
             seconds = reports[0].step_time_s
+            # the cost model learns what a step cost the engine: the call's wall time per
+            # step where longer than the runner's time (the host work of a call that the
+            # device's work did not hide: on the real pair, H100 call s42d, ~0.7-1 ms a
+            # drafting 64-row step and ~0.2 ms a plain one in bursts, so the runner's times
+            # priced drafting ~20% low against plain and goodput drafted wide where
+            # no-spec was the fastest policy)
+            priced = max(seconds, self._call_step_s)
             if self.step_mode(newest) == "auto":
                 self._record_mode(newest, reports)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
-            times.append((reports[0].batch_size, width, drafting, seconds))
+            times.append((reports[0].batch_size, width, drafting, priced))
             if seconds > 0:
                 self._step_s = _ema(self._step_s, seconds)
         pending.steps += 1
@@ -352,6 +362,12 @@ class StepController:
                 models.record_steps(task, ks, lengths)
             for models, times in pending.times.values():
                 models.record_step_times(times)
+
+    def call_time(self, seconds_per_step: float) -> None:
+        """The engine's last decode call, its wall time over its steps (``TimesCalls``):
+        told before that call's steps are recorded, and what the cost model prices them at
+        where it exceeds the runner's time (``_record``)."""
+        self._call_step_s = max(0.0, seconds_per_step)
 
     def cadence(self, active: ActivePolicy) -> int:
         """Steps one shared decision serves while its rows stay the same: the fewest decisions
@@ -866,7 +882,11 @@ class StepController:
     def per_request(self, steps: RequestSteps, view: RequestView) -> int:
         """The policy asked for one request's next step, with its recent steps."""
         done = len(view.accept_lengths)
-        start = max(0, done - self._window)  # the request's last steps, with the k they ran
+        # the request's last steps, with the k they ran: for goodput enough for its window
+        # when every ``request_plain_entry_steps`` plain steps count as one of it
+        spec = steps.active.spec
+        plain = spec.goodput.request_plain_entry_steps if spec.kind == "goodput" else 1
+        start = max(0, done - self._window * plain)
         observation = step_observation(
             task=steps.task,
             confidence=steps.confidence,

@@ -231,6 +231,44 @@ class PositionCounts:
         return self._snapshot
 
 
+def request_window(
+    spec_tokens: Sequence[int], accept_lengths: Sequence[int], size: int, plain_per_entry: int = 1
+) -> tuple[list[int], list[int]]:
+    """The steps of a request's window, oldest first, as (k, accept length) lists: its last
+    ``size`` entries, where each drafted step is an entry and every ``plain_per_entry``
+    consecutive k = 0 steps are one (an entry that adds nothing and pushes the oldest out).
+
+    With 1 the window is the last ``size`` steps. Larger, what a request's drafted steps
+    showed outlasts a plain stretch ``plain_per_entry`` times longer: on the real pair
+    (H100, call s42c) math requests that accepted ~1.9 at batch 1, under a task estimate
+    learnt at 2.7 from other phases' math, went plain once their window showed it and drafted
+    again as soon as 32 plain steps had pushed that out: 16% of the math phase's steps drafted
+    at a loss (0.88x no speculation there). Reads back from the newest step until the window
+    is full, so a long history costs only what the window holds.
+    """
+    steps = min(len(spec_tokens), len(accept_lengths))
+    ks: list[int] = []
+    lengths: list[int] = []
+    idle = 0
+    for index in range(steps - 1, -1, -1):
+        if len(ks) >= size:
+            break
+        k = spec_tokens[index]
+        if k > 0:
+            idle = 0
+            ks.append(k)
+            lengths.append(accept_lengths[index])
+            continue
+        idle += 1
+        if idle == plain_per_entry:
+            idle = 0
+            ks.append(0)
+            lengths.append(1)
+    ks.reverse()
+    lengths.reverse()
+    return ks, lengths
+
+
 def blend_request_history(
     task_rates: Sequence[float],
     spec_tokens_used: Sequence[int],

@@ -7,8 +7,10 @@ batch's. ``BatchWidth.decide(rows, learned)`` makes it, once per engine step, fr
 rows of that step (``StepRow``: id, task, its accept lengths and the k each step ran with, its
 ceiling now); the engine gives every row that k, clamped to the row's ceiling.
 
-- Windows: each row keeps its last ``request_window_steps`` steps as per-position counts in
-  one row of preallocated arrays, by slot (``RowWindows``). A step is recorded at the k it
+- Windows: each row keeps its last ``request_window_steps`` entries as per-position counts
+  in one row of preallocated arrays, by slot (``RowWindows``): a drafted step is an entry,
+  and so is every ``request_plain_entry_steps`` consecutive plain ones
+  (``acceptance.request_window``). A step is recorded at the k it
   ran with, so a step the engine clamped near the request's end is no rejection at the
   planned k. A row missing from a step has left the batch and its slot is freed: a new
   request never inherits a finished one's window.
@@ -46,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from policies import types
-from policies.acceptance import drafted_steps
+from policies.acceptance import drafted_steps, request_window
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
 from policies.types import TASK_INDEX, TASKS, StepCost, StepRow, Task
@@ -62,17 +64,20 @@ class RowWindows:
     ``counts[slot]`` is what the blend needs, per position i + 1: ``counts[slot, 0, i]``,
     window steps that accepted more than i drafts (successes), and ``counts[slot, 1, i]``,
     those that put the position at risk (successes, or the rejection that ended the step).
-    The ring keeps each window step's own two rows, subtracted again when the step leaves;
-    all rows share its cell (engine step % size), and a step with k = 0 writes zeros, so a
-    window is the row's last ``size`` steps as ``blend_request_history`` reads them.
+    The ring keeps each window entry's own two rows, subtracted again when the entry leaves;
+    each row writes its own cells in turn: every drafted step, and a zero entry for every
+    ``plain_per_entry`` consecutive steps with k = 0, so a window is the row's entries as
+    ``acceptance.request_window`` reads them (``plain_per_entry`` 1: its last ``size`` steps).
     """
 
-    def __init__(self, size: int, positions: int, capacity: int = 64):
+    def __init__(self, size: int, positions: int, capacity: int = 64, plain_per_entry: int = 1):
         self.size = size
         self.positions = positions
+        self.plain_per_entry = plain_per_entry
         self._slot_of: dict[Hashable, int] = {}
         self._free: list[int] = []
-        self._cell = 0  # where this step's entries go
+        self._next = np.zeros(0, np.intp)  # per slot: the cell its next entry goes into
+        self._idle = np.zeros(0, np.intp)  # per slot: plain steps since its last entry
         self.rows_per_task = [0] * len(TASKS)
         self.position = np.arange(positions)
         self.task = np.zeros(0, np.intp)
@@ -125,32 +130,31 @@ class RowWindows:
         if bool((new == 1).all()):  # the usual step: every row brings the step that just ran
             last_k = np.fromiter(map(_newest, spec_tokens), np.intp, count)
             last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
-            self._cell = (self._cell + 1) % self.size
-            self._write(rows, self._step_rows(last_k, last_length))
+            self._advance(rows, last_k, last_length)
             self.last_new = (rows, last_k[:, None], last_length[:, None])
             return rows
         # Several engine steps since the last call (decisions spaced by the step controller),
-        # or rows with none: one cell per engine step, oldest first; row i ran the step j back
-        # when it brought at least j new steps, else the cell holds zeros for it.
+        # or rows with none: one engine step at a time, oldest first; row i ran the step j
+        # back when it brought at least j new steps (else it sits that step out).
         span = min(max(int(new.max()), 1), self.size)
         ks = np.zeros((count, span), np.intp)
         lengths = np.ones((count, span), np.intp)
+        ran = np.zeros((count, span), bool)
         # Rows that bring a whole span of steps (the usual spaced call: all of them) in one
         # array each; rows that joined since, one by one.
         stayed = np.flatnonzero((new == span) & (new <= self.size)).tolist()
         if stayed:
             ks[stayed] = [spec_tokens[i][-span:] for i in stayed]
             lengths[stayed] = [accept_lengths[i][-span:] for i in stayed]
+            ran[stayed] = True
         for i in np.flatnonzero((new >= 1) & (new < span)).tolist():
             n = int(new[i])
             ks[i, span - n :] = spec_tokens[i][-n:]
             lengths[i, span - n :] = accept_lengths[i][-n:]
-        cells = (self._cell + np.arange(1, span + 1)) % self.size
-        self._cell = int(cells[-1])
-        entries = self._step_rows(ks, lengths)  # [rows, span, 2, positions]
-        at = (rows[:, None], cells[None, :])
-        self.counts[rows] += (entries - self._ring[at]).sum(axis=1)
-        self._ring[at] = entries
+            ran[i, span - n :] = True
+        moved = np.flatnonzero(ran.any(axis=1))
+        if moved.size:
+            self._advance_span(rows[moved], ks[moved], lengths[moved], ran[moved])
         for i in np.flatnonzero((new < 0) | (new > self.size)).tolist():
             self._catch_up(int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i]))
         self.last_new = (rows, ks, lengths)  # (caught-up rows: their expectation was reset)
@@ -174,27 +178,74 @@ class RowWindows:
         accepted = np.minimum(np.maximum(lengths, 1) - 1, np.minimum(spec_tokens, self.positions))
         return self._step_row[accepted, (accepted < spec_tokens).view(np.int8)]
 
-    def _write(self, slots: np.ndarray, steps: np.ndarray) -> None:
-        """This engine step's entry of each of ``slots`` (distinct), replacing the oldest."""
-        cell = self._cell
-        self.counts[slots] += steps - self._ring[slots, cell]
-        self._ring[slots, cell] = steps
+    def _advance(self, slots: np.ndarray, spec_tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """One engine step of each of ``slots`` (distinct): a drafted step is an entry, and a
+        plain one that completes ``plain_per_entry`` in a row a zero entry; each replaces its
+        row's oldest."""
+        drafted = spec_tokens > 0
+        idle = np.where(drafted, 0, self._idle[slots] + 1)
+        write = drafted | (idle >= self.plain_per_entry)
+        idle[write] = 0
+        self._idle[slots] = idle
+        if not write.any():
+            return
+        at = slots[write]
+        cells = self._next[at]
+        steps = self._step_rows(spec_tokens[write], lengths[write])
+        self.counts[at] += steps - self._ring[at, cells]
+        self._ring[at, cells] = steps
+        self._next[at] = (cells + 1) % self.size
+
+    def _advance_span(
+        self, slots: np.ndarray, spec_tokens: np.ndarray, lengths: np.ndarray, ran: np.ndarray
+    ) -> None:
+        """``_advance`` for several engine steps at once ([rows, steps] each, ``ran``: the
+        steps each row was in), in arrays: a plain step is a zero entry where the plain steps
+        since the row's last drafted one (or, before any in the span, since its last entry,
+        ``_idle``) reach a multiple of ``plain_per_entry``."""
+        per = self.plain_per_entry
+        drafted = ran & (spec_tokens > 0)
+        plain = ran & (spec_tokens <= 0)
+        count = np.cumsum(plain, axis=1)
+        steps = np.arange(spec_tokens.shape[1])
+        last = np.maximum.accumulate(np.where(drafted, steps, -1), axis=1)
+        since: np.ndarray = count - np.take_along_axis(count, np.maximum(last, 0), axis=1)
+        idle = np.where(last >= 0, since, self._idle[slots][:, None] + count)
+        write = drafted | (plain & (idle % per == 0))
+        self._idle[slots] = idle[:, -1] % per
+        if not write.any():
+            return
+        # each write's cell: the row's next, then on (a row writes at most ``size`` here)
+        cells = (self._next[slots][:, None] + np.cumsum(write, axis=1) - 1) % self.size
+        entries = self._step_rows(np.where(write, spec_tokens, 0), lengths)
+        at = (slots[:, None], cells)
+        gone = np.where(write[:, :, None, None], self._ring[at], 0.0)
+        self.counts[slots] += (entries - gone).sum(axis=1)
+        row, step = np.nonzero(write)
+        self._ring[slots[row], cells[row, step]] = entries[row, step]
+        self._next[slots] = (self._next[slots] + write.sum(axis=1)) % self.size
 
     def _catch_up(
         self, slot: int, task: Task, spec_tokens: Sequence[int], lengths: Sequence[int], new: int
     ) -> None:
         """Several new steps (a row first seen mid-request), or a history shorter than the one
-        read before (the id of a finished request, reused): its last ``size`` steps, into
-        the cells up to this step's."""
+        read before (the id of a finished request, reused): its window read afresh from its
+        whole history (``acceptance.request_window``), oldest entry in the first cell."""
         self.rows_per_task[self.task[slot]] -= 1
         self._reset(slot, task)
-        count = min(len(lengths), self.size)
-        if count == 0:
+        ks, kept = request_window(spec_tokens, lengths, self.size, self.plain_per_entry)
+        plain = 0  # the plain steps since the row's last entry
+        for k in reversed(spec_tokens[: len(lengths)]):
+            if k > 0:
+                break
+            plain += 1
+        self._idle[slot] = plain % self.plain_per_entry
+        if not ks:
             return
-        steps = self._step_rows(np.array(spec_tokens[-count:]), np.array(lengths[-count:]))
-        cells = (self._cell - np.arange(count)[::-1]) % self.size
-        self._ring[slot, cells] = steps
+        steps = self._step_rows(np.array(ks), np.array(kept))
+        self._ring[slot, : len(ks)] = steps
         self.counts[slot] = steps.sum(axis=0)
+        self._next[slot] = len(ks) % self.size
 
     def _open(self, task: Task) -> int:
         if not self._free:
@@ -209,6 +260,8 @@ class RowWindows:
         self.rows_per_task[index] += 1
         self.counts[slot] = 0.0
         self._ring[slot] = 0.0
+        self._next[slot] = 0
+        self._idle[slot] = 0
         self.expected[slot] = np.nan
         self.decided[slot] = -1
 
@@ -223,6 +276,8 @@ class RowWindows:
         self.counts = np.concatenate([self.counts, np.zeros((extra, *self.counts.shape[1:]))])
         self._ring = np.concatenate([self._ring, np.zeros((extra, *self._ring.shape[1:]))])
         self._seen = np.concatenate([self._seen, np.zeros(extra, np.intp)])
+        self._next = np.concatenate([self._next, np.zeros(extra, np.intp)])
+        self._idle = np.concatenate([self._idle, np.zeros(extra, np.intp)])
         unseen = np.full((extra, self.positions + 1), np.nan)
         self.expected = np.concatenate([self.expected, unseen])
         self.decided = np.concatenate([self.decided, np.full(extra, -1, np.intp)])
@@ -246,7 +301,11 @@ class BatchWidth:
         self._min_k = min(min_spec_tokens, self._max_k)
         self._rng_u = rng_u or (lambda: 1.0)
         self._fallback_cost = RelativeCost(spec.verify_width_multiple)
-        self.windows = RowWindows(spec.request_window_steps, self._positions)
+        self.windows = RowWindows(
+            spec.request_window_steps,
+            self._positions,
+            plain_per_entry=spec.request_plain_entry_steps,
+        )
         self._strength = spec.request_prior_strength
         # Per task: its rates this step x request_prior_strength (pseudo-successes per position)
         self._prior_successes = np.zeros((len(TASKS), self._positions))

@@ -29,6 +29,7 @@ from policies.acceptance import (
     drafted_steps,
     expected_accept_length,
     expected_by_k,
+    request_window,
 )
 from policies.costmodel import RelativeCost, padded_width
 from policies.model import GoodputSpec
@@ -87,13 +88,15 @@ class GoodputPolicy:
         task_rates = self._task_rates(observation)
         if observation.step_index < self._spec.warmup_steps or not observation.request_spec_tokens:
             return task_rates
-        window = self._spec.request_window_steps
+        spec = self._spec
+        ks, lengths = request_window(
+            observation.request_spec_tokens,
+            observation.request_accept_lengths,
+            spec.request_window_steps,
+            spec.request_plain_entry_steps,
+        )
         return blend_request_history(
-            task_rates,
-            observation.request_spec_tokens[-window:],
-            observation.request_accept_lengths[-window:],
-            self._spec.request_prior_strength,
-            self._spec.request_half_life_steps,
+            task_rates, ks, lengths, spec.request_prior_strength, spec.request_half_life_steps
         )
 
     def _best_k(

@@ -113,8 +113,12 @@ class GoodputSpec(StrictModel):
     shared_calibration: bool = False
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
-    # How many of the request's most recent steps are used.
+    # How many of the request's most recent steps are used ...
     request_window_steps: int = Field(default=32, ge=1)
+    # ... where this many consecutive steps that drafted nothing count as one: what its
+    # drafted steps showed outlasts a plain stretch this many times longer (1: every step
+    # counts; session 42's real pair re-drafted at a loss every ~32 plain steps at batch 1).
+    request_plain_entry_steps: int = Field(default=8, ge=1)
     # Within that window a step's weight halves every this many steps of age (0 = all equal):
     # text comes in runs of easy and hard stretches.
     request_half_life_steps: float = Field(default=0.0, ge=0)

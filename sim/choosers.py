@@ -80,7 +80,8 @@ class GoodputChooser:
         self._models = models or OnlineModels(spec, block_size, table, engine_multiple)
         self._block_size = block_size
         self._rng = random.Random(f"goodput:{seed}")
-        self._window = spec.request_window_steps
+        # the raw steps a request's window may span (``acceptance.request_window``)
+        self._window = spec.request_window_steps * spec.request_plain_entry_steps
         self.min_spec_tokens = min_k
         # Padded engine: one k per step for the batch, as the embedded engine chooses it
         # (policies.batch_width.BatchWidth, one call per step with every row).

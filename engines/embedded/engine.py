@@ -33,6 +33,7 @@ from engines.embedded.events import (
     SpecController,
     StepPlanner,
     StepReport,
+    TimesCalls,
     TokenEvent,
 )
 from engines.embedded.request import Request
@@ -155,6 +156,7 @@ class Engine:
         self._planned: tuple[list[RequestView], list[SpecController]] = ([], [])
         # The last step's rows (a plain burst: each of its steps'), not yet told to it.
         self._unrecorded: list[list[StepEvent]] = []
+        self._call_steps = 0  # the steps the current decode call ran (``_decode``)
         # The last device-allocated step's scores (a burst: each of its steps'), not yet told
         # to the planner that made them (told while the device runs the next step's draft or
         # verify, or when the engine runs out of rows): (planner, rows as it saw them, their
@@ -286,6 +288,20 @@ class Engine:
             return request, self._failed(request, "prefill", exc)
 
     def _decode(self) -> list[StepEvent]:
+        """One batched step (or burst) of every running request, its wall time told to a
+        planner that prices steps by it (``TimesCalls``) before its steps are recorded."""
+        started = time.perf_counter()
+        self._call_steps = 0
+        events = self._decode_steps()
+        if self._call_steps and _implements(self.planner, TimesCalls):
+            planner = cast(TimesCalls, self.planner)
+            try:
+                planner.call_time((time.perf_counter() - started) / self._call_steps)
+            except Exception:
+                logger.exception("step planner failed to take a call's time")
+        return events
+
+    def _decode_steps(self) -> list[StepEvent]:
         """One batched step of every running request; a row that raises leaves it alone."""
         events: list[StepEvent] = []
         plans: dict[str, tuple[int, torch.Tensor]] = {}  # request_id -> (k, uniforms)
@@ -345,6 +361,7 @@ class Engine:
                 for i, r in enumerate(rows)
             ]
             self._unrecorded = [stepped]  # told to the planner while the next step runs
+            self._call_steps = 1
             events += stepped
             self.step_counts["drafting" if any(spec_tokens) else "plain"].add(1)
             break
@@ -452,6 +469,7 @@ class Engine:
             if not alive:
                 break
         self._unrecorded = recorded  # told to the planner while the next step runs
+        self._call_steps = len(recorded)
         return events
 
     def _device_scoring(

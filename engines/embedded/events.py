@@ -225,6 +225,16 @@ class DeviceSlotPlanner(SlotPlanner, Protocol):
 
 
 @runtime_checkable
+class TimesCalls(Protocol):
+    """A planner that prices steps by the engine's wall time, not the runner's device time
+    alone: after each decode call, before that call's steps are recorded, the engine tells
+    it the call's wall time over its steps (its planning, the steps, the host work behind
+    them and the rows' bookkeeping; not the admissions' prefill, which runs before it)."""
+
+    def call_time(self, seconds_per_step: float) -> None: ...
+
+
+@runtime_checkable
 class PreparesAllocation(Protocol):
     """A slot planner that can do the confidence-free part of ``allocate`` while the device
     drafts (the engine calls it between the draft's launch and the confidence's copy)."""

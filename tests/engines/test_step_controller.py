@@ -514,3 +514,34 @@ def test_a_request_replaced_by_one_of_its_task_keeps_the_held_decision() -> None
     assert decisions(8, [Task.MATH]) == unchanged  # one row of 8 changed task
     assert decisions(8, [Task.MATH, Task.MATH]) == unchanged + 1  # two rows of 8
     assert decisions(2, [Task.CHAT]) == decisions(2, []) + 1  # below 8 rows: any new request
+
+
+def test_steps_are_priced_at_the_engines_call_time_where_longer_than_the_runners() -> None:
+    """The engine tells the call's wall time over its steps before the steps are recorded
+    (``call_time``): the cost model learns it where the runner's time leaves out host work the
+    device did not hide (the real pair, H100 call s42d: ~0.7-1 ms a drafting 64-row step,
+    ~0.2 ms a plain one in bursts, so the runner's times priced drafting ~20% low against
+    plain). A call faster than the runner's step (a clock that is not the engine's) keeps it."""
+
+    def priced(call_s: float | None) -> tuple[float, int]:
+        active = _goodput()
+        controller = StepController(Source(active), 16, random.Random(0))
+        rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(8)]
+        ids = [f"r{i}" for i in range(8)]
+        ks = []
+        for n in range(40):
+            if call_s is not None:
+                controller.call_time(call_s)
+            ks += _run_steps(controller, rows, ids, 1, step_time_s=6e-3, start=n)
+        controller._fold()
+        assert active.models is not None
+        cost = active.models.step_cost()
+        assert cost is not None
+        return cost.step_time_s(8, ks[-1]), ks[-1]
+
+    runner, k = priced(None)
+    assert k > 0
+    assert runner == pytest.approx(6e-3, rel=0.15)  # learnt from the runner's 6 ms
+    wall, _ = priced(9e-3)
+    assert wall == pytest.approx(9e-3, rel=0.15)  # learnt from the call's 9 ms
+    assert priced(1e-3) == (runner, k)

@@ -10,6 +10,7 @@ from policies.acceptance import (
     PositionCounts,
     blend_request_history,
     expected_accept_length,
+    request_window,
     trials_from_step,
 )
 
@@ -185,3 +186,21 @@ def test_add_steps_counts_the_same_in_python_and_numpy() -> None:
         assert vector._scale == loop._scale
     with pytest.raises(ValueError, match="3 spec_tokens for 2 accept_lengths"):
         PositionCounts([0.6] * 15, 4.0, 50.0).add_steps([1, 2, 3], [1, 2])
+
+
+def test_a_request_window_counts_drafted_steps_and_every_few_plain_steps_in_a_row() -> None:
+    """``request_window``: the last ``size`` entries, each drafted step one and every
+    ``plain_per_entry`` consecutive k = 0 steps one (1: the last ``size`` steps)."""
+    ks = [7, 0, 0, 0, 7, 0, 0, 7, 0, 0, 0, 0, 0]
+    lengths = [3, 1, 1, 1, 5, 1, 1, 2, 1, 1, 1, 1, 1]
+    assert request_window(ks, lengths, 4) == (ks[-4:], lengths[-4:])
+    # every 2 plain steps in a row one entry: the last run of 5 gives 2 (1 left over), the
+    # run of 2 before the last drafted step 1, the run of 3 before that 1 (1 left over)
+    assert request_window(ks, lengths, 4, 2) == ([0, 7, 0, 0], [1, 2, 1, 1])
+    assert request_window(ks, lengths, 6, 2) == ([0, 7, 0, 7, 0, 0], [1, 5, 1, 2, 1, 1])
+    assert request_window(ks, lengths, 99, 2) == (
+        [7, 0, 7, 0, 7, 0, 0],
+        [3, 1, 5, 1, 2, 1, 1],
+    )
+    assert request_window([], [], 4, 8) == ([], [])
+    assert request_window([0] * 7, [1] * 7, 4, 8) == ([], [])  # not yet a whole entry

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from policies.acceptance import blend_request_history, expected_by_k
+from policies.acceptance import blend_request_history, expected_by_k, request_window
 from policies.batch_width import BatchWidth
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
@@ -266,11 +266,15 @@ def test_any_row_with_the_five_fields_will_do() -> None:
 
 @pytest.mark.parametrize("rows", [3, 40])
 @pytest.mark.parametrize("is_caught_up", [False, True])
-def test_expected_totals_match_the_policy_blend(rows: int, is_caught_up: bool) -> None:
+@pytest.mark.parametrize("plain_per_entry", [1, 3])
+def test_expected_totals_match_the_policy_blend(
+    rows: int, is_caught_up: bool, plain_per_entry: int
+) -> None:
     """Step by step (one new step per row per call), or a whole history at once (a row first
-    seen mid-request, or an id reused by a new request)."""
+    seen mid-request, or an id reused by a new request); every step a window entry, or every
+    drafted step and every 3 plain ones in a row."""
     rng = random.Random(rows)
-    spec = GoodputSpec(request_window_steps=5)
+    spec = GoodputSpec(request_window_steps=5, request_plain_entry_steps=plain_per_entry)
     width = BatchWidth(spec, 16, 4)
     rates = {t: [rng.uniform(0.3, 0.95) for _ in range(15)] for t in Task}
 
@@ -284,11 +288,11 @@ def test_expected_totals_match_the_policy_blend(rows: int, is_caught_up: bool) -
         _step(width, requests, learned)
         _step(width, requests, learned)
         requests = [Request(f"r{i}", list(Task)[(i + 1) % 3]) for i in range(rows)]
-    for _ in range(9):
+    for _ in range(30):
         if not is_caught_up:
             _step(width, requests, learned)
         for request in requests:
-            k = rng.choice([0, 3, 7, 15])
+            k = rng.choice([0, 0, 0, 3, 7, 15])
             request.ran(k, rng.randint(1, k + 1))
     slots = width.windows.ingest(
         [r.row_id for r in requests],
@@ -298,20 +302,27 @@ def test_expected_totals_match_the_policy_blend(rows: int, is_caught_up: bool) -
     )
     want = [0.0] * 16
     for request in requests:
-        blended = blend_request_history(
-            rates[request.task], request.spec_tokens[-5:], request.accept_lengths[-5:], 6.0
+        ks, lengths = request_window(
+            request.spec_tokens, request.accept_lengths, 5, plain_per_entry
         )
+        assert len(ks) == 5
+        blended = blend_request_history(rates[request.task], ks, lengths, 6.0)
         want = [w + e for w, e in zip(want, expected_by_k(blended), strict=True)]
     got = width._expected_totals(slots, [15] * rows)
     assert got == pytest.approx(want, rel=1e-9)
 
 
-def test_windows_read_every_few_steps_equal_windows_read_every_step() -> None:
+@pytest.mark.parametrize("plain_per_entry", [1, 3, 8])
+def test_windows_read_every_few_steps_equal_windows_read_every_step(plain_per_entry: int) -> None:
     """The step controller may decide only every few steps (host-bound engines): the rows'
     windows then take several steps at once and must hold exactly what step-by-step reading
-    holds, rows that joined or left in between included."""
+    holds, rows that joined or left in between included, and so must a row's count of plain
+    steps toward its next window entry."""
     rng = random.Random(5)
-    every, spaced = BatchWidth(QUIET, 16, 4), BatchWidth(QUIET, 16, 4)
+    spec = GoodputSpec(
+        probe_probability=0.0, hysteresis=0.0, request_plain_entry_steps=plain_per_entry
+    )
+    every, spaced = BatchWidth(spec, 16, 4), BatchWidth(spec, 16, 4)
     rows: dict[str, tuple[Task, list[int], list[int]]] = {}
     learned = Learned({Task.MATH: 0.8, Task.CODE: 0.7, Task.CHAT: 0.5}, 16)
     for step in range(120):
@@ -324,11 +335,12 @@ def test_windows_read_every_few_steps_equal_windows_read_every_step() -> None:
         if step % 4 == 3:
             spaced.decide(batch, learned)
             for rid in rows:
-                a = every.windows.counts[every.windows._slot_of[rid]]
-                b = spaced.windows.counts[spaced.windows._slot_of[rid]]
-                assert b == pytest.approx(a), (step, rid)
+                a = every.windows._slot_of[rid]
+                b = spaced.windows._slot_of[rid]
+                assert spaced.windows.counts[b] == pytest.approx(every.windows.counts[a])
+                assert spaced.windows._idle[b] == every.windows._idle[a], (step, rid)
         for _, lengths, ks in rows.values():
-            k = rng.choice((0, 4, 7, 15))
+            k = rng.choice((0, 0, 0, 4, 7, 15))
             ks.append(k)
             lengths.append(rng.randint(0, k) + 1)
 
@@ -491,3 +503,35 @@ def test_probes_on_a_ragged_engine_still_step_by_the_policys_captured_width() ->
     k = _step(width, [Request("r", Task.CHAT)], learned)
     assert width.last[0] == "probe" and k == 7
     assert 4 <= width._decided < 7  # the decision itself: a narrow k
+
+
+@pytest.mark.parametrize("plain_per_entry", [1, 8])
+def test_a_row_that_showed_drafting_loses_stays_plain_longer_than_its_window(
+    plain_per_entry: int,
+) -> None:
+    """Call s42c (the real pair, H100): math requests at batch 1 accepted ~1.9 a step where
+    the task estimate, learnt from other phases' math, said 2.7; each went plain once its
+    window showed it, and drafted again as soon as 32 plain steps had pushed that out: 16% of
+    the phase's steps drafted at a loss. With every 8 plain steps one window entry
+    (``request_plain_entry_steps``, the default), what the row showed holds 8x longer."""
+    spec = GoodputSpec(
+        probe_probability=0.0, hysteresis=0.0, request_plain_entry_steps=plain_per_entry
+    )
+    learned = Learned({Task.MATH: 0.7}, 16)  # the task's estimate: drafting pays
+    learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a step
+    width = BatchWidth(spec, 16, 4)
+    rng = random.Random(3)
+    request = Request("r0", Task.MATH)
+    drafted = 0
+    for _ in range(3000):
+        k = _step(width, [request], learned)
+        accepted = 0
+        while accepted < k and rng.random() < 0.35:  # this request's text: ~1.5 a step
+            accepted += 1
+        request.ran(k, accepted + 1)
+        drafted += k > 0
+    share = drafted / 3000
+    if plain_per_entry == 1:  # (22.5% with this seed)
+        assert share > 0.15
+    else:  # (2.9%: each return to drafting takes ~8x as many plain steps)
+        assert share < 0.04

@@ -87,3 +87,35 @@ def test_a_failing_planner_turns_drafting_off_for_the_step(
     request = greedy_request("r", random_prompt(3), 10, fixed_k(5))
     run_all(engine, [request])
     assert request.finish_reason == "length" and set(request.spec_tokens) == {0}
+
+
+def test_a_planner_that_times_calls_is_told_each_calls_wall_time_before_its_steps(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """``TimesCalls``: after every decode call, before that call's steps reach ``record``,
+    the call's wall time over its steps (at least the runner's time of each step)."""
+
+    class Timing(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[str, float]] = []
+
+        def call_time(self, seconds_per_step: float) -> None:
+            self.log.append(("call", seconds_per_step))
+
+        def record(
+            self, controllers: Sequence[SpecController], reports: Sequence[StepReport]
+        ) -> None:
+            super().record(controllers, reports)
+            self.log.append(("record", max(r.step_time_s for r in reports)))
+
+    planner = Timing()
+    engine = make_engine(agreeing_pair)
+    engine.planner = planner
+    run_all(engine, [greedy_request("a", random_prompt(3), 12, fixed_k(0))])
+    calls = [seconds for kind, seconds in planner.log if kind == "call"]
+    assert len(calls) == len(planner.calls) == len(planner.recorded)
+    assert planner.log[0][0] == "call"
+    for (kind, told), (next_kind, step_s) in zip(planner.log[::2], planner.log[1::2], strict=True):
+        assert (kind, next_kind) == ("call", "record")
+        assert told >= step_s > 0
