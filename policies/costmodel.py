@@ -345,6 +345,13 @@ class CostModel:
         self._fits = [RowFit() for _ in range(rows)]
         self._width_fits = [[WidthFit() for _ in self.widths] for _ in range(rows)]
         self._row_clock = [0.0] * rows
+        # A drafting step on a table of whole engine steps is at least the narrowest width it
+        # measured with the draft: a two-phase step whose allocation verified nothing ran
+        # the whole draft and a plain verify, and recorded at width 1 it was the plain width's
+        # (the real pair, H100 call s42b: 14 such 64-row steps at 4.3-4.5 ms in the warm
+        # pass priced a plain step at 3.4x the table, 1.3 ms, and no plain step ran again).
+        counts = self.table.tokens_per_request
+        self._drafting_width = float(min((t for t in counts if t > 1), default=2))
         # Per bucketed batch of the table: ascending token counts, and measured over the
         # table's time there (``token_bucket``).
         table = self.table
@@ -426,9 +433,11 @@ class CostModel:
         self, batch_size: int, mean_width: float, drafting: float, observed_s: float
     ) -> None:
         """Fold one measured step time into the fits of the nearest table rows: the row's
-        scale and overhead, and that row's ratio for the step's padded width. Once a row's
-        fit has ``_CLIP_AFTER`` observations, a step over ``_STALL_MULTIPLE`` x its current
-        price there is folded in at that (a stall must not price a width out of use)."""
+        scale and overhead, and that row's ratio for the step's padded width (a drafting
+        step on a whole-step table: at least the narrowest width measured with the draft).
+        Once a row's fit has ``_CLIP_AFTER`` observations, a step over ``_STALL_MULTIPLE`` x
+        its current price there is folded in at that (a stall must not price a width out of
+        use)."""
         self.observe_steps(((batch_size, mean_width, drafting, observed_s),))
 
     def observe_steps(self, steps: Sequence[tuple[int, float, float, float]]) -> None:
@@ -442,9 +451,12 @@ class CostModel:
             shape = shapes.get((batch_size, mean_width, drafting))
             if shape is None:
                 i, w = _bracket(self.table.batch_sizes, batch_size)
+                width_for = mean_width
+                if drafting > 0 and self.table.includes_draft:
+                    width_for = max(mean_width, self._drafting_width)
                 shape = shapes[(batch_size, mean_width, drafting)] = (
-                    self.step_base_s(batch_size, mean_width, drafting),
-                    self.width_index(mean_width),
+                    self.step_base_s(batch_size, width_for, drafting),
+                    self.width_index(width_for),
                     i,
                     min(max(w, 0.0), 1.0),
                 )

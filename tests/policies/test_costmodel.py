@@ -354,3 +354,27 @@ def test_a_stall_is_folded_in_at_a_multiple_of_the_price_once_the_row_has_seen_s
     # A lasting slow-down (5x) is learnt through the clip, within about twenty steps.
     model.observe_steps([(64, 1.0, 0.0, 5 * plain_table)] * 25)
     assert model.snapshot().step_time_s(64, 0) > 4.0 * plain_table
+
+
+def test_a_two_phase_step_that_verified_nothing_is_no_plain_step_on_an_engine_profile() -> None:
+    """Call s42b (the real pair, H100): the auto step mode's first 64-row steps were two-phase,
+    and the allocator gave every row k = 0: the whole draft ran, then a plain verify, 4.3-4.5
+    ms a step. Recorded at their mean width, 1, they were the plain width's steps: it learnt
+    3.4x the table (1.3 ms) and priced plain out of use. On a table of whole engine steps a
+    drafting step is at least the narrowest width the table measured with the draft."""
+    profile = CostTable(
+        TABLE.batch_sizes, TABLE.tokens_per_request, TABLE.step_time_s, includes_draft=True
+    )
+    model = CostModel(profile, verify_width_multiple=1, draft_cost_fraction=0.0)
+    narrowest = min(t for t in profile.tokens_per_request if t > 1)
+    drafted_s = profile.time_s(64, float(narrowest))
+    model.observe_steps([(64, 1.0, 1.0, drafted_s)] * 20)  # two-phase, nothing verified
+    row = profile.batch_sizes.index(64)
+    plain, at_narrowest = model.width_fits()[row][0], model.width_fits()[row][narrowest - 1]
+    assert plain[1] == 0.0  # the plain width's fit saw none of them
+    assert at_narrowest[1] > 0.6 and at_narrowest[0] == pytest.approx(1.0)
+    assert model.snapshot().step_time_s(64, 0) == pytest.approx(profile.time_s(64, 1.0))
+    # a table of forwards prices the draft apart (draft_cost_fraction): width 1 with the draft
+    forwards = CostModel(TABLE, verify_width_multiple=1, draft_cost_fraction=0.0)
+    forwards.observe_steps([(64, 1.0, 1.0, TABLE.time_s(64, 1.0))] * 20)
+    assert forwards.width_fits()[row][0][1] > 0.6
