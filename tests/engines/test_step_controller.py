@@ -544,4 +544,6 @@ def test_steps_are_priced_at_the_engines_call_time_where_longer_than_the_runners
     assert runner == pytest.approx(6e-3, rel=0.15)  # learnt from the runner's 6 ms
     wall, _ = priced(9e-3)
     assert wall == pytest.approx(9e-3, rel=0.15)  # learnt from the call's 9 ms
-    assert priced(1e-3) == (runner, k)
+    # (the decisions' spacing follows their measured host time: equal up to a fold's timing)
+    slower, k_slower = priced(1e-3)
+    assert slower == pytest.approx(runner, rel=0.01) and k_slower == k
