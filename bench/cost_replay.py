@@ -107,9 +107,12 @@ def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]
             continue
         for name in PHASES:
             steps = [
-                (rows, float(padded_width(k, model.verify_width_multiple)), float(k > 0), ms / 1e3)
-                for rows, k, admitted, ms, *_ in run["phases"][name].get("timeline", ())
+                (rows, float(padded_width(k, model.verify_width_multiple)), drafted, ms / 1e3)
+                for rows, k, admitted, ms, *more in run["phases"][name].get("timeline", ())
                 if not admitted
+                # the draft ran: k > 0, or a two-phase step (the timeline's ninth field, since
+                # session 42; earlier files cannot tell one that verified nothing from plain)
+                for drafted in (float(k > 0 or (len(more) > 4 and more[4] == 1)),)
             ]
             model.observe_steps(steps)
             snap = model.snapshot()

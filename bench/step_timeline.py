@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 # timeline entry fields (bench/decisions/driver.py)
-ROWS, KMAX, ADMITTED, MS, WAIT_MS, ALLOC_MS, VERIFIED, EMITTED = range(8)
+ROWS, KMAX, ADMITTED, MS, WAIT_MS, ALLOC_MS, VERIFIED, EMITTED, TWO_PHASE = range(9)
 
 
 def load(path: Path) -> dict[str, Any]:

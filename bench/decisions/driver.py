@@ -59,8 +59,10 @@ class PhaseTally:
     # two-phase step the ms blocked on the draft's confidence and the ms from it to the
     # verify's launch (the allocation on the step's path; both 0 one-phase), the tokens the
     # step verified (sum over rows of k + 1) and the tokens it emitted] (k over time; the last
-    # two since session 15: what each step bought for its time).
-    timeline: list[tuple[int, int, int, float, float, float, int, int]] = field(
+    # two since session 15: what each step bought for its time), and 1 if it was two-phase
+    # (session 42: the draft ran though the widest *verified* k may be 0; a replay that took
+    # such steps for plain ones priced the plain step at 3.4x its table).
+    timeline: list[tuple[int, int, int, float, float, float, int, int, int]] = field(
         default_factory=list
     )
     # Two-phase steps' host ms from the draft's confidence to the verify's launch.
@@ -201,6 +203,7 @@ def _run_phase(
         prefill_tokens = 0  # the admitted requests' first tokens: counted with the first step
         step_ks: list[list[int]] = []
         step_emitted: list[int] = []
+        step_two_phase: list[bool] = []
         seen: dict[str, int] = defaultdict(int)
         ended: list[str] = []  # unseen ends reached in this call
         for request, event in events:
@@ -220,7 +223,9 @@ def _run_phase(
             if index == len(step_ks):
                 step_ks.append([])
                 step_emitted.append(0)
+                step_two_phase.append(False)
             step_ks[index].append(event.report.spec_tokens)
+            step_two_phase[index] = step_two_phase[index] or event.report.two_phase
             step_emitted[index] += counted
             if before:  # (not a burst's scratch step past an unseen end)
                 tally.accept_by_task[tasks[key]].append(event.report.accept_length)
@@ -229,17 +234,19 @@ def _run_phase(
         if step_ks:  # (a call that only prefilled planned nothing: its reason is the last's)
             tally.add_reason(getattr(built.planner, "last_reason", ""))
         else:
-            step_ks, step_emitted = [[]], [0]
+            step_ks, step_emitted, step_two_phase = [[]], [0], [False]
         step_emitted[0] += prefill_tokens
         waited_s, allocation_s = getattr(engine.runner, "last_two_phase_s", (0.0, 0.0))
         if allocation_s:
             tally.allocation_ms.append(1e3 * allocation_s)
-        for index, (ks, emitted) in enumerate(zip(step_ks, step_emitted, strict=True)):
+        steps = zip(step_ks, step_emitted, step_two_phase, strict=True)
+        for index, (ks, emitted, two_phase) in enumerate(steps):
             first = index == 0
             _tally_step(
                 tally,
                 ks,
                 emitted,
+                two_phase,
                 call_s / len(step_ks),
                 # every step of a call that admitted: its even share of the call's time holds
                 # a share of the prefill (counted as decode-only, a burst's steps looked
@@ -356,6 +363,7 @@ def _tally_step(
     tally: PhaseTally,
     ks: list[int],
     emitted: int,
+    two_phase: bool,
     step_s: float,
     admitted: bool,
     two_phase_s: tuple[float, float],
@@ -378,10 +386,11 @@ def _tally_step(
             round(1e3 * allocation_s, 3),
             sum(ks) + len(ks),
             emitted,
+            int(two_phase),
         )
     )
-    if ks and not admitted:
-        shape = f"{len(ks)}x{padded_width(max(ks), multiple)}"
+    if ks and not admitted:  # (a two-phase step's shape is its own: "64x8t")
+        shape = f"{len(ks)}x{padded_width(max(ks), multiple)}{'t' if two_phase else ''}"
         tally.by_shape[shape].append(step_s)
         tally.decode_tokens += emitted
         tally.decode_s += step_s

@@ -93,3 +93,26 @@ def test_the_measured_steps_of_a_gpu_call_price_the_plain_step_near_its_measured
         for phase in fitted:
             assert phase["row_overhead_ms"] == 0.0
             assert phase["priced_ms"]["0"] == pytest.approx(plain, rel=0.06)
+
+
+def test_a_two_phase_step_that_verified_nothing_is_replayed_as_a_drafting_step(
+    tmp_path: Path,
+) -> None:
+    """Session 42: the timeline's widest verified k is 0 for a two-phase step whose allocator
+    verified nothing, though the draft ran (4.3-4.5 ms at 64 rows on the real pair, plain
+    1.5); its ninth field says two-phase, and the replay prices it as drafting, not plain."""
+    raw = json.loads(gzip.decompress(_raw(tmp_path).read_bytes()))
+    two_phase = [[64, 0, 0, 9.0, 0, 0, 64, 64, 1]] * 30
+    raw["runs"][0]["phases"]["math"]["timeline"] = two_phase
+    path = tmp_path / "two_phase.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    out = tmp_path / "replay.json"
+    main([str(path), "--batch", "64", "--out", str(out)])
+    report = json.loads(out.read_text())
+    first = report["replay"][0]  # after the math phase: the 30 two-phase steps only
+    assert first["steps"] == 30
+    priced, table = first["priced_ms"], report["table_ms"]
+    # the row's ratio (from the drafting steps) prices plain as it prices k = 7; taken for
+    # plain steps, they would have priced plain at their own 9 ms (3.9x its table)
+    assert priced["0"] / table["0"] == pytest.approx(priced["7"] / table["7"], rel=0.01)
+    assert priced["0"] < 0.4 * 9.0

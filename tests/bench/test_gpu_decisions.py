@@ -129,7 +129,8 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
         for phase in run["phases"].values():
             timeline = phase["timeline"]
             assert len(timeline) == phase["steps"]
-            assert all(len(step) == 8 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert all(len(step) == 9 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert all(step[8] in (0, 1) for step in timeline)
             assert sum(step[7] for step in timeline) == phase["tokens"]
             # the prefills are inside the calls that admitted, so inside the phase's time
             admitted_s = sum(step[3] for step in timeline if step[2]) / 1e3
@@ -438,8 +439,9 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     for name in ("goodput", "goodput-slots", "vllm-av", "vllm-av-device", "goodput-device"):
         phases = runs[name]["phases"].values()
         steps = [step for phase in phases for step in phase["timeline"]]
-        assert all(len(step) == 8 for step in steps)
+        assert all(len(step) == 9 for step in steps)
         assert any(step[5] > 0 for step in steps), name
+        assert any(step[8] == 1 for step in steps), name  # the two-phase steps marked
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
         if name.endswith("-device"):  # allocated on the device: no wait for the confidence
             assert all(step[4] == 0 for step in steps), name
@@ -447,7 +449,7 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
             assert scored["ahead"] > scored["late"] > 0, (name, scored)
     for name in ("static-k7", "oracle", "goodput@padded", "vllm-av@padded"):
         for phase in runs[name]["phases"].values():
-            assert all(step[4] == step[5] == 0 for step in phase["timeline"]), name
+            assert all(step[4] == step[5] == step[8] == 0 for step in phase["timeline"]), name
             assert phase["two_phase_allocation_ms"] is None
 
 
