@@ -119,8 +119,8 @@ class GoodputSpec(StrictModel):
     # drafted steps showed outlasts a plain stretch this many times longer (1: every step
     # counts; session 42's real pair re-drafted at a loss every ~32 plain steps at batch 1).
     request_plain_entry_steps: int = Field(default=8, ge=1)
-    # Within that window a step's weight halves every this many steps of age (0 = all equal):
-    # text comes in runs of easy and hard stretches.
+    # Within that window an entry's weight halves every this many entries of age (0 = all
+    # equal): text comes in runs of easy and hard stretches.
     request_half_life_steps: float = Field(default=0.0, ge=0)
     # Steps at the start of a request that use the task estimate only and never switch k.
     warmup_steps: int = Field(default=1, ge=0)
