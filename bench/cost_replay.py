@@ -87,6 +87,12 @@ def measured_ms(raw: dict[str, Any], batch: int) -> dict[str, float]:
     return {str(k): round(statistics.fmean(v), 3) for k, v in sorted(times.items())}
 
 
+def _drafted(k: int, more: list[Any]) -> float:
+    """1.0 if a timeline step ran the draft: k > 0, or a two-phase step (the entry's ninth
+    field, since session 42; earlier files cannot tell one that verified nothing from plain)."""
+    return float(k > 0 or (len(more) > 4 and more[4] == 1))
+
+
 def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]:
     spec = GoodputSpec()
     table = arm_table(raw["arm_info"])
@@ -107,12 +113,14 @@ def replay(raw: dict[str, Any], policy: str, batch: int) -> list[dict[str, Any]]
             continue
         for name in PHASES:
             steps = [
-                (rows, float(padded_width(k, model.verify_width_multiple)), drafted, ms / 1e3)
+                (
+                    rows,
+                    float(padded_width(k, model.verify_width_multiple)),
+                    _drafted(k, more),
+                    ms / 1e3,
+                )
                 for rows, k, admitted, ms, *more in run["phases"][name].get("timeline", ())
                 if not admitted
-                # the draft ran: k > 0, or a two-phase step (the timeline's ninth field, since
-                # session 42; earlier files cannot tell one that verified nothing from plain)
-                for drafted in (float(k > 0 or (len(more) > 4 and more[4] == 1)),)
             ]
             model.observe_steps(steps)
             snap = model.snapshot()

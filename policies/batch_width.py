@@ -181,7 +181,8 @@ class RowWindows:
     def _advance(self, slots: np.ndarray, spec_tokens: np.ndarray, lengths: np.ndarray) -> None:
         """One engine step of each of ``slots`` (distinct): a drafted step is an entry, and a
         plain one that completes ``plain_per_entry`` in a row a zero entry; each replaces its
-        row's oldest."""
+        row's oldest. (``_advance_span`` for one step, in the few array operations the
+        every-step path can afford.)"""
         drafted = spec_tokens > 0
         idle = np.where(drafted, 0, self._idle[slots] + 1)
         write = drafted | (idle >= self.plain_per_entry)

@@ -178,19 +178,19 @@ _SEEN_WIDTH_WEIGHT = 0.5
 # A step observed at more than this many times its current price (once its row's fit has
 # this many observations) is folded in at that multiple: one stall -- a collector's pause,
 # host work the step's sync waited for -- otherwise sets a width's price for the ~14 steps its
-# fit takes to forget it, and a width priced that high is not run again to correct it (the real
-# pair on an H100, call s41b: the plain width at the row of 64 learnt 4.73x the table in the
-# warm pass and was priced at 4.2-4.4 ms against the 1.5 ms no-spec's plain steps took there).
-# A real change of speed still gets in, at most (multiple - 1) x the learning rate a step.
+# fit takes to forget it, and a width priced far too high is not run again to correct it (what
+# a mispriced plain width did to the real pair in calls s41b and s42b, there from steady
+# steps: two-phase steps recorded as plain, see ``_drafting_width``). A real change of speed
+# still gets in, at most (multiple - 1) x the learning rate a step.
 _STALL_MULTIPLE = 3.0
 _CLIP_AFTER = 5.0
 # A width's own fit fades once its row has run this many steps at other widths since its own
 # last one: its weight (and sums, so its ratio stays) halves every ``_WIDTH_HALF_LIFE_STEPS``
 # more, and the row's fit takes over its price again (widths in use keep their fits whole).
 # A width priced out of use by steps that no longer hold would otherwise keep that price for
-# good: the real pair's warm pass (call s42b) ran 16 plain 64-row steps at 4.3-4.5 ms early in
-# its mixed phase, the plain width learnt 3.36x the table, and no plain step ran at 64 rows
-# again in the three timed runs, where no-spec's took 1.5 ms.
+# good: in the real pair's call s42b the plain width at the row of 64 learnt 3.36x the table
+# from 16 steps of the warm pass (4.3-4.5 ms) and no plain step ran at 64 rows again in the
+# three timed runs, where no-spec's took 1.5 ms.
 _WIDTH_GRACE_STEPS = 50.0
 _WIDTH_HALF_LIFE_STEPS = 50.0
 _AGE_PER_STEP = math.log(2.0) / _WIDTH_HALF_LIFE_STEPS
