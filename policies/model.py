@@ -117,8 +117,10 @@ class GoodputSpec(StrictModel):
     request_window_steps: int = Field(default=32, ge=1)
     # ... where this many consecutive steps that drafted nothing count as one: what its
     # drafted steps showed outlasts a plain stretch this many times longer (1: every step
-    # counts; session 42's real pair re-drafted at a loss every ~32 plain steps at batch 1).
-    request_plain_entry_steps: int = Field(default=8, ge=1)
+    # counts; session 42's real pair re-drafted at a loss every ~32 plain steps at batch 1;
+    # 8, session 43's, kept requests whose hard opening gave way to easy text plain for 256
+    # steps: bench/plain_return_replay.py chose 3 on four trainings of the pair).
+    request_plain_entry_steps: int = Field(default=3, ge=1)
     # Within that window an entry's weight halves every this many entries of age (0 = all
     # equal): text comes in runs of easy and hard stretches.
     request_half_life_steps: float = Field(default=0.0, ge=0)

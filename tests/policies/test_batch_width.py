@@ -505,15 +505,15 @@ def test_probes_on_a_ragged_engine_still_step_by_the_policys_captured_width() ->
     assert 4 <= width._decided < 7  # the decision itself: a narrow k
 
 
-@pytest.mark.parametrize("plain_per_entry", [1, 8])
+@pytest.mark.parametrize("plain_per_entry", [1, 3, 8])
 def test_a_row_that_showed_drafting_loses_stays_plain_longer_than_its_window(
     plain_per_entry: int,
 ) -> None:
     """Call s42c (the real pair, H100): math requests at batch 1 accepted ~1.9 a step where
     the task estimate, learnt from other phases' math, said 2.7; each went plain once its
     window showed it, and drafted again as soon as 32 plain steps had pushed that out: 16% of
-    the phase's steps drafted at a loss. With every 8 plain steps one window entry
-    (``request_plain_entry_steps``, the default), what the row showed holds 8x longer."""
+    the phase's steps drafted at a loss. With every 3 plain steps one window entry
+    (``request_plain_entry_steps``, the default), what the row showed holds 3x longer."""
     spec = GoodputSpec(
         probe_probability=0.0, hysteresis=0.0, request_plain_entry_steps=plain_per_entry
     )
@@ -533,5 +533,41 @@ def test_a_row_that_showed_drafting_loses_stays_plain_longer_than_its_window(
     share = drafted / 3000
     if plain_per_entry == 1:  # (22.5% with this seed)
         assert share > 0.15
-    else:  # (2.9%: each return to drafting takes ~8x as many plain steps)
+    elif plain_per_entry == 3:  # (8.6%: each return takes ~3x as many plain steps)
+        assert share < 0.12
+    else:  # (2.9%)
         assert share < 0.04
+
+
+@pytest.mark.parametrize("plain_per_entry", [3, 8])
+def test_a_row_whose_hard_opening_gives_way_to_easy_text_drafts_again(
+    plain_per_entry: int,
+) -> None:
+    """Call s43a (the real pair, H100): two math requests at batch 1 accepted ~1.5 a step
+    for their first 44 tokens and ~3 after; with every 8 plain steps one window entry they
+    went plain at token 44 and stayed plain for 256 steps (the phase 0.915x static k = 7).
+    With 3 (the default) the row drafts again after ~96 plain steps."""
+    spec = GoodputSpec(
+        probe_probability=0.0, hysteresis=0.0, request_plain_entry_steps=plain_per_entry
+    )
+    learned = Learned({Task.MATH: 0.7}, 16)
+    learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a step
+    width = BatchWidth(spec, 16, 4)
+    rng = random.Random(5)
+    request = Request("r0", Task.MATH)
+    tokens = 0
+    while tokens < 400:
+        k = _step(width, [request], learned)
+        rate = 0.35 if tokens < 44 else 0.8  # hard opening, then easy text
+        accepted = 0
+        while accepted < k and rng.random() < rate:
+            accepted += 1
+        request.ran(k, accepted + 1)
+        tokens += accepted + 1
+    ks = "".join("d" if k else "p" for k in request.spec_tokens)
+    stretch = ks.lstrip("d").index("d")  # the first plain stretch, in steps
+    assert ks.startswith("d") and ks.endswith("d" * 30)  # drafts again, for good
+    if plain_per_entry == 3:
+        assert stretch <= 100  # (87: 32 window entries of 3 steps, less its drafted ones)
+    else:
+        assert stretch > 200  # (232)
