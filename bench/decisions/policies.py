@@ -24,9 +24,11 @@ rows, ``slots_min_batch: N``; ``-min1``: at every batch size); ``goodput-device-
 two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
 the allocator's scoring against vLLM's on the same step; any goodput policy with ``-kmin<N>``
 appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4 for
-experiments"; vLLM's baseline takes any k); ``goodput-device-cap<N>`` with two-phase rows
-drafting at most N positions: at N = 7 the narrow draft graph, whose LM head covers 7
-positions, not 15), ``vllm-av`` its own per-row allocation (``decide_rows``) on the host,
+experiments"; vLLM's baseline takes any k); with ``-plain<N>`` appended (after any ``-kmin``):
+``request_plain_entry_steps`` N (the default against another within one call);
+``goodput-device-cap<N>`` with two-phase rows drafting at most N positions: at N = 7 the
+narrow draft graph, whose LM head covers 7 positions, not 15), ``vllm-av`` its own per-row
+allocation (``decide_rows``) on the host,
 ``vllm-av-device`` the same allocated on the device as vLLM does (its budget from the previous
 step's confidence, the allocation from the fresh one, no sync); the ``oracle`` verifies each
 row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both engines.
@@ -125,6 +127,10 @@ def build(name: str, ctx: Context) -> Built:
     base, kmin, low = name.rpartition("-kmin")
     if kmin and base.startswith("goodput") and low.isdigit() and int(low) >= 1:
         return build(base, replace(ctx, min_spec_tokens=int(low)))
+    base, plain, steps = name.rpartition("-plain")
+    if plain and base.startswith("goodput") and steps.isdigit() and int(steps) >= 1:
+        update = {"request_plain_entry_steps": int(steps)}
+        return build(base, replace(ctx, goodput=ctx.goodput.model_copy(update=update)))
     block_max = max_spec_tokens(ctx.block_size)
     ragged = ctx.verify_mode == "ragged"
     if name == "no-spec" or name.startswith("static-k"):
@@ -191,6 +197,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-cap<N>",
             "goodput-device-cap<N>",
             "goodput...-kmin<N>",
+            "goodput...-plain<N>",
             "vllm-av-device",
             "oracle",
         )

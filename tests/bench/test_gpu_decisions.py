@@ -863,6 +863,14 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
         build("goodput-device-min0", context)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-kmin1", context)
+    # -plain<N>: request_plain_entry_steps N, the rest as the name before it builds
+    plain8 = build("goodput-plain8", context).planner._source.active().spec
+    assert plain8.goodput.request_plain_entry_steps == 8 and plain8.min_spec_tokens == 4
+    both = build("goodput-kmin2-plain1", context).planner._source.active().spec
+    assert both.goodput.request_plain_entry_steps == 1 and both.bounds_for(16) == (2, 15)
+    assert GoodputSpec().request_plain_entry_steps == 3
+    with pytest.raises(ValueError, match="known are"):
+        build("vllm-av-plain8", context)
 
 
 def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> None:
