@@ -34,6 +34,7 @@ from typing import Any
 
 # timeline entry fields (bench/decisions/driver.py)
 ROWS, KMAX, ADMITTED, MS, WAIT_MS, ALLOC_MS, VERIFIED, EMITTED, TWO_PHASE = range(9)
+# (since session 43 also DRAFT_K, DRAFT_GAIN, PLAIN_PRICED_MS, DRAFT_PRICED_MS = range(9, 13))
 
 
 def load(path: Path) -> dict[str, Any]:

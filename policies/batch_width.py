@@ -317,6 +317,9 @@ class BatchWidth:
         # The last decision's expected tokens of the whole batch at k = 0..positions (its
         # rows' blended estimates; what the gain in ``reason`` was computed from).
         self.last_totals: list[float] = []
+        # ... and its best drafting k, chosen or not: (k, its expected rate over a plain
+        # step's, the priced seconds of a plain step and of that k's): why a batch went plain.
+        self.last_drafting: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
         # ``shared_calibration``: decayed sums of the drafted tokens the decided rows realized
         # and of those the decisions expected of them; the drafted part of every expectation
         # is scaled by their ratio (``calibration``).
@@ -449,12 +452,17 @@ class BatchWidth:
         def score(k: int) -> float:  # the engine clamps every row: the step runs min(k, ceiling)
             return totals[k] / cost.step_time_s(batch, min(k, ceiling))
 
-        plain = score(0)
-        best_k, best = 0, plain * (1.0 + spec.min_gain)
+        plain_s = cost.step_time_s(batch, 0)
+        plain = totals[0] / plain_s
+        draft_k, draft = 0, 0.0  # the best drafting k, chosen or not
         for k in self._candidates[1:]:
             value = score(k)
-            if value > best:
-                best_k, best = k, value
+            if value > draft:
+                draft_k, draft = k, value
+        best_k = draft_k if draft > plain * (1.0 + spec.min_gain) else 0
+        if draft_k:
+            draft_s = cost.step_time_s(batch, min(draft_k, ceiling))
+            self.last_drafting = (draft_k, draft / plain, plain_s, draft_s)
         why, previous = "best", self._decided
         if self.steps and previous != best_k:
             if score(previous) * (1.0 + spec.hysteresis) >= score(best_k):

@@ -61,10 +61,14 @@ class PhaseTally:
     # step verified (sum over rows of k + 1) and the tokens it emitted] (k over time; the last
     # two since session 15: what each step bought for its time), and 1 if it was two-phase
     # (session 42: the draft ran though the widest *verified* k may be 0; a replay that took
-    # such steps for plain ones priced the plain step at 3.4x its table).
-    timeline: list[tuple[int, int, int, float, float, float, int, int, int]] = field(
-        default_factory=list
-    )
+    # such steps for plain ones priced the plain step at 3.4x its table); then (session 43)
+    # the shared decision in force, for a goodput policy's batch planner (else zeros): its
+    # best drafting k, chosen or not, that k's expected rate over a plain step's, and the
+    # priced ms of a plain step and of that k's (``BatchWidth.last_drafting``: why a batch
+    # went plain, e.g. the real pair's 96 plain 64-row steps after an admission wave, s43e).
+    timeline: list[
+        tuple[int, int, int, float, float, float, int, int, int, int, float, float, float]
+    ] = field(default_factory=list)
     # Two-phase steps' host ms from the draft's confidence to the verify's launch.
     allocation_ms: list[float] = field(default_factory=list)
     # What the policy believed once half the phase's requests were admitted (``planner_view``):
@@ -239,6 +243,8 @@ def _run_phase(
         waited_s, allocation_s = getattr(engine.runner, "last_two_phase_s", (0.0, 0.0))
         if allocation_s:
             tally.allocation_ms.append(1e3 * allocation_s)
+        width = getattr(built.planner, "batch_width", None)
+        drafting = width.last_drafting if width is not None else (0, 0.0, 0.0, 0.0)
         steps = zip(step_ks, step_emitted, step_two_phase, strict=True)
         for index, (ks, emitted, two_phase) in enumerate(steps):
             first = index == 0
@@ -254,6 +260,7 @@ def _run_phase(
                 admitted,
                 (waited_s, allocation_s) if first else (0.0, 0.0),
                 multiple,
+                drafting,
             )
     tally.elapsed_s = time.perf_counter() - started
     host_after = built.host()
@@ -368,6 +375,7 @@ def _tally_step(
     admitted: bool,
     two_phase_s: tuple[float, float],
     multiple: int,
+    drafting: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0),
 ) -> None:
     """One decode step into the phase's tally: its rows' k, the tokens it emitted, its time."""
     tally.step_s.append(step_s)
@@ -387,6 +395,10 @@ def _tally_step(
             sum(ks) + len(ks),
             emitted,
             int(two_phase),
+            drafting[0],
+            round(drafting[1], 4),
+            round(1e3 * drafting[2], 4),
+            round(1e3 * drafting[3], 4),
         )
     )
     if ks and not admitted:  # (a two-phase step's shape is its own: "64x8t")

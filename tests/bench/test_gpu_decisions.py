@@ -118,7 +118,8 @@ def test_files_of_one_arm_pool_their_runs(arm_json: Path, tmp_path: Path) -> Non
 
 def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_path: Path) -> None:
     """k over time (issue #13's plots): every step of every phase, [rows, widest k, admitted, ms,
-    two-phase wait ms, two-phase allocation ms, tokens verified, tokens emitted], whose rows add
+    two-phase wait ms, two-phase allocation ms, tokens verified, tokens emitted, two-phase, and
+    the goodput planner's best drafting k, its gain over plain, plain ms, its ms], whose rows add
     up to the row-steps the phase counted and whose tokens to the phase's; the plot script
     draws both panels."""
     pytest.importorskip("matplotlib")
@@ -129,8 +130,15 @@ def test_each_step_is_on_the_timeline_and_the_plots_draw(arm_json: Path, tmp_pat
         for phase in run["phases"].values():
             timeline = phase["timeline"]
             assert len(timeline) == phase["steps"]
-            assert all(len(step) == 9 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
+            assert all(len(step) == 13 and step[2] in (0, 1) and step[3] > 0 for step in timeline)
             assert all(step[8] in (0, 1) for step in timeline)
+            # the shared decision's best drafting k and its prices: a goodput batch planner's
+            drafting = [step[9:] for step in timeline]
+            if run["policy"] == "goodput":
+                assert any(k > 0 and gain > 0 and plain_ms > 0 for k, gain, plain_ms, _ in drafting)
+                assert all(k == 0 or ms >= plain_ms > 0 for k, _, plain_ms, ms in drafting)
+            elif not run["policy"].startswith("goodput"):
+                assert all(entry == [0, 0.0, 0.0, 0.0] for entry in drafting)
             assert sum(step[7] for step in timeline) == phase["tokens"]
             # the prefills are inside the calls that admitted, so inside the phase's time
             admitted_s = sum(step[3] for step in timeline if step[2]) / 1e3
@@ -439,7 +447,7 @@ def test_two_phase_steps_record_their_host_wait(ragged_json: Path) -> None:
     for name in ("goodput", "goodput-slots", "vllm-av", "vllm-av-device", "goodput-device"):
         phases = runs[name]["phases"].values()
         steps = [step for phase in phases for step in phase["timeline"]]
-        assert all(len(step) == 9 for step in steps)
+        assert all(len(step) == 13 for step in steps)
         assert any(step[5] > 0 for step in steps), name
         assert any(step[8] == 1 for step in steps), name  # the two-phase steps marked
         assert any(phase["two_phase_allocation_ms"] for phase in phases), name
