@@ -312,6 +312,7 @@ class BatchWidth:
         self._prior_successes = np.zeros((len(TASKS), self._positions))
         self._decided = 0  # the last decision: the hold reference (a probe is not one)
         self.spec_tokens_now = 0  # the k of the last step, probe or not
+        self._plain_run = 0  # steps the batch has run plain in a row (``_reprobe``)
         self.steps = 0
         self._last: tuple[str, int, int, float] = ("none", 0, 0, 1.0)
         # The last decision's expected tokens of the whole batch at k = 0..positions (its
@@ -351,6 +352,9 @@ class BatchWidth:
             *map(_fields, rows), strict=True
         )
         slots = self.windows.ingest(row_ids, tasks, accept_lengths, spec_tokens)
+        # steps the batch has run plain in a row (those just ingested ran the last k)
+        ran = int(self.windows.last_new[1].shape[1])
+        self._plain_run = self._plain_run + ran if self.spec_tokens_now == 0 else 0
         if self._spec.shared_calibration:
             self._calibrate()
         present = self.windows.rows_per_task
@@ -471,6 +475,8 @@ class BatchWidth:
         probe = self._probe(best_k, ceiling, fields)
         if probe is not None:
             best_k, why = probe, "probe"
+        elif best_k == 0 and self._reprobe(draft_k, draft / plain):
+            best_k, why = draft_k, "probe"
         self._last = (why, batch, best_k, score(best_k) / plain)
         return best_k
 
@@ -483,6 +489,19 @@ class BatchWidth:
     def last(self) -> tuple[str, int, int, float]:
         """The last decision as (why, batch, k, gain over plain); ``describe`` formats it."""
         return self._last
+
+    def _reprobe(self, draft_k: int, gain: float) -> bool:
+        """A batch plain for ``request_reprobe_steps`` steps in a row drafts one step at its
+        best drafting k while that k is within ``request_probe_margin`` of a plain step: its
+        rows' windows, which plain steps leave as they were, see whether their text turned
+        easier. (The per-request policy's re-probe, for the batch as a whole; 0 = never.)"""
+        every = self._spec.request_reprobe_steps
+        if not every or not draft_k or self._plain_run < every:
+            return False
+        if gain < 1.0 - self._spec.request_probe_margin:
+            return False
+        self._plain_run = 0
+        return True
 
     def _probe(
         self, spec_tokens: int, ceiling: int, fields: Mapping[Task, Mapping[str, Any]]

@@ -142,7 +142,9 @@ class GoodputSpec(StrictModel):
     request_probe_steps: int = Field(default=2, ge=0)
     request_probe_margin: float = Field(default=0.35, ge=0, le=1)
     # A request that has not drafted for this many steps drafts one step under the same
-    # margin, so it notices when its text turns easy again (0 = never).
+    # margin, so it notices when its text turns easy again (0 = never); on the embedded
+    # engine's shared k (``BatchWidth``) a batch plain for this many steps in a row drafts one
+    # step at its best k, so its rows' windows, which plain steps leave as they were, see it.
     request_reprobe_steps: int = Field(default=0, ge=0)
     # Verify widths (k + 1) are padded up to a multiple of this (engine's captured widths).
     verify_width_multiple: int = Field(default=8, ge=1)

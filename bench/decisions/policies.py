@@ -24,8 +24,9 @@ rows, ``slots_min_batch: N``; ``-min1``: at every batch size); ``goodput-device-
 two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
 the allocator's scoring against vLLM's on the same step; any goodput policy with ``-kmin<N>``
 appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4 for
-experiments"; vLLM's baseline takes any k); with ``-plain<N>`` appended (after any ``-kmin``):
-``request_plain_entry_steps`` N (the default against another within one call);
+experiments"; vLLM's baseline takes any k); with ``-plain<N>`` or ``-reprobe<N>`` appended
+(after any ``-kmin``): ``request_plain_entry_steps`` or ``request_reprobe_steps`` N (the
+default against another within one call);
 ``goodput-device-cap<N>`` with two-phase rows drafting at most N positions: at N = 7 the
 narrow draft graph, whose LM head covers 7 positions, not 15), ``vllm-av`` its own per-row
 allocation (``decide_rows``) on the host,
@@ -65,6 +66,12 @@ from policies.online import OnlineModels
 from policies.types import StepCost, Task, max_spec_tokens
 
 STATIC_KS = (4, 7, 11, 15)
+# A goodput policy's name with one of these and a number appended runs that setting:
+# (suffix, the goodput key, its least value).
+SETTING_SUFFIXES = (
+    ("-plain", "request_plain_entry_steps", 1),
+    ("-reprobe", "request_reprobe_steps", 0),
+)
 NAMES = ("no-spec", *(f"static-k{k}" for k in STATIC_KS), "dsd-schedule", "vllm-av", "goodput")
 
 
@@ -127,10 +134,11 @@ def build(name: str, ctx: Context) -> Built:
     base, kmin, low = name.rpartition("-kmin")
     if kmin and base.startswith("goodput") and low.isdigit() and int(low) >= 1:
         return build(base, replace(ctx, min_spec_tokens=int(low)))
-    base, plain, steps = name.rpartition("-plain")
-    if plain and base.startswith("goodput") and steps.isdigit() and int(steps) >= 1:
-        update = {"request_plain_entry_steps": int(steps)}
-        return build(base, replace(ctx, goodput=ctx.goodput.model_copy(update=update)))
+    for suffix, key, least in SETTING_SUFFIXES:
+        base, found, value = name.rpartition(suffix)
+        if found and base.startswith("goodput") and value.isdigit() and int(value) >= least:
+            update = {key: int(value)}
+            return build(base, replace(ctx, goodput=ctx.goodput.model_copy(update=update)))
     block_max = max_spec_tokens(ctx.block_size)
     ragged = ctx.verify_mode == "ragged"
     if name == "no-spec" or name.startswith("static-k"):
@@ -198,6 +206,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-device-cap<N>",
             "goodput...-kmin<N>",
             "goodput...-plain<N>",
+            "goodput...-reprobe<N>",
             "vllm-av-device",
             "oracle",
         )

@@ -877,6 +877,8 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     both = build("goodput-kmin2-plain1", context).planner._source.active().spec
     assert both.goodput.request_plain_entry_steps == 1 and both.bounds_for(16) == (2, 15)
     assert GoodputSpec().request_plain_entry_steps == 3
+    reprobe = build("goodput-plain8-reprobe16", context).planner._source.active().spec.goodput
+    assert (reprobe.request_reprobe_steps, reprobe.request_plain_entry_steps) == (16, 8)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-plain8", context)
 

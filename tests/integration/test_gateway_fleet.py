@@ -163,10 +163,17 @@ def test_under_load_chat_goes_to_no_spec_pool_and_math_stays_on_k7(
     gateway: Gateway, busy_stream: None
 ) -> None:
     headers, body = chat(gateway, "chat", max_tokens=4)
-    assert (headers["x-draftctl-backend"], headers["x-draftctl-spec-tokens"]) == (NOSPEC, "0")
+    # (failed once in CI in session 42; the pools' view then says whether the load was seen)
+    assert (headers["x-draftctl-backend"], headers["x-draftctl-spec-tokens"]) == (NOSPEC, "0"), (
+        headers,
+        [backend_stats(gateway, name) for name in (K7, NOSPEC)],
+    )
     assert body["draftctl"]["accept_length"] is None  # no speculation, nothing reported
     headers, _ = chat(gateway, "math", max_tokens=4)
-    assert (headers["x-draftctl-backend"], headers["x-draftctl-spec-tokens"]) == (K7, str(K))
+    assert (headers["x-draftctl-backend"], headers["x-draftctl-spec-tokens"]) == (K7, str(K)), (
+        headers,
+        [backend_stats(gateway, name) for name in (K7, NOSPEC)],
+    )
     # Live concurrency includes the scraped running count of the busy k7 server.
     stats = wait_for(
         lambda: backend_stats(gateway, K7),

@@ -571,3 +571,38 @@ def test_a_row_whose_hard_opening_gives_way_to_easy_text_drafts_again(
         assert stretch <= 100  # (87: 32 window entries of 3 steps, less its drafted ones)
     else:
         assert stretch > 200  # (232)
+
+
+@pytest.mark.parametrize("every", [0, 8])
+def test_a_plain_batch_reprobes_and_drafts_again_once_its_text_turns_easy(every: int) -> None:
+    """Call s43e (the real pair, H100): at 64 rows goodput's shared k went plain for 96 steps
+    in every run, the rows' windows unchanged by plain steps, then drafted at 2.9-3.1 a row.
+    With ``request_reprobe_steps`` a batch plain that long drafts one step at its best k while
+    that k is within ``request_probe_margin`` of a plain step, and its rows' windows see the
+    easier text: here it drafts again after 44 plain steps, not 84."""
+    spec = GoodputSpec(probe_probability=0.0, hysteresis=0.0, request_reprobe_steps=every)
+    learned = Learned({Task.MATH: 0.7}, 16)
+    learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a row a step
+    width = BatchWidth(spec, 16, 4)
+    rng = random.Random(2)
+    rows = [Request(f"r{i}", Task.MATH) for i in range(8)]
+    ks = []
+    for step in range(200):
+        k = _step(width, rows, learned)
+        rate = 0.35 if step < 40 else 0.8  # a hard stretch, then easy text
+        for row in rows:
+            accepted = 0
+            while accepted < k and rng.random() < rate:
+                accepted += 1
+            row.ran(k, accepted + 1)
+        ks.append(k)
+    plan = "".join("d" if k else "p" for k in ks)
+    start = plan.index("p")
+    back = plan.index("d" * 10, start)  # drafting for good again
+    assert plan.endswith("d" * 100)
+    if every:
+        assert back - start < 60  # (44: a probe every 8 plain steps, the fifth one stays)
+        assert all(len(run) == every for run in plan[start:back].split("d") if run)
+    else:
+        assert back - start > 80  # (84: the windows flushed by plain entries)
+        assert "d" not in plan[start:back]
