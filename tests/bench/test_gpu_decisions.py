@@ -740,6 +740,45 @@ def test_paired_ratios_cancel_a_drift_between_blocks() -> None:
     assert phase["noise_aa"] == pytest.approx(paired["noise_aa"])
 
 
+def test_paired_with_a_common_prefill_takes_out_a_first_prefills_cost() -> None:
+    """Every policy prefills the same prompts, but a new prefill shape's first use costs far
+    more (the real pair, session 43: one 375 ms call): ``paired_common_prefill`` prices every
+    run's prefill at the call's median for the phase, so a spike in one run moves no ratio
+    there, while ``paired`` keeps it."""
+    from bench.decisions.report import summarise
+
+    runs = []
+    for repeat in range(3):
+        for policy, decode_s in (("goodput", 0.9), ("static-k7", 1.0)):
+            prefill_s = 0.8 if (repeat, policy) == (0, "goodput") else 0.2  # one spike
+            elapsed = decode_s + prefill_s
+            cell = {
+                "tok_s": 100 / elapsed,
+                "tokens": 100,
+                "elapsed_s": elapsed,
+                "prefill_s": prefill_s,
+                "mean_spec_tokens": 7.0,
+                "step_ms_mean": 1.0,
+                "host_us_per_step": None,
+                "accept_length_by_task": {},
+            }
+            runs.append(
+                {"policy": policy, "repeat": repeat, "tok_s": cell["tok_s"], "phases": {"m": cell}}
+            )
+    ratios = summarise(runs, ["goodput", "static-k7"])["ratios"]
+    plain = ratios["paired"]["vs_static-k7"]["ratios"]
+    assert plain[0] == pytest.approx(1.2 / 1.7) and plain[1] == pytest.approx(1.2 / 1.1)
+    common = ratios["paired_common_prefill"]["vs_static-k7"]
+    assert common["ratios"] == pytest.approx([1.2 / 1.1] * 3)  # the spike priced at 0.2 s
+    assert common["sd"] == pytest.approx(0.0, abs=1e-12)
+    assert ratios["paired_common_prefill"]["phases"]["m"]["vs_static-k7"]["mean"] == pytest.approx(
+        1.2 / 1.1
+    )
+    for run in runs:  # runs without the fields: no such comparison
+        del run["phases"]["m"]["prefill_s"]
+    assert "paired_common_prefill" not in summarise(runs, ["goodput", "static-k7"])["ratios"]
+
+
 def test_a_warm_planner_reads_each_runs_own_request_histories() -> None:
     """``--warm-policies`` keeps a planner across runs of one trace, whose requests reuse
     their ids: a row is reused only for the same request (the same history list), so a later
