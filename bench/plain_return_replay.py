@@ -212,10 +212,12 @@ def study(path: Path, variants: dict[str, dict[str, Any]], phase: str, seeds: in
         {r["policy"] for r in runs if r["policy"].startswith("static-k")},
         key=lambda name: int(name.removeprefix("static-k")),
     )
+    goodput_runs = [r for r in runs if r["policy"] == "goodput"]
+    if not statics or not goodput_runs:
+        raise SystemExit(f"{path}: needs a static-k<N> run and a goodput run (has {statics})")
     truth_policy = statics[-1]
     truth = next(r for r in runs if r["policy"] == truth_policy)
     requests = recorded_requests(truth, phase)
-    goodput_runs = [r for r in runs if r["policy"] == "goodput"]
     times = step_times(goodput_runs, phase)
     tokens = sum(r.tokens for r in requests)
     out: dict[str, Any] = {

@@ -99,3 +99,11 @@ def test_the_command_writes_its_json(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     (entry,) = report["files"].values()
     assert set(entry["replayed"]) == {"no-spec", "static-k7", "shipped", "R2"}
+
+
+def test_a_file_without_the_runs_it_needs_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "no-goodput.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"runs": [{"policy": "static-k7", "repeat": 0, "phases": {}}]}, handle)
+    with pytest.raises(SystemExit, match="needs a static-k<N> run and a goodput run"):
+        main([str(path)])
