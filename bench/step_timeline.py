@@ -9,6 +9,8 @@ policy over the given raw files (``.json`` or ``.json.gz``) and prints, per phas
 - per row bucket (1, 2, 4, ... rows, rounded up to a power of two) and admitted or not: steps
   per run, seconds per run and tokens emitted per ms: which kind of step a policy wins or
   loses on;
+- its plain stretches (``plain_stretches``: 16 or more steps of k = 0 at half the phase's
+  concurrency or more), with the planner's decision when the timeline carries it;
 - for the full-batch decode steps (the phase's concurrency, nothing admitted): the mean step
   ms, wait and allocation ms, tokens verified and emitted, and the same per verified-token
   count (counts with at least ``--min-steps`` steps), so that policies compare at equal
@@ -34,7 +36,12 @@ from typing import Any
 
 # timeline entry fields (bench/decisions/driver.py)
 ROWS, KMAX, ADMITTED, MS, WAIT_MS, ALLOC_MS, VERIFIED, EMITTED, TWO_PHASE = range(9)
-# (since session 43 also DRAFT_K, DRAFT_GAIN, PLAIN_PRICED_MS, DRAFT_PRICED_MS = range(9, 13))
+# since session 43 also the goodput planner's decision: its best drafting k, that k's expected
+# rate over a plain step's, and the priced ms of a plain step and of that k's
+DRAFT_K, DRAFT_GAIN, PLAIN_PRICED_MS, DRAFT_PRICED_MS = range(9, 13)
+# a plain stretch of the full batch this long or longer is reported (``plain_stretches``)
+MIN_PLAIN_STRETCH = 16
+AROUND = 8  # steps before and after a stretch whose emitted tokens per ms are reported
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -101,6 +108,13 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
         "emitted_per_ms": round(sum(e[EMITTED] for e in steps) / total_ms, 3) if total_ms else None,
         "buckets": buckets,
     }
+    stretches = [
+        {"run": index, **stretch}
+        for index, timeline in enumerate(runs)
+        for stretch in plain_stretches(timeline, full)
+    ]
+    if stretches:
+        result["plain_stretches"] = stretches
     decode = [e for e in steps if full is not None and e[ROWS] == full and not e[ADMITTED]]
     if decode:
         by_tokens: dict[int, list[list[float]]] = defaultdict(list)
@@ -115,6 +129,50 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
             },
         }
     return result
+
+
+def plain_stretches(
+    timeline: Sequence[Sequence[float]], full: int | None, least: int = MIN_PLAIN_STRETCH
+) -> list[dict[str, Any]]:
+    """Runs of at least ``least`` consecutive steps with k = 0 of a batch at least half the
+    phase's concurrency: where each starts and how long it is, and, from entries that carry
+    the planner's decision (13 fields), its best drafting k, expected gain over plain and
+    priced ms at the stretch's first and last step, with the emitted tokens per ms of the
+    ``AROUND`` steps before and after it (why a batch went plain, and whether it should have)."""
+    rows_least = (full or 1) / 2
+    out: list[dict[str, Any]] = []
+    start = None
+    for index in range(len(timeline) + 1):
+        plain = (
+            index < len(timeline)
+            and timeline[index][KMAX] == 0
+            and timeline[index][ROWS] >= rows_least
+        )
+        if plain and start is None:
+            start = index
+        if plain or start is None:
+            continue
+        if index - start >= least:
+            first, last = timeline[start], timeline[index - 1]
+            stretch: dict[str, Any] = {
+                "start": start,
+                "steps": index - start,
+                "rows": int(first[ROWS]),
+                "before_emitted_per_ms": _rate(timeline[max(0, start - AROUND) : start]),
+                "during_emitted_per_ms": _rate(timeline[start:index]),
+                "after_emitted_per_ms": _rate(timeline[index : index + AROUND]),
+            }
+            if len(first) > DRAFT_PRICED_MS:
+                stretch["decision_first"] = list(first[DRAFT_K:])
+                stretch["decision_last"] = list(last[DRAFT_K:])
+            out.append(stretch)
+        start = None
+    return out
+
+
+def _rate(entries: Sequence[Sequence[float]]) -> float | None:
+    ms = sum(e[MS] for e in entries)
+    return round(sum(e[EMITTED] for e in entries) / ms, 3) if ms else None
 
 
 def _means(entries: Sequence[Sequence[float]]) -> dict[str, float]:
@@ -146,6 +204,21 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"  {cell['rows']:>4} rows {tag:8s} {cell['steps_per_run']:>7} steps "
                     f"{cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
+                )
+            for stretch in info.get("plain_stretches", []):
+                decision = stretch.get("decision_first")
+                said = (
+                    f"; k = {decision[0]} priced {decision[1]:.3f}x plain "
+                    f"({decision[2]} / {decision[3]} ms)"
+                    if decision
+                    else ""
+                )
+                lines.append(
+                    f"  plain stretch: run {stretch['run']}, step {stretch['start']}, "
+                    f"{stretch['steps']} steps at {stretch['rows']} rows; emitted/ms "
+                    f"{stretch['before_emitted_per_ms']} before, "
+                    f"{stretch['during_emitted_per_ms']} during, "
+                    f"{stretch['after_emitted_per_ms']} after{said}"
                 )
             decode = info.get("full_decode")
             if decode:

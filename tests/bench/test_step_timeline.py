@@ -69,3 +69,39 @@ def test_cli_reads_gzip_writes_json_and_refuses_a_merged_file(
     assert main([str(merged)]) == 2
     assert "not a raw gpu_decisions call" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_plain_stretches_of_the_batch_are_reported_with_the_decision() -> None:
+    """Runs of k = 0 at half the concurrency or more, 16 steps or longer, with the planner's
+    decision at their ends when the entries carry it, and what drafting emitted around them."""
+    from bench.step_timeline import plain_stretches
+
+    def entry(k: int, rows: int = 4, emitted: int = 4, gain: float = 0.0) -> list[float]:
+        decision = [7, gain, 1.0, 2.0]
+        return [rows, k, 0, 2.0 if k else 1.0, 0.0, 0.0, rows * (k + 1), emitted, 0, *decision]
+
+    timeline = (
+        [entry(7, emitted=12)] * 8
+        + [entry(0, gain=0.97)] + [entry(0, gain=0.99)] * 19  # 20 plain steps at 4 rows
+        + [entry(7, emitted=16)] * 8
+        + [entry(0)] * 10  # too short
+        + [entry(0, rows=1, emitted=1)] * 30  # too few rows (the phase's tail)
+    )  # fmt: skip
+    (stretch,) = plain_stretches(timeline, full=4)
+    assert (stretch["start"], stretch["steps"], stretch["rows"]) == (8, 20, 4)
+    assert stretch["before_emitted_per_ms"] == pytest.approx(6.0)
+    assert stretch["during_emitted_per_ms"] == pytest.approx(4.0)
+    assert stretch["after_emitted_per_ms"] == pytest.approx(8.0)
+    assert stretch["decision_first"] == [7, 0.97, 1.0, 2.0]
+    assert stretch["decision_last"] == [7, 0.99, 1.0, 2.0]
+    old = [e[:9] for e in timeline]  # before session 43: no decision fields
+    assert "decision_first" not in plain_stretches(old, full=4)[0]
+    summary = summarise(
+        [
+            {
+                "phases": [{"name": "p", "concurrency": 4}],
+                "runs": [{"policy": "g", "phases": {"p": {"timeline": timeline}}}],
+            }
+        ]
+    )
+    assert summary["p"]["policies"]["g"]["plain_stretches"][0]["run"] == 0
