@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Coroutine
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -102,3 +103,10 @@ async def traffic(
 
     async with aiohttp.ClientSession() as session:
         return list(await asyncio.gather(*(one(session) for _ in range(num_requests))))
+
+
+def js_fixed(value: float, digits: int = 2) -> str:
+    """``value.toFixed(digits)`` as the dashboard's JavaScript writes it: the float's exact
+    value, a tie rounded up (2.125 -> "2.13", where Python's format gives "2.12": a CI run of
+    session 43 met that tie)."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))

@@ -19,7 +19,14 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from tests.dashboard.daemon import LoopThread, get_json, start_daemon, traffic, wait_ready
+from tests.dashboard.daemon import (
+    LoopThread,
+    get_json,
+    js_fixed,
+    start_daemon,
+    traffic,
+    wait_ready,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -59,6 +66,12 @@ def embedded_daemon(tmp_path: Path) -> Iterator[tuple[str, LoopThread]]:
         loops.close()
 
 
+def test_js_fixed_rounds_ties_up_as_javascript_does() -> None:
+    assert [js_fixed(v) for v in (2.125, 2.124, 2.0, 0.005, 1.005)] == [
+        "2.13", "2.12", "2.00", "0.01", "1.00"  # (1.005 is 1.00499999... as a float)
+    ]  # fmt: skip
+
+
 def test_dashboard_on_the_embedded_default(
     page: Any, embedded_daemon: tuple[str, LoopThread], screenshot: Any
 ) -> None:
@@ -80,7 +93,7 @@ def test_dashboard_on_the_embedded_default(
         speedup = data["speedup"]
         assert speedup["method"] == "step-times", (task, speedup)  # every card the same way
         expect(card.locator(".speedup .value")).to_have_text(
-            re.compile(f"^{speedup['value']:.2f}×")
+            re.compile(f"^{js_fixed(speedup['value'])}×")
         )
         assert data["tpot_p50_s"] is not None
         expect(card.locator(".tpot-p50 .value")).not_to_have_text("–")

@@ -21,7 +21,15 @@ import yaml
 from playwright.sync_api import expect
 
 from tests.controller.fake_upstream import Behaviour, FakeUpstream, vllm_spec_metrics
-from tests.dashboard.daemon import MODEL, LoopThread, get_json, start_daemon, traffic, wait_ready
+from tests.dashboard.daemon import (
+    MODEL,
+    LoopThread,
+    get_json,
+    js_fixed,
+    start_daemon,
+    traffic,
+    wait_ready,
+)
 from tests.policy_texts import STATIC_POLICY_TEXT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -116,7 +124,7 @@ def test_live_dashboard_through_the_daemon(
     expect(chat.locator(".speedup-method")).to_contain_text("TPOT vs no-spec pool")
     accept = stats["tasks"]["math"]["accept_length_mean"]
     assert accept is not None
-    expect(page.locator("#task-math .accept-length .value")).to_have_text(f"{accept:.2f}")
+    expect(page.locator("#task-math .accept-length .value")).to_have_text(js_fixed(accept))
     page.wait_for_timeout(1500)  # one more poll so the screenshot shows settled charts
     screenshot(page, "live-daemon")
     assert page.watch.errors == [], page.watch.errors
