@@ -16,19 +16,18 @@ recorded by a GPU-decisions results file (``bench/gpu_decisions.py`` real-pair a
 requests' token sequences are what every policy emits (greedy, lossless), and a recorded
 static-k run (the widest one in the file) says how many of its drafted tokens the target
 accepted from each point where that run started a step. A replayed step at k starting at
-token p accepts ``min(k + 1, a(p), left)``, where a(p) = a - j for a recorded step that
-started at p - j with accept length a (the rest of its accepted run), or that of the last
-recorded start before p. Step times: the file's measured batch-1 steps of that run (plain,
-width 8 and 16: a step runs the captured width at or above its own). The planner's math
-estimate starts from the file's goodput run's (its planner view at the end of the phase:
-learnt over every phase's math rows, warm pass included; the math phase's own steps are a
-small part of it), weighted as ``PRIOR_STRENGTH`` pseudo-trials.
+token p accepts ``min(k + 1, a(p), left)``, where a(p) = a - j for the recorded step that
+started at p - j with accept length a (the rest of its accepted run). Step times: what the
+file's goodput runs' cost model priced at one row (``step_times``), linear between its widths
+(``CostTable.time_s``); the planner starts from the same table and learns the same prices.
+Its math estimate starts from the file's goodput run's (its planner view half-way through the
+phase: learnt over every phase's math rows, warm pass included; the math phase's own steps
+are a small part of it), weighted as ``PRIOR_STRENGTH`` pseudo-trials.
 
-Reported per results file and per setting (``--set KEY=VALUE`` of the goodput settings,
-repeatable, one variant per ``--variant NAME:KEY=VALUE,...``): replayed math seconds, tokens
-per second, the ratio to the replayed static k and no speculation, steps that drafted, and
-the recorded tok/s of the file's own goodput run beside its replay at the settings it ran
-(the check that the replay reproduces the fault it studies).
+Reported per results file: the recorded tok/s of its no-spec, static and goodput runs, and
+per setting (the shipped goodput settings, and one variant per ``--variant
+NAME:KEY=VALUE,...``) the replayed tok/s, its ratio to the replayed static k and no
+speculation (per seed too) and the share of steps that drafted.
 
     .venv/bin/python bench/plain_return_replay.py \\
         bench/results/gpu_decisions/real-pair_2026-12-06s4*.json.gz \\
@@ -107,39 +106,30 @@ def recorded_requests(run: dict[str, Any], phase: str) -> list[Request]:
 
 def step_times(runs: Sequence[dict[str, Any]], phase: str) -> dict[int, float]:
     """Batch-1 step seconds by verify width (1 = plain): what the goodput runs' own cost
-    model priced at the end of the phase (k = 0, 3, 7, 11, 15), mean over the runs: fitted
+    model priced half-way through the phase (k = 0, 3, 7, 11, 15), mean over the runs: fitted
     to the measured steps (call time included), so both the planner and the truth here
     price a step alike."""
     views = [r["phases"][phase]["planner_view"]["step_ms"] for r in runs]
     return {int(k) + 1: statistics.fmean(float(view[k]) for view in views) / 1e3 for k in views[0]}
 
 
-def price(times: dict[int, float], width: int) -> float:
-    """Seconds of a batch-1 step verifying ``width`` tokens, interpolated linearly between
-    the priced widths."""
-    if width in times:
-        return times[width]
-    known = sorted(times)
-    lower = max((w for w in known if w <= width), default=known[0])
-    upper = min((w for w in known if w >= width), default=known[-1])
-    if lower == upper:
-        return times[lower]
-    share = (width - lower) / (upper - lower)
-    return times[lower] + share * (times[upper] - times[lower])
-
-
-def replay(
-    requests: Sequence[Request], times: dict[int, float], spec: GoodputSpec, seed: int
-) -> dict[str, float]:
-    """The planner's k per step over the requests, its math estimate starting from
-    ``spec``'s prior (the recorded run's)."""
+def step_table(times: dict[int, float]) -> CostTable:
+    """``times`` (seconds by verify width, batch 1) as a cost table: the planner's start-up
+    table, and through ``time_s`` the price of every replayed step."""
     widths = sorted(times)
-    table = CostTable(
+    return CostTable(
         batch_sizes=(1, 2),  # the table needs two; only batch 1 runs
         tokens_per_request=tuple(widths),
         step_time_s=(tuple(times[w] for w in widths),) * 2,
         includes_draft=True,
     )
+
+
+def replay(
+    requests: Sequence[Request], table: CostTable, spec: GoodputSpec, seed: int
+) -> dict[str, float]:
+    """The planner's k per step over the requests, its math estimate starting from
+    ``spec``'s prior (the recorded run's)."""
     models = OnlineModels(spec, BLOCK, table, verify_width_multiple=1)
     lo, hi = PolicySpec(kind="goodput", goodput=spec).bounds_for(BLOCK)
     rng = random.Random(seed)
@@ -155,7 +145,7 @@ def replay(
             row = StepRow(row_id, Task.MATH, lengths, ks, ceiling)
             k = min(width.decide([row], models.observe), ceiling)
             length = min(k + 1, request.potential[position], left)
-            step_s = price(times, k + 1)
+            step_s = table.time_s(1, k + 1)
             lengths.append(length)
             ks.append(k)
             models.record_step(Task.MATH, k, length)
@@ -173,7 +163,7 @@ def replay(
     }
 
 
-def static(requests: Sequence[Request], times: dict[int, float], k: int) -> float:
+def static(requests: Sequence[Request], table: CostTable, k: int) -> float:
     """Seconds of the requests at a fixed k (0: plain decoding)."""
     seconds = 0.0
     for request in requests:
@@ -182,7 +172,7 @@ def static(requests: Sequence[Request], times: dict[int, float], k: int) -> floa
             left = request.tokens - position
             ran = min(k, min(BLOCK, left) - 1)
             position += min(ran + 1, request.potential[position], left)
-            seconds += price(times, ran + 1)
+            seconds += table.time_s(1, ran + 1)
     return seconds
 
 
@@ -232,8 +222,9 @@ def study(path: Path, variants: dict[str, dict[str, Any]], phase: str, seeds: in
         },
         "replayed": {},
     }
-    no_spec_s = static(requests, times, 0)
-    static_s = static(requests, times, int(truth_policy.removeprefix("static-k")))
+    table = step_table(times)
+    no_spec_s = static(requests, table, 0)
+    static_s = static(requests, table, int(truth_policy.removeprefix("static-k")))
     out["replayed"]["no-spec"] = {"tok_s": tokens / no_spec_s}
     out["replayed"][truth_policy] = {"tok_s": tokens / static_s}
     recorded = goodput_runs[0]["phases"][phase]["planner_view"]
@@ -245,7 +236,7 @@ def study(path: Path, variants: dict[str, dict[str, Any]], phase: str, seeds: in
             "prior_strength": PRIOR_STRENGTH,
         }
         spec = GoodputSpec.model_validate(base | update)
-        per_seed = [replay(requests, times, spec, seed) for seed in range(seeds)]
+        per_seed = [replay(requests, table, spec, seed) for seed in range(seeds)]
         seconds = statistics.fmean(r["seconds"] for r in per_seed)
         out["replayed"][name] = {
             "settings": update,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.plain_return_replay import main, price, recorded_requests, static, study
+from bench.plain_return_replay import main, recorded_requests, static, step_table, study
 
 # Per k = 0, 3, 7, 11, 15: what the goodput runs priced a batch-1 step at (ms).
 STEP_MS = {"0": 1.0, "3": 2.0, "7": 2.0, "11": 2.0, "15": 2.0}
@@ -57,10 +57,10 @@ def test_recorded_requests_and_static_k_reproduce_the_recording(tmp_path: Path) 
     assert [r.tokens for r in requests] == [30 + 60 * 8, 60 * 8]
     assert requests[0].potential[:31] == [1] * 30 + [8]  # the opening, then a step's 8 ...
     assert requests[0].potential[31:38] == [7, 6, 5, 4, 3, 2, 1]  # ... and the rest of its run
-    times = {1: 1e-3, 4: 2e-3, 8: 2e-3, 16: 2e-3}
-    assert static(requests, times, 7) == pytest.approx((30 + 60 + 60) * 2e-3)
-    assert static(requests, times, 0) == pytest.approx(sum(r.tokens for r in requests) * 1e-3)
-    assert price(times, 6) == 2e-3 and price({1: 1.0, 8: 8.0}, 4) == 4.0
+    table = step_table({1: 1e-3, 4: 2e-3, 8: 2e-3, 16: 2e-3})
+    assert static(requests, table, 7) == pytest.approx((30 + 60 + 60) * 2e-3)
+    assert static(requests, table, 0) == pytest.approx(sum(r.tokens for r in requests) * 1e-3)
+    assert step_table({1: 1.0, 8: 8.0}).time_s(1, 4) == pytest.approx(4.0)  # linear between
 
 
 def test_a_request_whose_hard_opening_ends_drafts_again_sooner_with_fewer_steps_an_entry(
