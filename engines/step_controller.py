@@ -205,8 +205,9 @@ class StepController:
         self._lock = threading.Lock()
         self._width: BatchWidth | None = None
         # The next step's shared k, prepared while the device ran the last one: (k, the rows
-        # it was decided for, their mix, policy version).
-        self._prepared: tuple[int, frozenset[str], tuple[int, ...], int] | None = None
+        # it was decided for, their mix, policy version, ``_split``'s memo then: the same
+        # memo at ``plan`` means the same rows).
+        self._prepared: tuple[int, frozenset[str], tuple[int, ...], int, object] | None = None
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
         self.calls = 0
@@ -217,6 +218,7 @@ class StepController:
         # draft a whole block (formatted only when read), or the per-request policy's last one.
         self._batch_decision: tuple[str, int, int, float] | None = None
         self._request_reason = ""
+        self._reason_memo: tuple[tuple[str, int, int, float] | None, str] = (None, "")
         # Two-phase steps (goodput ``step_mode: slots``): the policy and the rows the step just
         # planned will allocate after drafting, and the allocator of that policy version.
         self._slots: tuple[ActivePolicy, list[int]] | None = None
@@ -234,11 +236,20 @@ class StepController:
         self.scored_late = 0  # ... and scored between their draft and verify
         # Auto step mode: which mode pays per batch-size bucket, measured on this engine.
         self._modes: StepModeChooser | None = None
-        # The auto mode's steps of the last engine call, told to its chooser at the next
-        # ``plan`` with the wall time between the two calls (``_tell_modes``): (chooser, rows,
-        # two-phase, tokens emitted, the step's reported seconds).
+        self._modes_spec: object = None  # the goodput settings ``_modes`` was built for
+        # The auto mode's steps of the last engine call, timed at the next ``plan`` by the
+        # wall time between the two calls and told to its chooser (``_tell_modes``): (chooser,
+        # rows, two-phase, tokens emitted, the step's reported seconds). Only steps of batch
+        # sizes the chooser is asked about (``slots_min_batch`` rows or more) are kept.
         self._mode_steps: list[tuple[StepModeChooser, int, bool, int, float]] = []
         self._call_started_s: float | None = None  # the ``_clock`` at the last ``plan``
+        # Where the engine calls ``prepare`` behind each step (its overlap), ``plan`` only
+        # takes the clock and the steps (due: the clock then, the previous call's clock, the
+        # steps) and ``prepare`` tells the chooser, off the critical path between two steps.
+        self._modes_due: (
+            tuple[float, float | None, list[tuple[StepModeChooser, int, bool, int, float]]] | None
+        ) = None
+        self._prepares = False  # ``prepare`` has been called (an engine that overlaps)
         # The engine's last decode call, its wall time over its steps (``call_time``): what
         # its steps, recorded while the next call runs, are priced at in the cost model.
         self._call_step_s = 0.0
@@ -249,6 +260,11 @@ class StepController:
         self._decision_s: float | None = None
         self._step_s: float | None = None
         self.decisions = 0  # shared-k decisions made (the rest reused a held one)
+        # ``_groups_of``'s last answer: (the controllers, their ids, the groups).
+        self._groups_memo: (
+            tuple[list[SpecController], list[int], dict[tuple[int, Task], tuple[int, ActivePolicy]]]
+            | None
+        ) = None
         # ``_split``'s last answer: (the controllers, their ids, shared rows, rows asked
         # alone, newest policy among the shared).
         self._split_memo: (
@@ -304,27 +320,49 @@ class StepController:
         pending = self._pending
         groups = pending.rows
         seen: dict[tuple[int, Task], ActivePolicy] = {}  # this step's groups (one policy each)
-        for steps, report in zip(controllers, reports, strict=True):
-            if not isinstance(steps, RequestSteps) or steps.group is None:
-                continue
-            group = steps.group
-            entry = groups.get(group)
-            if entry is None:
-                models = steps.active.models
-                assert models is not None, "a group is set only for a policy with models"
-                entry = groups[group] = (models, [], [])
-                seen[group] = steps.active
-            elif group not in seen:
-                seen[group] = steps.active
-            entry[1].append(report.spec_tokens)
-            entry[2].append(report.accept_length)
+        if len(controllers) != len(reports):
+            raise ValueError(f"{len(controllers)} controllers for {len(reports)} reports")
+        shared = len(reports) > 1 and len(set(map(id, reports))) == 1
+        if shared:
+            # A plain step's one report shared by every row (``_plain_report``): its
+            # outcome once per group, not per row (this runs behind every plain step).
+            report = reports[0]
+            for group, (count, active) in self._groups_of(controllers).items():
+                entry = groups.get(group)
+                if entry is None:
+                    models = active.models
+                    assert models is not None, "a group is set only for a policy with models"
+                    entry = groups[group] = (models, [], [])
+                seen[group] = active
+                entry[1].extend([report.spec_tokens] * count)
+                entry[2].extend([report.accept_length] * count)
+        else:
+            for steps, report in zip(controllers, reports, strict=True):
+                if not isinstance(steps, RequestSteps) or steps.group is None:
+                    continue
+                group = steps.group
+                entry = groups.get(group)
+                if entry is None:
+                    models = steps.active.models
+                    assert models is not None, "a group is set only for a policy with models"
+                    entry = groups[group] = (models, [], [])
+                    seen[group] = steps.active
+                elif group not in seen:
+                    seen[group] = steps.active
+                entry[1].append(report.spec_tokens)
+                entry[2].append(report.accept_length)
         newest = max(seen.values(), key=_version) if seen else None
         if newest is not None and newest.models is not None and reports:
-            widest = max(report.spec_tokens for report in reports)
-            two_phase = reports[0].two_phase  # every row drafted
+            first = reports[0]
+            widest = first.spec_tokens if shared else max(r.spec_tokens for r in reports)
+            two_phase = first.two_phase  # every row drafted
             multiple = (newest.models.cost or newest.models.spec).verify_width_multiple
             if two_phase or multiple == 1:  # each row verified its own k + 1
-                width = sum(report.spec_tokens + 1 for report in reports) / len(reports)
+                width = (
+                    float(first.spec_tokens + 1)
+                    if shared
+                    else sum(report.spec_tokens + 1 for report in reports) / len(reports)
+                )
             else:
                 width = float(padded_width(widest, multiple))
             drafting = 1.0 if two_phase else float(widest > 0)
@@ -336,8 +374,8 @@ class StepController:
             # priced drafting ~20% low against plain and goodput drafted wide where
             # no-spec was the fastest policy)
             priced = max(seconds, self._call_step_s)
-            if self.step_mode(newest) == "auto":
-                self._record_mode(newest, reports)
+            if self.step_mode(newest) == "auto" and _two_phase(newest, reports[0].batch_size):
+                self._record_mode(newest, reports)  # (a bucket the chooser is asked about)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
             times.append((reports[0].batch_size, width, drafting, priced))
@@ -349,6 +387,25 @@ class StepController:
         held = self._held
         if held is None or held.serves == 1 or pending.steps >= 2 * held.serves:
             self._fold()
+
+    def _groups_of(
+        self, controllers: Sequence[SpecController]
+    ) -> dict[tuple[int, Task], tuple[int, ActivePolicy]]:
+        """The rows' groups (a policy's models and a task), each with its number of rows and
+        its first row's policy, in row order; memoised on the controllers' identities, as
+        ``_split`` is (a batch keeps its rows for many steps)."""
+        ids = list(map(id, controllers))
+        memo = self._groups_memo
+        if memo is not None and memo[1] == ids:
+            return memo[2]
+        found: dict[tuple[int, Task], tuple[int, ActivePolicy]] = {}
+        for steps in controllers:
+            if not isinstance(steps, RequestSteps) or steps.group is None:
+                continue
+            count, active = found.get(steps.group, (0, steps.active))
+            found[steps.group] = (count + 1, active)
+        self._groups_memo = (list(controllers), ids, found)
+        return found
 
     def _fold(self) -> None:
         """The steps recorded since the last fold, into their policies' online models. (The
@@ -385,7 +442,7 @@ class StepController:
     ) -> list[int]:
         """k for every row of one engine step (the engine's ``StepPlanner``)."""
         started = time.perf_counter()
-        self._tell_modes(self._clock())
+        self._take_modes(self._clock())
         ks = [0] * len(views)
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
@@ -622,6 +679,8 @@ class StepController:
         """One per engine (the modes' speeds are the engine's), rebuilt when its settings
         change."""
         g = active.spec.goodput
+        if self._modes is not None and self._modes_spec is g:  # (asked every step)
+            return self._modes
         settings = ModeSettings(
             probe_steps=g.mode_probe_steps,
             learn_steps=g.mode_learn_steps,
@@ -630,6 +689,7 @@ class StepController:
         )
         if self._modes is None or self._modes.settings != settings:
             self._modes = StepModeChooser(settings)
+        self._modes_spec = g
         return self._modes
 
     def step_modes(self) -> list[BucketView]:
@@ -654,7 +714,31 @@ class StepController:
             )
         )
 
-    def _tell_modes(self, now_s: float) -> None:
+    def _take_modes(self, now_s: float) -> None:
+        """At ``plan``: the last engine call's auto-mode steps, timed to now
+        (``_tell_modes``), told now, or, where the engine calls ``prepare`` behind its steps,
+        kept for it (a due set ``prepare`` did not take is told first)."""
+        self._tell_due_modes()
+        steps, self._mode_steps = self._mode_steps, []
+        started, self._call_started_s = self._call_started_s, now_s
+        if not steps:
+            return
+        if self._prepares:
+            self._modes_due = (now_s, started, steps)
+        else:
+            self._tell_modes(now_s, started, steps)
+
+    def _tell_due_modes(self) -> None:
+        due, self._modes_due = self._modes_due, None
+        if due is not None:
+            self._tell_modes(*due)
+
+    def _tell_modes(
+        self,
+        now_s: float,
+        started: float | None,
+        steps: list[tuple[StepModeChooser, int, bool, int, float]],
+    ) -> None:
         """The last engine call's auto-mode steps into their chooser, timed by the wall time
         from that call's ``plan`` to this one (a change of a bucket's mode is logged). The
         steps' reported times (the runner's, per step) leave out what the modes spend apart
@@ -666,10 +750,6 @@ class StepController:
         time counts only between ``reported`` and ``3 x reported + MODE_IDLE_S`` (below: a
         clock that is not the engine's; above: the engine waited for work), else the reported
         times are used; it is shared among the steps in proportion to their reported times."""
-        steps, self._mode_steps = self._mode_steps, []
-        started, self._call_started_s = self._call_started_s, now_s
-        if not steps:
-            return
         reported = sum(step[4] for step in steps)
         wall = now_s - started if started is not None else reported
         scale = wall / reported if reported < wall <= 3 * reported + MODE_IDLE_S else 1.0
@@ -705,6 +785,8 @@ class StepController:
         step's rows and what is known before its results (one step stale). ``plan`` uses it
         when most of the next step's rows were among these (else it decides afresh)."""
         started = time.perf_counter()
+        self._prepares = True
+        self._tell_due_modes()
         self._prepared = None
         self._ahead = None
         shared, newest = self._split(views, controllers, None)
@@ -735,7 +817,7 @@ class StepController:
                 k = held.spec_tokens
             else:
                 k = self._decide_held(views, controllers, shared, newest, ids, mix)
-            self._prepared = (k, ids, mix, newest.version)
+            self._prepared = (k, ids, mix, newest.version, self._split_memo)
         self.host_s += time.perf_counter() - started
 
     def _split(
@@ -792,7 +874,9 @@ class StepController:
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared[3] != newest.version:
             return None
-        k, ids, mix, _ = prepared
+        k, ids, mix, _, memo = prepared
+        if memo is self._split_memo:  # the controllers of ``prepare``'s rows: the same rows
+            return k
         known = sum(1 for i in shared if views[i].request_id in ids)
         if known >= _REUSE_SHARE * len(shared) or _similar(mix, _mix(controllers, shared)):
             return k
@@ -848,7 +932,12 @@ class StepController:
     def last_reason(self) -> str:
         """Why the latest step's k (for the dashboard; read from any thread)."""
         decision = self._batch_decision
-        return describe(decision) if decision is not None else self._request_reason
+        if decision is None:
+            return self._request_reason
+        memo = self._reason_memo
+        if memo[0] is not decision:  # (formatted once per decision: read after every call)
+            memo = self._reason_memo = (decision, describe(decision))
+        return memo[1]
 
     def guarded(self, decide: Callable[..., int], *args: Any) -> int:
         """``decide(*args)``, or k = 0 (reported to the source) if it raises."""

@@ -51,6 +51,10 @@ class PhaseTally:
     # Why the planner chose each call's k (``StepController.last_reason``, the batch size
     # left out): [calls, sum of the gain over a plain step it expected] per reason.
     reasons: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))
+    # The last reason tallied, parsed: (the string, its key, its gain); a decision held over
+    # several calls gives the same string object, parsed once (the harness's own host time
+    # between calls counts in every phase's rate).
+    _parsed: tuple[str, str, float] | None = None
     decode_s: float = 0.0
     # Seconds of the calls that admitted spent prefilling (Engine.last_prefill_s): the part of
     # an admitting call that is not its decode steps.
@@ -121,6 +125,11 @@ class PhaseTally:
         """Tally one engine call's decision reason (empty: none given)."""
         if not reason:
             return
+        parsed = self._parsed
+        if parsed is not None and parsed[0] is reason:  # (held decisions: the same string)
+            self.reasons[parsed[1]][0] += 1
+            self.reasons[parsed[1]][1] += parsed[2]
+            return
         found = _BATCH_REASON.fullmatch(reason)
         if found:
             key, gain = f"batch[{found[1]}] k={found[3]}", float(found[4])
@@ -129,6 +138,7 @@ class PhaseTally:
             key = reason.partition(":")[0][:40] + device
             shown = _GAIN.search(reason)
             gain = float(shown[1]) if shown else 0.0
+        self._parsed = (reason, key, gain)
         entry = self.reasons[key]
         entry[0] += 1
         entry[1] += gain

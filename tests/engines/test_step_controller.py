@@ -273,11 +273,16 @@ def test_slots_mode_plans_a_batch_below_its_minimum_as_one_shared_k_in_one_phase
 
 
 def _auto_mode_run(
-    steps: int, timing: Callable[[int, bool], tuple[float, float]]
+    steps: int,
+    timing: Callable[[int, bool], tuple[float, float]],
+    overlap: bool = False,
+    num_rows: int = 3,
 ) -> tuple[StepController, list[bool]]:
-    """Three rows under goodput's auto step mode (short learning blocks) for ``steps`` engine
-    calls of one step each; ``timing(n, two_phase)`` gives call n's (reported step seconds,
-    wall seconds to the next ``plan`` on the controller's clock). The modes each call ran."""
+    """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
+    2 rows) for ``steps`` engine calls of one step each; ``timing(n, two_phase)`` gives call
+    n's (reported step seconds, wall seconds to the next ``plan`` on the controller's clock).
+    ``overlap``: ``prepare`` after each step's ``record``, as the embedded engine calls it
+    behind its steps. The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -296,27 +301,31 @@ def _auto_mode_run(
         random.Random(0),
         clock=lambda: now[0],
     )
-    rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(3)]
-    ids = ["a", "b", "c"]
+    rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(num_rows)]
+    ids = ["abcdefgh"[i] for i in range(num_rows)]
     lengths: dict[str, list[int]] = {rid: [] for rid in ids}
     ran: dict[str, list[int]] = {rid: [] for rid in ids}
     modes = []
     for n in range(steps):
-        views = [RequestView(r, n, lengths[r], 3, n, {}, ran[r], 15) for r in ids]
+        views = [RequestView(r, n, lengths[r], num_rows, n, {}, ran[r], 15) for r in ids]
         ks = controller.plan(views, rows)
         two_phase = controller.allocates()
         modes.append(two_phase)
         if two_phase:
-            ks = controller.allocate(views, rows, [[0.9] * 15] * 3)
+            ks = controller.allocate(views, rows, [[0.9] * 15] * num_rows)
         for rid, k in zip(ids, ks, strict=True):
             lengths[rid].append(min(k, 3) + 1)
             ran[rid].append(k)
         reported, wall = timing(n, two_phase)
         reports = [
-            StepReport(k, min(k, 3) + 1, [True] * min(k, 3), reported, 3, two_phase=two_phase)
+            StepReport(
+                k, min(k, 3) + 1, [True] * min(k, 3), reported, num_rows, two_phase=two_phase
+            )
             for k in ks
         ]
         controller.record(rows, reports)
+        if overlap:
+            controller.prepare(views, rows)
         now[0] += wall
     return controller, modes
 
@@ -357,6 +366,83 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
     # 5 s (a one-phase step) did not count
     assert bucket.one_phase_tok_s == pytest.approx(12 / 0.011, rel=0.01)
     assert bucket.two_phase_tok_s == pytest.approx(12 / 0.014, rel=0.01)
+
+
+def test_behind_an_overlapping_engine_the_modes_are_told_in_prepare_not_plan() -> None:
+    """The embedded engine calls ``prepare`` while the device runs a step: there the chooser
+    learns the last call's steps, off the host's critical path between two steps (on the real
+    pair, H100 call s44a, goodput's plain steps took 2.4-2.7% longer than no-spec's, most
+    of it host work between steps). ``plan`` only times them; the modes still come out right,
+    and a batch below ``slots_min_batch`` (never two-phase) keeps no chooser bucket at all."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = 0.013 if two_phase else 0.010
+        return seconds, seconds
+
+    controller, modes = _auto_mode_run(64, timing, overlap=True)
+    # learning, one step longer than without the overlap (told a call later)
+    assert modes[:9] == [True, True, False, False, True, True, False, False, True]
+    assert modes[9:32].count(True) <= 2  # then one phase but for a re-probe block of 2
+    (bucket,) = controller.step_modes()
+    assert bucket.incumbent is False
+    chooser = controller._modes
+    assert chooser is not None
+
+    def told() -> int:
+        return sum(chooser._buckets[chooser.bucket(3)].steps)
+
+    before = told()
+    views = [RequestView(r, 64, [4] * 64, 3, 64, {}, [0] * 64, 15) for r in "abc"]
+    rows = controller._split_memo[0] if controller._split_memo else []
+    controller.plan(views, rows)  # the last call's step: timed, not yet told
+    assert told() == before
+    controller.prepare(views, rows)
+    assert told() == before + 1
+
+    single, _ = _auto_mode_run(12, timing, overlap=True, num_rows=1)
+    assert single.step_modes() == []
+
+
+def _told_models(shared: bool) -> list[tuple[Any, ...]]:
+    """What six plain steps of five rows (three math) teach a goodput policy's online models
+    (every ``record_steps`` and ``record_step_times`` call), the steps' reports one object for
+    every row (``shared``, as the engine hands a plain step's) or one per row."""
+    active = _goodput()
+    models = active.models
+    assert models is not None
+    told: list[tuple[Any, ...]] = []
+    steps_of, times_of = models.record_steps, models.record_step_times
+
+    def record_steps(task: Task, ks: list[int], lengths: list[int]) -> None:
+        told.append((task, sorted(ks), sorted(lengths)))
+        steps_of(task, ks, lengths)
+
+    def record_step_times(times: list[tuple[int, float, float, float]]) -> None:
+        told.append(("times", list(times)))
+        times_of(times)
+
+    models.record_steps = record_steps  # type: ignore[method-assign]
+    models.record_step_times = record_step_times  # type: ignore[method-assign]
+    controller = StepController(Source(active), 16, random.Random(0))
+    tasks = [Task.MATH, Task.CHAT, Task.MATH, Task.CODE, Task.MATH]
+    rows = [controller.start(task, 0.9, 0) for task in tasks]
+    for _ in range(6):
+        one = StepReport(0, 1, [], 0.002, len(rows))
+        fresh = [StepReport(0, 1, [], 0.002, len(rows)) for _ in rows]
+        controller.record(rows, [one] * len(rows) if shared else fresh)
+    controller._fold()
+    with pytest.raises(ValueError, match="controllers for"):
+        controller.record(rows, [one] * (len(rows) - 1))
+    return sorted(told, key=repr)
+
+
+def test_a_plain_steps_shared_report_is_recorded_as_one_per_row() -> None:
+    """The engine hands every row of a plain step the same report object; the controller
+    records it once per task group (not row by row, behind every plain step), and its models
+    learn what per-row reports of the same values teach them."""
+    shared = _told_models(shared=True)
+    assert shared == _told_models(shared=False)
+    assert (Task.MATH, [0, 0, 0], [1, 1, 1]) in shared  # each step: three math rows
 
 
 def test_the_default_step_mode_follows_the_engine() -> None:

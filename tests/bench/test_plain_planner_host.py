@@ -1,0 +1,39 @@
+"""bench/plain_planner_host.py: no planner and the goodput planner timed on whole plain bursts
+in the seeded order, the critical path split from the overlap, the JSON written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from bench.plain_planner_host import main
+
+
+def test_both_variants_are_timed_on_plain_bursts_and_written(tmp_path: Path) -> None:
+    out = tmp_path / "planner.json"
+    assert main(["--rounds", "2", "--tokens", "24", "--batch", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert sorted(result["order"]) == ["goodput", "goodput", "no-spec", "no-spec"]
+    for name in ("no-spec", "goodput"):
+        rounds = result["rounds"][name]
+        assert len(rounds) == 2 and all(r["calls"] >= 1 for r in rounds)
+        summary = result["summary"][name]
+        assert 0 < summary["critical_us"] <= summary["total_us"]
+        low, high = summary["critical_us_range"]
+        assert low <= summary["critical_us"] <= high
+    # the planner's record and next decision run in the overlap; no planner, little there
+    summary = result["summary"]
+    assert summary["goodput"]["overlap_us"] > summary["no-spec"]["overlap_us"]
+    extra = summary["goodput"]["critical_us"] - summary["no-spec"]["critical_us"]
+    assert summary["goodput_critical_extra_us"] == pytest.approx(extra, abs=0.01)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0", "--out", "x"])
+    with pytest.raises(SystemExit):
+        main(["--burst", "4", "--tokens", "7", "--out", "x"])
