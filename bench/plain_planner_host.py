@@ -24,7 +24,6 @@ Prints and writes the medians per step: critical path, overlap, total.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -37,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.plain_step_host import build_engine
+from bench.plain_step_host import build_engine, write_result
 from engines.embedded.engine import Engine
 from engines.embedded.events import SamplingParams
 from engines.embedded.request import Request
@@ -160,21 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["goodput_critical_extra_us"] = round(
         summary["goodput"]["critical_us"] - summary["no-spec"]["critical_us"], 2
     )
-    result = {
-        "command": " ".join(
-            ["bench/plain_planner_host.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "machine": "cpu",
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "batch": args.batch,
-        "burst": args.burst,
-        "order": order,
-        "rounds": rounds,
-        "summary": summary,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+    fields = {"order": order, "rounds": rounds}
+    write_result(args, "bench/plain_planner_host.py", argv, fields, summary)
     return 0
 
 

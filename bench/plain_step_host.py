@@ -142,21 +142,32 @@ def main(argv: list[str] | None = None) -> int:
     summary[f"fast_over_{other}_median"] = round(
         summary["fast"]["median_us"] / summary[other]["median_us"], 3
     )
+    order_names = ["fast" if f else other for f in order]
+    write_result(args, "bench/plain_step_host.py", argv, {"order": order_names}, summary)
+    return 0
+
+
+def write_result(
+    args: argparse.Namespace,
+    script: str,
+    argv: list[str] | None,
+    fields: dict[str, Any],
+    summary: dict[str, Any],
+) -> None:
+    """The CPU host benches' JSON (the command, the machine, ``--batch`` and ``--burst``, then
+    ``fields`` and the summary) to ``args.out``; the summary printed."""
     result = {
-        "command": " ".join(
-            ["bench/plain_step_host.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]),
         "machine": "cpu",
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "batch": args.batch,
         "burst": args.burst,
-        "order": ["fast" if f else other for f in order],
+        **fields,
         "summary": summary,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
