@@ -260,6 +260,8 @@ class StepController:
         self._decision_s: float | None = None
         self._step_s: float | None = None
         self.decisions = 0  # shared-k decisions made (the rest reused a held one)
+        # ``prepare``'s row ids and the ``_split`` memo they were taken under.
+        self._ids_memo: tuple[object, frozenset[str]] = (None, frozenset())
         # ``_groups_of``'s last answer: (the controllers, their ids, the groups).
         self._groups_memo: (
             tuple[list[SpecController], list[int], dict[tuple[int, Task], tuple[int, ActivePolicy]]]
@@ -803,7 +805,11 @@ class StepController:
                 index = {view.request_id: i for i, view in enumerate(views)}
                 self._ahead = (newest.version, index, scoring, self._scores_told)
         if newest is not None and not two_phase:
-            ids = frozenset(views[i].request_id for i in shared)
+            memo, known = self._ids_memo
+            if memo is not self._split_memo or memo is None:  # (the same controllers: the same ids)
+                known = frozenset(views[i].request_id for i in shared)
+                self._ids_memo = (self._split_memo, known)
+            ids = known
             held = self._held
             if held is not None and (held.age >= held.serves or held.version != newest.version):
                 held = None  # expired: decide afresh
