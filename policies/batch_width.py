@@ -402,7 +402,7 @@ class BatchWidth:
     def calibration(self) -> float:
         """The factor on the drafted part of every expectation: 1 unless
         ``shared_calibration``, else realized over expected drafted tokens of the rows the
-        batch-wide decisions drafted (decayed with the task estimates' half-life, shrunk
+        batch-wide decisions drafted (decayed with ``calibration_half_life_steps``, shrunk
         towards 1 by ``prior_strength`` tokens; within 0.25-1.5)."""
         if not self._spec.shared_calibration:
             return 1.0
@@ -429,7 +429,7 @@ class BatchWidth:
         count = int(drafted.sum())
         plain = int((ks == 0).sum())
         spec = self._spec
-        age = (count + spec.plain_step_age * plain) / spec.task_half_life_steps
+        age = (count + spec.plain_step_age * plain) / spec.calibration_half_life_steps
         keep = 0.5**age
         self._realized *= keep
         self._expected *= keep

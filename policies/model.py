@@ -111,6 +111,11 @@ class GoodputSpec(StrictModel):
     # looked easy, so they overstate a row not yet seen (bench/selection_bias.py: 5-30% on
     # the demo pair). Off by default: not yet measured on a GPU (docs/goodput.md).
     shared_calibration: bool = False
+    # ... its memory, in row-steps as ``task_half_life_steps`` counts them. With the task
+    # estimates' memory (3000, before session 44) it corrected twice what they learn too: one
+    # poor first step held the factor at its floor for hundreds of steps. 100: chosen in
+    # simulation (15 scenarios x 5 seeds, results/sim/calibration-half-life-sweep.json).
+    calibration_half_life_steps: float = Field(default=100.0, gt=0)
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
     # How many of the request's most recent steps are used ...

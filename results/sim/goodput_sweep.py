@@ -42,7 +42,21 @@ def main() -> None:
     parser.add_argument(
         "--with-static", action="store_true", help="also run the static policies (slower)"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another goodput key held at VALUE in every run (repeatable), e.g. "
+        "shared_calibration=1 while --key sweeps calibration_half_life_steps",
+    )
     args = parser.parse_args()
+    fixed: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set: KEY=VALUE, got {item!r}")
+        fixed[key] = value
     values = _numbers(args.values, float, "--values", parser)
     seeds = _numbers(args.seeds, int, "--seeds", parser)
     names = [n for n in args.scenarios.split(",") if n]
@@ -50,14 +64,15 @@ def main() -> None:
     spread: dict[str, Any] = {}
     for name in names:
         base = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
-        if args.key not in type(base.policies.goodput).model_fields:
-            parser.error(f"--key: the goodput policy has no key {args.key!r}")
+        for key in (args.key, *fixed):
+            if key not in type(base.policies.goodput).model_fields:
+                parser.error(f"the goodput policy has no key {key!r}")
         statics = base.policies.static_spec_tokens if args.with_static else []
         runs[name] = {}
         for value in values:
             # validated, so a value is coerced to the key's type (an int key from "8")
             spec = base.policies.goodput
-            goodput = type(spec).model_validate(spec.model_dump() | {args.key: value})
+            goodput = type(spec).model_validate(spec.model_dump() | fixed | {args.key: value})
             policies = base.policies.model_copy(
                 update={
                     "static_spec_tokens": statics,
@@ -96,6 +111,7 @@ def main() -> None:
         "command": " ".join([".venv/bin/python results/sim/goodput_sweep.py", *sys.argv[1:]]),
         "key": args.key,
         "values": values,
+        "fixed": fixed,
         "seeds": seeds,
         "spread": spread,
         "runs": runs,

@@ -430,6 +430,27 @@ def test_shared_calibration_checks_the_task_estimate_on_the_rows_it_drafted() ->
     assert on.calibration > 0.6
 
 
+def test_shared_calibration_forgets_a_poor_start_on_its_own_memory() -> None:
+    """Simulation (session 44): with the task estimates' memory the factor held one poor first
+    step for hundreds of steps (steady math at 64 clients: the factor at its 0.25 floor,
+    drafting off, -2.1%) while the task estimate had long learnt it. Its own, shorter memory
+    (``calibration_half_life_steps``, 100 row-steps) lets it return once the rows realize what
+    the estimate expects; the old one (3000) still holds it down."""
+    factors = {}
+    for half_life in (100.0, 3000.0):
+        spec = QUIET.model_copy(
+            update={"shared_calibration": True, "calibration_half_life_steps": half_life}
+        )
+        width = BatchWidth(spec, 8, 4)
+        learned = Learned({t: 0.9 for t in Task}, block=8)
+        learned.cost = FixedCost(narrow=2.5, wide=4.0)
+        _short_requests(width, learned, 0.05, 2, random.Random(4))  # a poor start
+        assert width.calibration < 0.5
+        _short_requests(width, learned, 0.9, 150, random.Random(5))
+        factors[half_life] = width.calibration
+    assert factors[100.0] > 0.8 and factors[3000.0] < 0.6
+
+
 def test_shared_calibration_leaves_a_right_estimate_alone() -> None:
     spec = QUIET.model_copy(update={"shared_calibration": True})
     width = BatchWidth(spec, 8, 4)
