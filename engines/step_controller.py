@@ -98,6 +98,22 @@ class _Pending:
     steps: int = 0
 
 
+@dataclass
+class _Rows:
+    """What one batch's controllers imply, kept while the batch keeps them (``_rows``):
+    ``plan``, ``prepare`` and ``record`` each ask every step, and a batch keeps its rows for
+    many steps. It holds the controllers, so an id it compares cannot be a new object's."""
+
+    controllers: list[SpecController]
+    ids: list[int]  # the controllers' ids, in row order
+    shared: list[int]  # rows the batch planner decides together
+    alone: list[int]  # rows asked one by one
+    newest: ActivePolicy | None  # the newest policy among the shared rows
+    # per group (a policy's models and a task) of the rows: its rows, its first row's policy
+    groups: dict[tuple[int, Task], tuple[int, ActivePolicy]]
+    request_ids: frozenset[str] | None = None  # the shared rows' (``prepare``'s, once)
+
+
 class ActivePolicy(Protocol):
     """The running policy as the step controller needs it (the daemon's ``RunningPolicy``)."""
 
@@ -205,9 +221,9 @@ class StepController:
         self._lock = threading.Lock()
         self._width: BatchWidth | None = None
         # The next step's shared k, prepared while the device ran the last one: (k, the rows
-        # it was decided for, their mix, policy version, ``_split``'s memo then: the same
-        # memo at ``plan`` means the same rows).
-        self._prepared: tuple[int, frozenset[str], tuple[int, ...], int, object] | None = None
+        # it was decided for, their mix, policy version, ``_rows``'s answer then: the same
+        # answer at ``plan`` means the same rows).
+        self._prepared: tuple[int, frozenset[str], tuple[int, ...], int, _Rows | None] | None = None
         self._width_key: tuple[int, int] = (-1, -1)  # (policy version, block size) it serves
         self.host_s = 0.0  # time spent planning and recording steps, for benchmarks
         self.calls = 0
@@ -260,18 +276,7 @@ class StepController:
         self._decision_s: float | None = None
         self._step_s: float | None = None
         self.decisions = 0  # shared-k decisions made (the rest reused a held one)
-        # ``prepare``'s row ids and the ``_split`` memo they were taken under.
-        self._ids_memo: tuple[object, frozenset[str]] = (None, frozenset())
-        # ``_groups_of``'s last answer: (the controllers, their ids, the groups).
-        self._groups_memo: (
-            tuple[list[SpecController], list[int], dict[tuple[int, Task], tuple[int, ActivePolicy]]]
-            | None
-        ) = None
-        # ``_split``'s last answer: (the controllers, their ids, shared rows, rows asked
-        # alone, newest policy among the shared).
-        self._split_memo: (
-            tuple[list[SpecController], list[int], list[int], list[int], ActivePolicy | None] | None
-        ) = None
+        self._rows_memo: _Rows | None = None  # ``_rows``'s last answer
 
     @property
     def batch_width(self) -> BatchWidth | None:
@@ -329,7 +334,7 @@ class StepController:
             # A plain step's one report shared by every row (``_plain_report``): its
             # outcome once per group, not per row (this runs behind every plain step).
             report = reports[0]
-            for group, (count, active) in self._groups_of(controllers).items():
+            for group, (count, active) in self._rows(controllers).groups.items():
                 entry = groups.get(group)
                 if entry is None:
                     models = active.models
@@ -389,25 +394,6 @@ class StepController:
         held = self._held
         if held is None or held.serves == 1 or pending.steps >= 2 * held.serves:
             self._fold()
-
-    def _groups_of(
-        self, controllers: Sequence[SpecController]
-    ) -> dict[tuple[int, Task], tuple[int, ActivePolicy]]:
-        """The rows' groups (a policy's models and a task), each with its number of rows and
-        its first row's policy, in row order; memoised on the controllers' identities, as
-        ``_split`` is (a batch keeps its rows for many steps)."""
-        ids = list(map(id, controllers))
-        memo = self._groups_memo
-        if memo is not None and memo[1] == ids:
-            return memo[2]
-        found: dict[tuple[int, Task], tuple[int, ActivePolicy]] = {}
-        for steps in controllers:
-            if not isinstance(steps, RequestSteps) or steps.group is None:
-                continue
-            count, active = found.get(steps.group, (0, steps.active))
-            found[steps.group] = (count + 1, active)
-        self._groups_memo = (list(controllers), ids, found)
-        return found
 
     def _fold(self) -> None:
         """The steps recorded since the last fold, into their policies' online models. (The
@@ -805,11 +791,11 @@ class StepController:
                 index = {view.request_id: i for i, view in enumerate(views)}
                 self._ahead = (newest.version, index, scoring, self._scores_told)
         if newest is not None and not two_phase:
-            memo, known = self._ids_memo
-            if memo is not self._split_memo or memo is None:  # (the same controllers: the same ids)
-                known = frozenset(views[i].request_id for i in shared)
-                self._ids_memo = (self._split_memo, known)
-            ids = known
+            rows = self._rows_memo  # (``_split``'s, just above)
+            assert rows is not None
+            if rows.request_ids is None:  # (the same controllers: the same requests)
+                rows.request_ids = frozenset(views[i].request_id for i in shared)
+            ids = rows.request_ids
             held = self._held
             if held is not None and (held.age >= held.serves or held.version != newest.version):
                 held = None  # expired: decide afresh
@@ -823,7 +809,7 @@ class StepController:
                 k = held.spec_tokens
             else:
                 k = self._decide_held(views, controllers, shared, newest, ids, mix)
-            self._prepared = (k, ids, mix, newest.version, self._split_memo)
+            self._prepared = (k, ids, mix, newest.version, rows)
         self.host_s += time.perf_counter() - started
 
     def _split(
@@ -833,40 +819,43 @@ class StepController:
         ks: list[int] | None,
     ) -> tuple[list[int], ActivePolicy | None]:
         """Indices of the rows the batch planner decides together, and the newest policy
-        among them; other rows are asked alone (into ``ks``) when ``ks`` is given. Memoised
-        on the controllers' identities (``plan`` and ``prepare`` ask twice a step, and a
-        batch keeps its rows for many steps); the memo holds the controllers, so an id it
-        compares cannot be a new object's."""
+        among them; other rows are asked alone (into ``ks``) when ``ks`` is given."""
         if len(views) != len(controllers):
             raise ValueError(f"{len(views)} views for {len(controllers)} controllers")
-        ids = list(map(id, controllers))
-        memo = self._split_memo
-        if memo is None or memo[1] != ids:
-            memo = self._split_memo = (list(controllers), ids, *self._split_rows(controllers))
-        _, _, shared, alone, newest = memo
+        rows = self._rows(controllers)
         if ks is not None:
-            for i in alone:
+            for i in rows.alone:
                 ks[i] = controllers[i](views[i])
-        return shared, newest
+        return rows.shared, rows.newest
 
-    def _split_rows(
-        self, controllers: Sequence[SpecController]
-    ) -> tuple[list[int], list[int], ActivePolicy | None]:
+    def _rows(self, controllers: Sequence[SpecController]) -> _Rows:
+        """The batch's rows (``_Rows``), memoised on the controllers' identities."""
+        ids = list(map(id, controllers))
+        memo = self._rows_memo
+        if memo is not None and memo.ids == ids:
+            return memo
         shared: list[int] = []
         alone: list[int] = []
         actives: list[ActivePolicy] = []
+        groups: dict[tuple[int, Task], tuple[int, ActivePolicy]] = {}
         for i, steps in enumerate(controllers):
-            if self._shared_width and isinstance(steps, RequestSteps) and steps.group is not None:
-                shared.append(i)
-                actives.append(steps.active)
+            if isinstance(steps, RequestSteps) and steps.group is not None:
+                count, active = groups.get(steps.group, (0, steps.active))
+                groups[steps.group] = (count + 1, active)
+                if self._shared_width:
+                    shared.append(i)
+                    actives.append(steps.active)
+                    continue
+            alone.append(i)
+        newest = None
+        if actives:
+            first = actives[0]
+            if all(active is first for active in actives):  # the usual: one policy version
+                newest = first
             else:
-                alone.append(i)
-        if not actives:
-            return shared, alone, None
-        first = actives[0]
-        if all(active is first for active in actives):  # the usual case: one policy version
-            return shared, alone, first
-        return shared, alone, max(actives, key=_version)
+                newest = max(actives, key=_version)
+        memo = self._rows_memo = _Rows(list(controllers), ids, shared, alone, newest, groups)
+        return memo
 
     def _reuse_prepared(
         self,
@@ -880,8 +869,8 @@ class StepController:
         prepared, self._prepared = self._prepared, None
         if prepared is None or prepared[3] != newest.version:
             return None
-        k, ids, mix, _, memo = prepared
-        if memo is self._split_memo:  # the controllers of ``prepare``'s rows: the same rows
+        k, ids, mix, _, rows = prepared
+        if rows is self._rows_memo:  # the controllers of ``prepare``'s rows: the same rows
             return k
         known = sum(1 for i in shared if views[i].request_id in ids)
         if known >= _REUSE_SHARE * len(shared) or _similar(mix, _mix(controllers, shared)):

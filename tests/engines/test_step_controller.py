@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -393,7 +393,7 @@ def test_behind_an_overlapping_engine_the_modes_are_told_in_prepare_not_plan() -
 
     before = told()
     views = [RequestView(r, 64, [4] * 64, 3, 64, {}, [0] * 64, 15) for r in "abc"]
-    rows = controller._split_memo[0] if controller._split_memo else []
+    rows = controller._rows_memo.controllers if controller._rows_memo else []
     controller.plan(views, rows)  # the last call's step: timed, not yet told
     assert told() == before
     controller.prepare(views, rows)
@@ -413,16 +413,16 @@ def _told_models(shared: bool) -> list[tuple[Any, ...]]:
     told: list[tuple[Any, ...]] = []
     steps_of, times_of = models.record_steps, models.record_step_times
 
-    def record_steps(task: Task, ks: list[int], lengths: list[int]) -> None:
+    def record_steps(task: Task, ks: Sequence[int], lengths: Sequence[int]) -> None:
         told.append((task, sorted(ks), sorted(lengths)))
         steps_of(task, ks, lengths)
 
-    def record_step_times(times: list[tuple[int, float, float, float]]) -> None:
+    def record_step_times(times: Sequence[tuple[int, float, float, float]]) -> None:
         told.append(("times", list(times)))
         times_of(times)
 
-    models.record_steps = record_steps  # type: ignore[method-assign]
-    models.record_step_times = record_step_times  # type: ignore[method-assign]
+    models.record_steps = record_steps  # type: ignore[method-assign,assignment]
+    models.record_step_times = record_step_times  # type: ignore[method-assign,assignment]
     controller = StepController(Source(active), 16, random.Random(0))
     tasks = [Task.MATH, Task.CHAT, Task.MATH, Task.CODE, Task.MATH]
     rows = [controller.start(task, 0.9, 0) for task in tasks]
