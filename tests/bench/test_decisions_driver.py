@@ -117,3 +117,22 @@ def test_unseen_ends_count_each_jobs_tokens_and_bursts_run_past_them(
     assert unseen["verify_tokens"] > seen["verify_tokens"]
     assert unseen["row_steps"] > single["row_steps"]
     assert sum(step[7] for step in unseen["timeline"]) == unseen["tokens"]
+
+
+def test_reasons_are_tallied_per_call_whether_parsed_or_held() -> None:
+    """A decision held over several calls hands the tally the same string object (parsed once,
+    then counted from the parse); an equal string built anew, or another reason, is parsed."""
+    from bench.decisions.driver import PhaseTally
+
+    tally = PhaseTally()
+    held = "batch[best] B=64 k=7 1.20x plain"
+    for _ in range(3):
+        tally.add_reason(held)
+    tally.add_reason("".join(["batch[best] B=8 k=7 ", "1.40x plain"]))  # equal key, a new object
+    tally.add_reason("batch[hold] B=64 k=0 1.00x plain")
+    tally.add_reason(held)
+    tally.add_reason("")
+    reasons = tally.top_reasons()
+    assert reasons["batch[best] k=7"]["calls"] == 5
+    assert reasons["batch[best] k=7"]["expected_gain"] == pytest.approx((4 * 1.2 + 1.4) / 5)
+    assert reasons["batch[hold] k=0"] == {"calls": 1, "expected_gain": 1.0}
