@@ -28,11 +28,15 @@ def test_a_first_start_and_its_restart_answer_alike(tmp_path: Path) -> None:
     assert any("step costs (cached" in line for line in runs[1]["log"])
     assert set(result["ready_s"]) == {"eager first", "eager restart"}
     # Where each start's time went: kept lines at their seconds after the launch, in order,
-    # from the engine's imports to the listening socket, all before ready.
+    # from the engine's imports to the listening socket. Every line before the last comes
+    # before ready; the last ("listening on") is logged once the socket already accepts (and
+    # after a full GC and freeze), so a /readyz answered first can put ready a little ahead
+    # of it (3.67 s against its 3.68 in one CI run).
     for run in runs:
         offsets = [at for at, _ in run["stages"]]
         lines = [line for _, line in run["stages"]]
-        assert offsets == sorted(offsets) and 0 < offsets[0] and offsets[-1] <= run["ready_s"]
+        assert offsets == sorted(offsets) and 0 < offsets[0]
+        assert offsets[-2] <= run["ready_s"] and offsets[-1] <= run["ready_s"] + 0.5
         assert "engine modules imported in" in lines[0] and "listening on" in lines[-1]
 
 
