@@ -19,6 +19,15 @@ decides k = 0), in a seeded random order over ``--rounds`` rounds each. Per call
 and the time inside the overlap; the critical path is the difference (what a device would
 wait for). Only calls that ran a whole plain burst count (goodput's first calls may probe).
 Prints and writes the medians per step: critical path, overlap, total.
+
+With ``--device cuda`` the forward stays in: a random pair of the real pair's shape
+(training/configs/testbed.yaml: a 157 M target, hidden 1024, 12 layers; a 3-layer block-16
+draft) with the engine's CUDA defaults (CUDA graphs, Triton attention, fused linears, the
+draft's context stashed at k = 0, plain bursts of 4), so the same comparison runs where the
+device waits for the host (s44a's and s45c's +17-18 us a plain step at one row). Per call it
+also splits the critical path: the time until the burst is queued (the planner's ``plan``
+included), and the sync's wait for the device. ``wait_us`` falls by what the host adds to
+its overlap and rises by what the device idles elsewhere; ``total_us`` is what a phase pays.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.plain_step_host import build_engine, write_result
 from engines.embedded.engine import Engine
 from engines.embedded.events import SamplingParams
+from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 from engines.step_controller import FixedPolicySource, StepController
 from policies.costmodel import CostTable
@@ -46,7 +56,13 @@ from policies.goodput import GoodputPolicy
 from policies.model import GoodputSpec, PolicySpec
 from policies.online import OnlineModels
 from policies.types import Task
+from tests.tinymodels import write_tiny_pair
 
+# What a round times per step, by device (cuda adds the critical path's split).
+ROUND_KEYS = {
+    "cpu": ("critical_us", "overlap_us", "total_us"),
+    "cuda": ("critical_us", "overlap_us", "total_us", "queue_us", "wait_us"),
+}
 # Drafting a hundred times a plain step's price: goodput decides k = 0 throughout.
 NEVER_DRAFTS = CostTable((1, 64), (1, 16), ((0.001, 0.1), (0.002, 0.2)))
 
@@ -59,6 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=6, help="rounds per variant (default 6)")
     parser.add_argument("--tokens", type=int, default=400, help="tokens a row decodes a round")
     parser.add_argument("--seed", default="0", help="seed of the rounds' order")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cpu: the forward taken out (default); cuda: a random pair of the real pair's "
+        "shape on the engine's CUDA defaults",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.batch < 1 or args.tokens < 2 * args.burst:
         parser.error("--rounds and --batch must be >= 1, --tokens >= 2 x --burst")
@@ -77,17 +100,67 @@ def goodput_planner(block_size: int) -> StepController:
 
 
 class OverlapClock:
-    """Wraps ``engine._overlap`` and adds up the seconds spent in it."""
+    """Wraps ``engine._overlap`` and adds up the seconds spent in it; with ``sync`` also the
+    runner's ``_plain_sync`` (the overlap, then the wait for the device's tokens) and when it
+    was first entered in the call (``queued``: the burst is on the device by then)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sync: bool = False) -> None:
         self.seconds = 0.0
+        self.sync_s = 0.0
+        self.queued: float | None = None
         self._inner = engine._overlap
         engine._overlap = self  # type: ignore[method-assign]
+        if sync:
+            runner = engine.runner
+            inner_sync = runner._plain_sync
+
+            def timed_sync(*args: Any, **kwargs: Any) -> torch.Tensor:
+                started = time.perf_counter()
+                if self.queued is None:
+                    self.queued = started
+                try:
+                    return inner_sync(*args, **kwargs)
+                finally:
+                    self.sync_s += time.perf_counter() - started
+
+            runner._plain_sync = timed_sync
+
+    def reset(self) -> None:
+        self.seconds, self.sync_s, self.queued = 0.0, 0.0, None
 
     def __call__(self) -> None:
         started = time.perf_counter()
         self._inner()
         self.seconds += time.perf_counter() - started
+
+
+def build_device_engine(folder: Path, max_seq_len: int, batch: int, burst: int) -> Engine:
+    """A random pair of the real pair's shape (training/configs/testbed.yaml) on CUDA with
+    the engine's defaults there (``EmbeddedConfig``: CUDA graphs, Triton attention, fused
+    linears, the draft's context stashed at k = 0); plain bursts of ``burst``."""
+    target, draft = write_tiny_pair(
+        folder,
+        block_size=16,
+        vocab_size=6144,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_target_layers=12,
+        num_draft_layers=3,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+    )
+    runner = load_runner(
+        target,
+        draft,
+        torch.device("cuda"),
+        batch,
+        max_seq_len,
+        attention="triton",
+        linear="fused",
+        defer_context=True,
+    )
+    return Engine(runner, batch, max_seq_len, plain_burst=burst)
 
 
 def one_round(
@@ -105,27 +178,36 @@ def one_round(
         params = SamplingParams(max_new_tokens=args.tokens)
         engine.add(Request(f"{name}-{row}", prompt, params, controller, {}))
     engine.step()  # the prefills and the first tokens
-    critical, overlap, total = [], [], []
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    timed: dict[str, list[float]] = {key: [] for key in ROUND_KEYS[args.device]}
     while engine.has_work:
         drafted = engine.step_counts["drafting"].steps
         plain = engine.step_counts["plain"].steps
-        clock.seconds = 0.0
+        clock.reset()
         started = time.perf_counter()
         engine.step()
         wall = time.perf_counter() - started
         steps = engine.step_counts["plain"].steps - plain
-        if engine.step_counts["drafting"].steps == drafted and steps == args.burst:
-            critical.append(1e6 * (wall - clock.seconds) / steps)
-            overlap.append(1e6 * clock.seconds / steps)
-            total.append(1e6 * wall / steps)
-    if not total:
+        if engine.step_counts["drafting"].steps != drafted or steps != args.burst:
+            continue
+        timed["overlap_us"].append(1e6 * clock.seconds / steps)
+        timed["total_us"].append(1e6 * wall / steps)
+        if not cuda:
+            timed["critical_us"].append(1e6 * (wall - clock.seconds) / steps)
+            continue
+        # until the burst is queued; the sync's wait for the device (its overlap left out);
+        # the critical path: every host second outside the overlap and that wait
+        queued = (clock.queued or started) - started
+        wait = clock.sync_s - clock.seconds
+        timed["queue_us"].append(1e6 * queued / steps)
+        timed["wait_us"].append(1e6 * wait / steps)
+        timed["critical_us"].append(1e6 * (wall - clock.seconds - wait) / steps)
+    if not timed["total_us"]:
         raise RuntimeError(f"round {name}: no whole plain burst to time")
-    return {
-        "critical_us": statistics.median(critical),
-        "overlap_us": statistics.median(overlap),
-        "total_us": statistics.median(total),
-        "calls": len(total),
-    }
+    medians: dict[str, float] = {k: statistics.median(v) for k, v in timed.items()}
+    return {**medians, "calls": len(timed["total_us"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,10 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(args.seed).shuffle(order)
     rounds: dict[str, list[dict[str, float]]] = {"no-spec": [], "goodput": []}
     with tempfile.TemporaryDirectory() as folder:
-        engine = build_engine(Path(folder), 64 + args.tokens, args.batch)
-        engine.runner.plain_fast_path = True
-        engine.plain_burst = args.burst
-        clock = OverlapClock(engine)
+        if args.device == "cuda":
+            engine = build_device_engine(Path(folder), 64 + args.tokens, args.batch, args.burst)
+        else:
+            engine = build_engine(Path(folder), 64 + args.tokens, args.batch)
+            engine.runner.plain_fast_path = True
+            engine.plain_burst = args.burst
+        clock = OverlapClock(engine, sync=args.device == "cuda")
         planner = goodput_planner(engine.block_size)
         one_round(engine, clock, None, "warm-a", args)
         one_round(engine, clock, planner, "warm-b", args)
@@ -150,15 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in rounds.items():
         summary[name] = {
             key: round(statistics.median(v[key] for v in values), 2)
-            for key in ("critical_us", "overlap_us", "total_us")
+            for key in ROUND_KEYS[args.device]
         }
         summary[name]["critical_us_range"] = [
             round(min(v["critical_us"] for v in values), 2),
             round(max(v["critical_us"] for v in values), 2),
         ]
-    summary["goodput_critical_extra_us"] = round(
-        summary["goodput"]["critical_us"] - summary["no-spec"]["critical_us"], 2
-    )
+    for key in ("critical", "total"):
+        summary[f"goodput_{key}_extra_us"] = round(
+            summary["goodput"][f"{key}_us"] - summary["no-spec"][f"{key}_us"], 2
+        )
     fields = {"order": order, "rounds": rounds}
     write_result(args, "bench/plain_planner_host.py", argv, fields, summary)
     return 0

@@ -154,11 +154,13 @@ def write_result(
     fields: dict[str, Any],
     summary: dict[str, Any],
 ) -> None:
-    """The CPU host benches' JSON (the command, the machine, ``--batch`` and ``--burst``, then
+    """The host benches' JSON (the command, the machine, ``--batch`` and ``--burst``, then
     ``fields`` and the summary) to ``args.out``; the summary printed."""
     result = {
         "command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]),
-        "machine": "cpu",
+        "machine": (
+            torch.cuda.get_device_name() if getattr(args, "device", "cpu") == "cuda" else "cpu"
+        ),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "batch": args.batch,
