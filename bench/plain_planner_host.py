@@ -27,7 +27,9 @@ draft's context stashed at k = 0, plain bursts of 4), so the same comparison run
 device waits for the host (s44a's and s45c's +17-18 us a plain step at one row). Per call it
 also splits the critical path: the time until the burst is queued (the planner's ``plan``
 included), and the sync's wait for the device. ``wait_us`` falls by what the host adds to
-its overlap and rises by what the device idles elsewhere; ``total_us`` is what a phase pays.
+its overlap and rises by what the device idles elsewhere; ``decide_us`` is the engine's
+``_spec_tokens`` (the rows' views and the planner's ``plan``, before anything is queued),
+``after_us`` the host's work after the sync; ``total_us`` is what a phase pays.
 """
 
 from __future__ import annotations
@@ -61,7 +63,15 @@ from tests.tinymodels import write_tiny_pair
 # What a round times per step, by device (cuda adds the critical path's split).
 ROUND_KEYS = {
     "cpu": ("critical_us", "overlap_us", "total_us"),
-    "cuda": ("critical_us", "overlap_us", "total_us", "queue_us", "wait_us"),
+    "cuda": (
+        "critical_us",
+        "overlap_us",
+        "total_us",
+        "queue_us",
+        "wait_us",
+        "decide_us",
+        "after_us",
+    ),
 }
 # Drafting a hundred times a plain step's price: goodput decides k = 0 throughout.
 NEVER_DRAFTS = CostTable((1, 64), (1, 16), ((0.001, 0.1), (0.002, 0.2)))
@@ -107,6 +117,7 @@ class OverlapClock:
     def __init__(self, engine: Engine, sync: bool = False) -> None:
         self.seconds = 0.0
         self.sync_s = 0.0
+        self.decide_s = 0.0  # in ``Engine._spec_tokens`` (the views, the planner's ``plan``)
         self.queued: float | None = None
         self._inner = engine._overlap
         engine._overlap = self  # type: ignore[method-assign]
@@ -123,10 +134,21 @@ class OverlapClock:
                 finally:
                     self.sync_s += time.perf_counter() - started
 
-            runner._plain_sync = timed_sync
+            runner._plain_sync = timed_sync  # type: ignore[method-assign]
+
+            inner_decide = engine._spec_tokens
+
+            def timed_decide(rows: list[Any]) -> list[int]:
+                started = time.perf_counter()
+                try:
+                    return inner_decide(rows)
+                finally:
+                    self.decide_s += time.perf_counter() - started
+
+            engine._spec_tokens = timed_decide  # type: ignore[method-assign]
 
     def reset(self) -> None:
-        self.seconds, self.sync_s, self.queued = 0.0, 0.0, None
+        self.seconds, self.sync_s, self.decide_s, self.queued = 0.0, 0.0, 0.0, None
 
     def __call__(self) -> None:
         started = time.perf_counter()
@@ -204,6 +226,8 @@ def one_round(
         timed["queue_us"].append(1e6 * queued / steps)
         timed["wait_us"].append(1e6 * wait / steps)
         timed["critical_us"].append(1e6 * (wall - clock.seconds - wait) / steps)
+        timed["decide_us"].append(1e6 * clock.decide_s / steps)
+        timed["after_us"].append(1e6 * (wall - queued - clock.sync_s) / steps)
     if not timed["total_us"]:
         raise RuntimeError(f"round {name}: no whole plain burst to time")
     medians: dict[str, float] = {k: statistics.median(v) for k, v in timed.items()}
