@@ -14,6 +14,7 @@
 #      COMPILE_SCOPE=layer runs the arm on torch.compile'd forwards (regional);
 #      ATTENTION=triton on the split-KV Triton attention (engines/embedded/decode_attention.py);
 #      SPEC_BURST=4 PLAIN_BURST=4 at the engine's CUDA bursts (the harness runs 1 by default),
+#      PLAIN_CHAIN=1 chains the plain bursts (--plain-chain, Engine(plain_chain=True));
 #      WARM_POLICIES=1 gives each policy a warm pass (--warm-policies), as the 8B arm runs;
 #      CUDA_DEFAULTS=1 every kernel, burst and pricing setting of the engine's CUDA defaults
 #      (--cuda-defaults; the variables above still win where set); ORDER_SEED the runs' random
@@ -22,7 +23,8 @@
 #      the pair (how well the draft's confidence predicts acceptance: issue 16's calibration).
 # A pair already exported in $WORK/export (same machine, earlier call) is reused, not retrained.
 # Results land in $OUT as they are made (a stopped run keeps what it finished):
-#   goodput_h200.log, train_testbed.json, cost_table_testbed.json, goodput_h200.json.
+#   goodput_h200.log, train_testbed.json, cost_table_testbed.json, real-pair.json (gzipped
+#   once the bench ends: unzipped it outgrew what a device call brings back, session 45).
 #
 # On the GPU (device tool `run`; carry .train/demo/tokenizer .train/demo/corpus
 # .train/eval_prompts.json .whl):
@@ -122,11 +124,12 @@ say "bench: real-pair arm, ${LEFT}s left"
   ${LABEL:+--label "$LABEL"} ${POLICIES:+--policies "$POLICIES"} \
   ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} ${SPEC_BURST:+--spec-burst "$SPEC_BURST"} \
-  ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${WARM_POLICIES:+--warm-policies} \
+  ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${PLAIN_CHAIN:+--plain-chain} ${WARM_POLICIES:+--warm-policies} \
   ${CUDA_DEFAULTS:+--cuda-defaults} ${ORDER_SEED:+--order-seed "$ORDER_SEED"} \
   --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
 say "bench exit $RC"
+[ -f "$OUT/real-pair.json" ] && gzip -f "$OUT/real-pair.json"
 
 # 5. the draft's confidence against acceptance on this pair (issue 16)
 if [ "$CONFIDENCE_S" -gt 0 ]; then

@@ -30,6 +30,11 @@ included), and the sync's wait for the device. ``wait_us`` falls by what the hos
 its overlap and rises by what the device idles elsewhere; ``decide_us`` is the engine's
 ``_spec_tokens`` (the rows' views and the planner's ``plan``, before anything is queued),
 ``after_us`` the host's work after the sync; ``total_us`` is what a phase pays.
+
+``--chain`` adds both policies with chained plain bursts (``Engine(plain_chain=True)``: each
+burst queued before the last one is read, so the host's work after a sync and before the
+next launch overlaps the device), in the same shuffled order: ``*_chain_saves_us`` is what
+chaining takes off a step.
 """
 
 from __future__ import annotations
@@ -86,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=400, help="tokens a row decodes a round")
     parser.add_argument("--seed", default="0", help="seed of the rounds' order")
     parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="also run both with chained plain bursts (Engine(plain_chain=True): each burst "
+        "queued before the last one is read), as no-spec-chain and goodput-chain",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         choices=("cpu", "cuda"),
@@ -135,6 +146,18 @@ class OverlapClock:
                     self.sync_s += time.perf_counter() - started
 
             runner._plain_sync = timed_sync  # type: ignore[method-assign]
+            inner_collect = runner.plain_collect
+
+            def timed_collect(*args: Any, **kwargs: Any) -> list[Any]:
+                started = time.perf_counter()
+                if self.queued is None:
+                    self.queued = started
+                try:
+                    return inner_collect(*args, **kwargs)
+                finally:
+                    self.sync_s += time.perf_counter() - started
+
+            runner.plain_collect = timed_collect  # type: ignore[method-assign]
 
             inner_decide = engine._spec_tokens
 
@@ -194,6 +217,7 @@ def one_round(
 ) -> dict[str, float]:
     """Medians per step over the round's whole plain-burst calls (microseconds)."""
     engine.planner = planner
+    engine.plain_chain = name.endswith("-chain")
     for row in range(args.batch):
         controller = planner.start(Task.MATH, 1.0, 0) if planner else (lambda view: 0)
         prompt = list(range(5, 40))
@@ -237,9 +261,10 @@ def one_round(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    order = ["no-spec", "goodput"] * args.rounds
+    names = ["no-spec", "goodput"] + (["no-spec-chain", "goodput-chain"] if args.chain else [])
+    order = names * args.rounds
     random.Random(args.seed).shuffle(order)
-    rounds: dict[str, list[dict[str, float]]] = {"no-spec": [], "goodput": []}
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as folder:
         if args.device == "cuda":
             engine = build_device_engine(Path(folder), 64 + args.tokens, args.batch, args.burst)
@@ -253,7 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         one_round(engine, clock, planner, "warm-b", args)
         for index, name in enumerate(order):
             rounds[name].append(
-                one_round(engine, clock, planner if name == "goodput" else None, f"r{index}", args)
+                one_round(
+                    engine,
+                    clock,
+                    planner if name.startswith("goodput") else None,
+                    f"r{index}-{name}",
+                    args,
+                )
             )
     summary: dict[str, Any] = {}
     for name, values in rounds.items():
@@ -269,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"goodput_{key}_extra_us"] = round(
             summary["goodput"][f"{key}_us"] - summary["no-spec"][f"{key}_us"], 2
         )
+    if args.chain:
+        summary["goodput_chain_total_extra_us"] = round(
+            summary["goodput-chain"]["total_us"] - summary["no-spec-chain"]["total_us"], 2
+        )
+        for name in ("no-spec", "goodput"):  # what chaining saves a step
+            summary[f"{name}_chain_saves_us"] = round(
+                summary[name]["total_us"] - summary[f"{name}-chain"]["total_us"], 2
+            )
     fields = {"order": order, "rounds": rounds}
     write_result(args, "bench/plain_planner_host.py", argv, fields, summary)
     return 0

@@ -137,6 +137,11 @@ class EmbeddedConfig(Section):
     # more graph per batch size). Off: no gain measured on an H100 (session 41). docs/engine.md,
     # "One graph per burst".
     plain_burst_graph: bool = False
+    # On a CUDA device: a greedy plain burst is followed by the next, queued before the host
+    # reads the first, so the device runs plain bursts back to back while the host handles
+    # the last one's tokens (and the planner plans the next, one burst stale). Off until
+    # measured on a device. docs/engine.md, "Chained plain bursts".
+    plain_chain: bool = False
     # On a CUDA device: drafting steps run up to this many back to back the same way (1:
     # off): one-phase steps each row at the k planned for the first; two-phase steps
     # allocated on the device (``slot_allocation: device``) under the first's scoring and

@@ -169,6 +169,7 @@ class EmbeddedEngineBackend:
             plain_burst=c.plain_burst,
             spec_burst=c.spec_burst,
             plain_burst_graph=c.plain_burst_graph,
+            plain_chain=c.plain_chain,
             planner=self.steps,
             before_serving=self._profile_costs if c.cost_profile else None,
         )

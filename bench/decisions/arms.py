@@ -241,6 +241,7 @@ def _engine(runner: Any, max_seq_len: int, args: argparse.Namespace) -> Engine:
         max_seq_len,
         plain_burst=args.plain_burst,
         spec_burst=args.spec_burst,
+        plain_chain=getattr(args, "plain_chain", False),
     )
 
 
@@ -254,6 +255,7 @@ def _kernel_info(args: argparse.Namespace) -> dict[str, Any]:
         **({"linear": args.linear} if args.linear != "aten" else {}),
         **({"defer_context": True} if args.defer_context else {}),
         **({"plain_burst": args.plain_burst} if args.plain_burst != 1 else {}),
+        **({"plain_chain": True} if getattr(args, "plain_chain", False) else {}),
         **({"spec_burst": args.spec_burst} if args.spec_burst != 1 else {}),
         **({"ends": args.ends} if getattr(args, "ends", "length") != "length" else {}),
     }

@@ -97,6 +97,7 @@ class AsyncEngine:
         plain_burst: int = PLAIN_BURST,
         spec_burst: int = SPEC_BURST,
         plain_burst_graph: bool = False,
+        plain_chain: bool = False,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.
@@ -116,7 +117,8 @@ class AsyncEngine:
         trip when every row has k = 0, and ``spec_burst`` for drafting steps
         (``Engine``; elsewhere 1); ``plain_burst_graph``: with CUDA graphs and
         ``defer_context``, a burst of ``plain_burst`` greedy plain steps replays one graph
-        holding all of them (``ModelRunner``)."""
+        holding all of them (``ModelRunner``); ``plain_chain``: on a CUDA device, each greedy
+        plain burst queued before the last one is read (``Engine``)."""
         from transformers import AutoTokenizer
 
         torch_device = resolve_device(device)
@@ -147,6 +149,7 @@ class AsyncEngine:
             planner,
             plain_burst=plain_burst if cuda else 1,
             spec_burst=spec_burst if cuda else 1,
+            plain_chain=plain_chain and cuda,
         )
         if before_serving is not None:
             before_serving(engine)

@@ -37,7 +37,13 @@ from engines.embedded.events import (
     TokenEvent,
 )
 from engines.embedded.request import Request
-from engines.embedded.runner import DEFERRED_POSITIONS, Allocate, ModelRunner, StepResult
+from engines.embedded.runner import (
+    DEFERRED_POSITIONS,
+    Allocate,
+    ModelRunner,
+    PlainBurst,
+    StepResult,
+)
 from engines.embedded.scheduler import Scheduler
 from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, clamp_spec_tokens, max_spec_tokens
@@ -124,6 +130,7 @@ class Engine:
         planner: StepPlanner | None = None,
         plain_burst: int | None = None,
         spec_burst: int | None = None,
+        plain_chain: bool = False,
     ) -> None:
         """``plain_burst`` (default: ``PLAIN_BURST`` on a CUDA device, else 1): a step where
         every row has k = 0 runs up to this many plain steps queued back to back, with one
@@ -133,7 +140,13 @@ class Engine:
         (``ModelRunner.spec_steps``): one-phase, each row at the k planned for the burst's
         first step; two-phase allocated on the device (a ``DeviceSlotPlanner``'s step), the
         first step's scoring and budget for the burst, each step allocated on its own draft
-        confidence."""
+        confidence. ``plain_chain``: a greedy plain burst is followed by the next, queued on
+        the device before the host reads the first (``ModelRunner.plain_queue``), so the
+        device runs plain bursts back to back while the host handles the last one's tokens
+        and plans (the next burst's k: the planner's, one burst stale, the chain going on
+        while every row is planned k = 0). A call then returns the burst queued by the call
+        before; the chain stops for an admission, a row's end, an abort or a drafting plan,
+        its queued burst read first. Off by default (not yet measured on a device)."""
         cuda = runner.device.type == "cuda"
         if plain_burst is None:
             plain_burst = PLAIN_BURST if cuda else 1
@@ -144,6 +157,13 @@ class Engine:
                 raise ValueError(f"{name}={value}: use 1 to {DEFERRED_POSITIONS}")
         self.plain_burst = plain_burst
         self.spec_burst = spec_burst
+        self.plain_chain = plain_chain
+        # The chained plain burst queued on the device and not read yet (``plain_chain``);
+        # requests whose end came in a burst read while it held them (released once it is
+        # read); events read outside ``step`` (an abort reads the chain), returned by the next.
+        self._chain: PlainBurst | None = None
+        self._chain_ended: set[str] = set()
+        self._held_events: list[StepEvent] = []
         # Decode steps run and the host round trips they took, plain (every row at k = 0)
         # and drafting: steps over round trips is how much the bursts batch (metrics).
         self.step_counts: dict[str, StepCount] = {"plain": StepCount(), "drafting": StepCount()}
@@ -214,6 +234,10 @@ class Engine:
         if self.scheduler.cancel_waiting(request_id):
             self._generators.pop(request_id, None)
             return
+        if self._chain is not None:  # its rows' slots move only once it is read
+            drained = self._held_events + self._drain_chain()
+            self._held_events = [e for e in drained if e[0].request_id != request_id]
+            self._release_ended(self._held_events)
         for request in self.scheduler.running:
             if request.request_id == request_id:
                 self._release(request)
@@ -223,16 +247,22 @@ class Engine:
         """Drop every request (after a crash left the bookkeeping in doubt); return them. The
         caches need no reset: a slot's next prefill writes every position a step reads."""
         self._generators.clear()
+        self._chain, self._chain_ended, self._held_events = None, set(), []
         return self.scheduler.reset()
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        """Requests to step, or events an abort read from a chained burst, not yet returned."""
+        return bool(self._held_events) or self.scheduler.has_work
 
     def step(self) -> list[StepEvent]:
+        events, self._held_events = self._held_events, []
+        if self._chain is not None and (self._chain_ended or self.scheduler.waiting):
+            events += self._drain_chain()  # a row's end or an admission: the chain stops
+            self._release_ended(events)
         admitted = self.scheduler.admit()
         started = time.perf_counter()
-        events = self._prefill_admitted(admitted)
+        events += self._prefill_admitted(admitted)
         self.last_prefill_s = time.perf_counter() - started if admitted else 0.0
         self._release_ended(events)  # done or failed after the first token: never join the step
         if self.scheduler.running:
@@ -303,6 +333,8 @@ class Engine:
 
     def _decode_steps(self) -> list[StepEvent]:
         """One batched step of every running request; a row that raises leaves it alone."""
+        if self._chain is not None:
+            return self._chained_burst(self._chain)
         events: list[StepEvent] = []
         plans: dict[str, tuple[int, torch.Tensor]] = {}  # request_id -> (k, uniforms)
         running = list(self.scheduler.running)
@@ -395,6 +427,68 @@ class Engine:
                 return steps, capped
         return 1, spec_tokens
 
+    def _chains(self, rows: list[Request], ahead: int) -> int:
+        """How many plain steps a burst queued behind ``ahead`` queued ones may run
+        (``plain_chain``; 0: none): every row greedy and still running after them (its length;
+        a stop token inside them is found when they are read), no request waiting to be
+        admitted; up to ``plain_burst``, no more than the longest row still needs."""
+        if not self.plain_chain or self.plain_burst == 1 or self.scheduler.waiting:
+            return 0
+        if not hasattr(self.runner, "plain_queue") or not self.runner.plain_fast_path:
+            return 0  # (test doubles)
+        if any(r.params.temperature > 0 or r.num_remaining <= ahead for r in rows):
+            return 0
+        return min(self.plain_burst, max(r.num_remaining for r in rows) - ahead)
+
+    def _start_chain(self, rows: list[Request], steps: int) -> list[StepResult]:
+        """A plain burst of ``steps`` and the next queued behind it (when it may chain), the
+        first read: the second is left running (``_chain``)."""
+        first = self.runner.plain_queue(rows, steps)
+        chained = self._queue_after(first)
+        results = self.runner.plain_collect(first, overlap=self._overlap, then=chained)
+        self._chain = chained
+        return results
+
+    def _queue_after(self, burst: PlainBurst) -> PlainBurst | None:
+        """The burst chained behind ``burst`` (same rows), when its rows may run one."""
+        steps = self._chains(burst.rows, burst.steps)
+        if not steps:
+            return None
+        try:
+            return self.runner.plain_queue(burst.rows, steps, after=burst)
+        except Exception:
+            logger.exception("queueing a chained plain burst failed; the chain stops")
+            return None
+
+    def _chained_burst(self, chain: PlainBurst) -> list[StepEvent]:
+        """A call while a chained burst runs: the rows' next k planned (one burst stale);
+        while every row is planned k = 0, the next burst queued behind it; then it is read,
+        its steps' events returned (as ``_burst``'s)."""
+        rows = chain.rows
+        ks = self._spec_tokens(rows)
+        nxt = None if any(ks) else self._queue_after(chain)
+        self._chain = None
+        results = self.runner.plain_collect(chain, overlap=self._overlap, then=nxt)
+        self._chain = nxt
+        self.step_counts["plain"].add(len(results))
+        return self._plain_events(rows, results)
+
+    def _drain_chain(self) -> list[StepEvent]:
+        """The chained burst read with none queued behind it (its overlap runs as a step's):
+        its steps' events, without the rows that ended in an earlier burst, which are
+        released now."""
+        chain, self._chain = self._chain, None
+        ended, self._chain_ended = self._chain_ended, set()
+        if chain is None:
+            return []
+        results = self.runner.plain_collect(chain, overlap=self._overlap)
+        self.step_counts["plain"].add(len(results))
+        events = self._plain_events(chain.rows, results, skip=ended)
+        for request in sorted(chain.rows, key=lambda r: -r.slot):
+            if request.request_id in ended and request.slot >= 0:
+                self._release(request)
+        return events
+
     def _device_bursts(self) -> bool:
         """Whether the step just planned is allocated on the device by a runner that can run
         such steps in a burst (one scoring, one budget for the burst: ``spec_steps``)."""
@@ -434,7 +528,9 @@ class Engine:
             else:
                 uniforms = torch.stack([torch.stack(step) for step in drawn])
             scoring = None if plain else self._device_scoring(rows, spec_tokens)
-            if plain:
+            if plain and self._chains(rows, 0):
+                results = self._start_chain(rows, steps)
+            elif plain:
                 results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
             elif scoring is not None:
                 results = self.runner.spec_steps(
@@ -447,6 +543,24 @@ class Engine:
             logger.warning("a burst of %d %s steps failed; stepping once instead", steps, kind)
             return None
         self.step_counts["plain" if plain else "drafting"].add(len(results))
+        return self._burst_events(rows, spec_tokens, results)
+
+    def _plain_events(
+        self, rows: list[Request], results: list[StepResult], skip: set[str] | None = None
+    ) -> list[StepEvent]:
+        """A plain burst's events (``skip``: rows whose results are scratch, left out)."""
+        if skip:
+            kept = [i for i, r in enumerate(rows) if r.request_id not in skip]
+            rows = [rows[i] for i in kept]
+            results = [_rows_of(result, kept) for result in results]
+        return self._burst_events(rows, [0] * len(rows), results)
+
+    def _burst_events(
+        self, rows: list[Request], spec_tokens: list[int], results: list[StepResult]
+    ) -> list[StepEvent]:
+        """Each step of a burst in turn, a row's events ending with the step that finishes it
+        (its later tokens are scratch); told to the planner while the next step runs."""
+        plain = not any(spec_tokens)
         events: list[StepEvent] = []
         recorded: list[list[StepEvent]] = []
         alive = list(enumerate(rows))
@@ -680,11 +794,16 @@ class Engine:
         return failure
 
     def _release_ended(self, events: list[StepEvent]) -> None:
-        """Release finished and failed requests, highest slot first: fewest cache moves."""
+        """Release finished and failed requests, highest slot first: fewest cache moves (a row
+        of a chained burst still running waits for it to be read: ``_chain_ended``)."""
+        chained = {id(r) for r in self._chain.rows} if self._chain is not None else set()
         for request, event in sorted(events, key=lambda e: -e[0].slot):
             is_ended = isinstance(event, RequestFailed) or event.finished
             if is_ended and request.slot >= 0:
-                self._release(request)
+                if id(request) in chained:
+                    self._chain_ended.add(request.request_id)
+                else:
+                    self._release(request)
 
     def _release(self, request: Request) -> None:
         moved = self.scheduler.release(request)
@@ -744,6 +863,17 @@ class Engine:
         size = 2 * self.block_size + 1
         generator = self._generators.get(request.request_id, self._shared_generator)
         return torch.rand(size, generator=generator)
+
+
+def _rows_of(result: StepResult, kept: list[int]) -> StepResult:
+    """A plain step's result for the rows at ``kept`` only."""
+    return StepResult(
+        [result.accepted[i] for i in kept],
+        [result.new_tokens[i] for i in kept],
+        result.step_time_s,
+        None,
+        [0] * len(kept),
+    )
 
 
 def _plain_report(result: StepResult) -> StepReport:

@@ -137,6 +137,29 @@ def _check_triton_device(setting: str, kernel: str, instead: str, device: torch.
         )
 
 
+@dataclass
+class PlainBurst:
+    """Greedy plain steps queued on the device whose tokens the host has not read yet
+    (``ModelRunner.plain_queue``; read with ``plain_collect``). ``last``, ``start`` and
+    ``pending``: each row's input token, position and stash column for the steps after it, on
+    the device (a burst queued after this one starts from them); ``positions`` and ``stash``:
+    the same positions and stash columns on the host, as they will be once it has run."""
+
+    rows: list[Request]
+    tokens: torch.Tensor  # [B, steps], on the device
+    steps: int
+    last: torch.Tensor
+    start: torch.Tensor
+    pending: torch.Tensor
+    positions: list[int]
+    stash: list[int]
+    started: float  # the runner's clock when it was queued (or its predecessor was read)
+    # ``tokens`` on the host once ``ready`` (on a GPU: copied to pinned memory right behind
+    # the burst, before anything queued after it, so reading it waits for this burst alone)
+    host: torch.Tensor
+    ready: torch.cuda.Event | None
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -1259,6 +1282,88 @@ class ModelRunner:
         plain = [0] * len(rows)
         return [self._unpack(tokens[:, i : i + 1], plain, 0, elapsed_s) for i in range(steps)]
 
+    @torch.inference_mode()
+    def plain_queue(
+        self, rows: list[Request], steps: int, after: PlainBurst | None = None
+    ) -> PlainBurst:
+        """``steps`` greedy plain steps of ``rows`` queued on the device, not read
+        (``plain_collect`` reads them): ``plain_steps`` cut in two, so the host may queue the
+        next burst before it reads this one and the device runs them back to back. ``after``:
+        a queued burst of the same rows this one follows (its tokens, positions and stash
+        columns stay on the device: nothing here waits for it). The caller keeps every row's
+        length and cache room for both bursts; a row that ends inside ``after`` (a stop token)
+        runs scratch steps here, as a burst's steps past a row's end do."""
+        if not 1 <= steps <= DEFERRED_POSITIONS:
+            raise ValueError(f"steps={steps}: 1 to {DEFERRED_POSITIONS}")
+        if not self.plain_fast_path:
+            raise ValueError("plain_queue needs the plain fast path (plain_fast_path is off)")
+        if any(r.params.temperature > 0 for r in rows):
+            raise ValueError("plain_queue runs greedy rows only (sampled rows draw per step)")
+        if after is not None and [id(r) for r in after.rows] != [id(r) for r in rows]:
+            raise ValueError("a burst queued after another must have the same rows")
+        started = time.perf_counter()  # (not ``_clock``: it waits for the device)
+        if after is None:
+            host = torch.tensor([[r.last_token, r.position, r.pending_context] for r in rows])
+            last, start, pending = host.to(self.device).unbind(1)
+            positions = [r.position for r in rows]
+            stash = [r.pending_context for r in rows]
+        else:
+            last, start, pending = after.last, after.start, after.pending
+            positions, stash = after.positions, after.stash
+        defer = self.defer_context
+        if defer and any(column + steps > DEFERRED_POSITIONS for column in stash):
+            self._insert_stash(positions, stash, ahead=after is not None)
+            pending = torch.zeros_like(pending)
+            stash = [0] * len(rows)
+        bonus = torch.zeros(steps, len(rows))
+        tokens = self._queue_plain_tokens(rows, last, start, pending, bonus, True, False)
+        stashed = steps if defer else 0
+        host_tokens, ready = tokens, None
+        if self.device.type == "cuda":  # (a plain .cpu() later would wait for what follows)
+            host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host_tokens.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return PlainBurst(
+            rows,
+            tokens,
+            steps,
+            tokens[:, -1],
+            start + steps,
+            pending + stashed,
+            [position + steps for position in positions],
+            [column + stashed for column in stash],
+            started,
+            host_tokens,
+            ready,
+        )
+
+    def plain_collect(
+        self,
+        burst: PlainBurst,
+        overlap: Callable[[], None] | None = None,
+        then: PlainBurst | None = None,
+    ) -> list[StepResult]:
+        """A queued burst's steps (``plain_queue``): ``overlap`` runs first, then the one sync;
+        every row's stash count set to what the burst leaves. ``then``: the burst queued
+        after it, whose time starts now (the device runs it from here). Each result's
+        ``step_time_s`` is the burst's time over its steps."""
+        if overlap is not None:
+            overlap()
+        if burst.ready is not None:
+            burst.ready.synchronize()  # the sync: this burst's tokens, not what follows it
+        host_tokens = burst.host.cpu()
+        now = time.perf_counter()  # (the burst's end: its tokens are in)
+        for row, column in zip(burst.rows, burst.stash, strict=True):
+            row.pending_context = column
+        if then is not None:
+            then.started = now
+        elapsed_s = (now - burst.started) / burst.steps
+        plain = [0] * len(burst.rows)
+        return [
+            self._unpack(host_tokens[:, i : i + 1], plain, 0, elapsed_s) for i in range(burst.steps)
+        ]
+
     def _plain_step(
         self,
         rows: list[Request],
@@ -1308,6 +1413,26 @@ class ModelRunner:
         if defer and any(r.pending_context + steps > DEFERRED_POSITIONS for r in rows):
             self._insert_deferred(rows, eager)
             pending = torch.zeros_like(pending)
+        tokens = self._queue_plain_tokens(
+            rows, last, start, pending, bonus_uniforms, is_greedy, eager
+        )
+        return self._plain_sync(rows, tokens, steps if defer else 0, overlap)
+
+    def _queue_plain_tokens(
+        self,
+        rows: list[Request],
+        last: torch.Tensor,
+        start: torch.Tensor,
+        pending: torch.Tensor,
+        bonus_uniforms: torch.Tensor,
+        is_greedy: bool,
+        eager: bool,
+    ) -> torch.Tensor:
+        """``_plain_tokens``'s steps queued (every row's stash with room for them): the
+        tokens [B, steps] on the device, in a tensor of their own (a later replay of the same
+        graph leaves them be)."""
+        steps = bonus_uniforms.shape[0]
+        defer = self.defer_context and not eager
         graph = self._burst_graph(len(rows), steps) if defer and is_greedy else None
         if graph is not None:
             # Padded rows start at position 0 and stash column 0 of their free slots, so every
@@ -1317,7 +1442,7 @@ class ModelRunner:
             inputs = torch.zeros(3, batch, dtype=torch.long, device=self.device)
             inputs[:, : len(rows)] = torch.stack([last, start, pending])
             tokens = graph(inputs[0, :, None], inputs[1, :, None], inputs[2])[: len(rows)]
-            return self._plain_sync(rows, tokens.clone(), steps, overlap)
+            return tokens.clone()
         params = None if is_greedy else self._params_tensors(rows)
         drawn = None if is_greedy else self._to_device(bonus_uniforms)
         ids, positions, columns = last[:, None], start[:, None], pending
@@ -1336,8 +1461,7 @@ class ModelRunner:
                 probs = sampling_probs(logits, *params)
                 ids = sample_from_probs(probs[:, 0], drawn[i])[:, None]
             out.append(ids)
-        tokens = out[0] if steps == 1 else torch.cat(out, dim=1)
-        return self._plain_sync(rows, tokens, steps if defer else 0, overlap)
+        return out[0] if steps == 1 else torch.cat(out, dim=1)
 
     def _plain_sync(
         self,
@@ -1380,21 +1504,30 @@ class ModelRunner:
         row's position, scratch until it advances. Afterwards no row has any pending."""
         if self._stash is None or not any(r.pending_context for r in rows):
             return
-        host = torch.empty(len(rows), DEFERRED_POSITIONS, dtype=torch.long)
-        for index, row in enumerate(rows):
-            host[index] = row.position
-            if row.pending_context:
-                host[index, : row.pending_context] = torch.arange(
-                    row.position - row.pending_context, row.position
-                )
-        positions = host.to(self.device)
-        if self.use_cuda_graphs and not eager:
-            batch = padded_size(len(rows), self.batch_sizes)
-            self._graphs["insert_stash", batch, DEFERRED_POSITIONS](positions)
-        else:
-            self._insert_stash_forward(positions)
+        self._insert_stash(
+            [r.position for r in rows], [r.pending_context for r in rows], eager=eager
+        )
         for row in rows:
             row.pending_context = 0
+
+    def _insert_stash(
+        self, positions: list[int], stash: list[int], eager: bool = False, ahead: bool = False
+    ) -> None:
+        """``_insert_deferred`` for rows at ``positions`` with ``stash`` columns filled (each
+        column i < stash at position - stash + i, the rest at the position: scratch).
+        ``ahead``: queued behind work the host has not read (the positions go through pinned
+        memory: a copy from pageable memory would wait for that work)."""
+        host = torch.empty(len(positions), DEFERRED_POSITIONS, dtype=torch.long)
+        for index, (position, columns) in enumerate(zip(positions, stash, strict=True)):
+            host[index] = position
+            if columns:
+                host[index, :columns] = torch.arange(position - columns, position)
+        on_device = self._to_device(host) if ahead else host.to(self.device)
+        if self.use_cuda_graphs and not eager:
+            batch = padded_size(len(positions), self.batch_sizes)
+            self._graphs["insert_stash", batch, DEFERRED_POSITIONS](on_device)
+        else:
+            self._insert_stash_forward(on_device)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device without waiting for the stream (through pinned memory:

@@ -37,3 +37,21 @@ def test_bad_arguments_are_refused() -> None:
         main(["--rounds", "0", "--out", "x"])
     with pytest.raises(SystemExit):
         main(["--burst", "4", "--tokens", "7", "--out", "x"])
+
+
+def test_chained_variants_run_chains_and_are_compared(tmp_path: Path) -> None:
+    """``--chain``: both policies again with chained plain bursts, in the same shuffled
+    order; what chaining saves each, and goodput's extra with it, in the summary."""
+    out = tmp_path / "chain.json"
+    argv = ["--rounds", "1", "--tokens", "32", "--chain", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    names = ["goodput", "goodput-chain", "no-spec", "no-spec-chain"]
+    assert sorted(result["order"]) == names
+    summary = result["summary"]
+    for name in names:
+        assert result["rounds"][name][0]["calls"] >= 1
+    saved = summary["no-spec"]["total_us"] - summary["no-spec-chain"]["total_us"]
+    assert summary["no-spec_chain_saves_us"] == pytest.approx(saved, abs=0.01)
+    extra = summary["goodput-chain"]["total_us"] - summary["no-spec-chain"]["total_us"]
+    assert summary["goodput_chain_total_extra_us"] == pytest.approx(extra, abs=0.01)

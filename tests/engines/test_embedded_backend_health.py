@@ -77,9 +77,11 @@ def test_start_passes_the_compile_settings_to_the_engine(
             attention="sdpa",
             plain_burst=burst,
             spec_burst=burst + 1,
+            plain_chain=ahead,
         )
         with pytest.raises(RuntimeError, match="stop here"):
             asyncio.run(backend.start())
         assert seen["compile_attention_ahead"] is ahead
         assert seen["attention"] == "sdpa"
         assert seen["plain_burst"] == burst and seen["spec_burst"] == burst + 1
+        assert seen["plain_chain"] is ahead

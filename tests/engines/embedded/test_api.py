@@ -296,3 +296,47 @@ def test_a_stream_whose_event_loop_closed_is_aborted(agreeing_pair) -> None:
     (request,) = added
     assert request.finish_reason is None and len(request.output_ids) < 500  # aborted
     asyncio.run(engine.close())
+
+
+async def test_chained_bursts_stream_the_tokens_of_single_steps(agreeing_pair) -> None:
+    """An AsyncEngine whose engine chains plain bursts (``plain_chain``): concurrent streams,
+    one drafting, get the tokens of single steps, each ending with one finished event; a
+    stream closed while a burst is queued leaves the engine idle with nothing queued."""
+    prompts = [random_prompt(70 + i) for i in range(3)]
+    ks = [0, 5, 0]
+    runs = []
+    for burst, chain in ((1, False), (4, True)):
+        engine = AsyncEngine.load(
+            agreeing_pair[0], agreeing_pair[1], device="cpu", max_batch_size=4, max_seq_len=128
+        )
+        engine._engine.plain_burst, engine._engine.plain_chain = burst, chain
+        runner, chained = engine._engine.runner, [0]
+        queue = runner.plain_queue
+
+        def counted(*args, queue=queue, chained=chained, **kwargs):  # type: ignore[no-untyped-def]
+            chained[0] += kwargs.get("after") is not None
+            return queue(*args, **kwargs)
+
+        runner.plain_queue = counted
+        try:
+            streams = [
+                collect(engine, p, SamplingParams(max_new_tokens=30), lambda v, k=k: k)
+                for p, k in zip(prompts, ks, strict=True)
+            ]
+            results = await asyncio.gather(*streams)
+            for events in results:
+                assert events[-1].finished and not any(e.finished for e in events[:-1])
+            runs.append([[t for e in events for t in e.token_ids] for events in results])
+            early = engine.generate(prompts[0], SamplingParams(max_new_tokens=60), lambda v: 0)
+            for _ in range(10):
+                await anext(early)
+            await early.aclose()
+            for _ in range(200):
+                if not engine._engine.has_work:
+                    break
+                await asyncio.sleep(0.01)
+            assert not engine._engine.has_work and engine._engine._chain is None
+            assert (chained[0] > 0) == chain, chained
+        finally:
+            await engine.close()
+    assert runs[0] == runs[1]
