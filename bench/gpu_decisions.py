@@ -78,7 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="comma-separated (bench/decisions/policies.py); NAME@burst<N> runs NAME with its "
         "drafting steps in bursts of N (Engine.spec_burst, 1-16: one-phase steps, and two-phase "
         "steps allocated on the device, one scoring per burst; @burst1 beside --spec-burst 4: "
-        "one step a round trip, as vLLM runs); on a ragged arm "
+        "one step a round trip, as vLLM runs); NAME@chain runs NAME with its plain bursts chained "
+        "(Engine.plain_chain: each queued before the last one is read; with --plain-burst above "
+        "1), beside NAME unchained in the same call; on a ragged arm "
         "NAME@padded runs "
         "NAME as on the padded engine (the same runner switched to its padded graphs, the "
         "policy built for padded verifies): a same-call padded vs ragged comparison; NAME#N "
@@ -260,13 +262,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 f"policy {name}#{instance}: the instance after '#' must be a number (goodput#2)"
             )
         _, at, engine = name.partition("@")
-        if at and _burst_of(name) is not None:
+        if at and (_burst_of(name) is not None or _chained(name)):
             continue
         if at and (engine != "padded" or args.verify_mode != "ragged"):
             parser.error(
                 f"policy {name.strip()!r}: the suffixes are @padded, on a ragged arm "
-                "(--verify-mode ragged: the policy on the same runner's padded graphs), and "
-                "@burst<N>, N from 1 to 16 (its drafting steps in bursts of N; 1: one a round trip)"
+                "(--verify-mode ragged: the policy on the same runner's padded graphs), "
+                "@burst<N>, N from 1 to 16 (its drafting steps in bursts of N; 1: one a round "
+                "trip), and @chain (its plain bursts chained)"
             )
     return args
 
@@ -295,6 +298,11 @@ def _burst_of(name: str) -> int | None:
     if suffix.startswith("burst") and digits.isdigit() and 1 <= int(digits) <= 16:
         return int(digits)
     return None
+
+
+def _chained(name: str) -> bool:
+    """``NAME@chain``: the policy's runs chain their plain bursts (``Engine.plain_chain``)."""
+    return name.partition("#")[0].partition("@")[2] == "chain"
 
 
 def _graphs(runner: Any) -> dict[str, Any]:
@@ -406,11 +414,12 @@ def _main(args: argparse.Namespace) -> int:
 def _context(arm: Arm, name: str) -> tuple[str, Context]:
     """The policy's base name and the context it is built for: ``NAME@padded`` is NAME built
     as for a padded engine (it runs on the ragged runner's padded graphs); ``NAME@burst<N>``
-    is NAME (run with drafting bursts: ``_run``); ``NAME#N`` is NAME (another instance: an A/A
+    is NAME (run with drafting bursts: ``_run``), ``NAME@chain`` NAME with its plain bursts
+    chained; ``NAME#N`` is NAME (another instance: an A/A
     twin)."""
     base, _, engine = name.partition("#")[0].partition("@")
     context = arm.context
-    if engine and _burst_of(name) is None:
+    if engine and _burst_of(name) is None and not _chained(name):
         context = dataclasses.replace(context, verify_mode=engine)  # type: ignore[arg-type]
     return base, context
 
@@ -449,13 +458,14 @@ def _run(
     base, context = _context(arm, name) if warm is None else (name, warm[1])
     runner = arm.engine.runner
     before, bursts = runner.verify_mode, arm.engine.spec_burst
-    plain_bursts = arm.engine.plain_burst
+    plain_bursts, chain = arm.engine.plain_burst, getattr(arm.engine, "plain_chain", False)
     runner.verify_mode = context.verify_mode
     try:
         built = build(base, context) if warm is None else warm[0]
         arm.engine.spec_burst = _burst_of(name) or (1 if built.single_steps else bursts)
         if built.single_steps:
             arm.engine.plain_burst = 1
+        arm.engine.plain_chain = chain or _chained(name)
         scored = _device_scored(built)
         counted = _step_counts(arm.engine)
         tallies: list[PhaseTally] = run_policy(
@@ -470,6 +480,7 @@ def _run(
         runner.verify_mode = before
         arm.engine.spec_burst = bursts
         arm.engine.plain_burst = plain_bursts
+        arm.engine.plain_chain = chain
     tokens = sum(t.tokens for t in tallies)
     elapsed = sum(t.elapsed_s for t in tallies)
     now = _step_counts(arm.engine)

@@ -185,7 +185,8 @@ def _paired(
     ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way;
     ``bursts``: each ``NAME@burst<N>`` over NAME, over vllm-av-device, over
     vllm-av-device@burst<N> (vLLM's rule given the same bursts) and over the best static in
-    those bursts (present or not, goodput: a call of burst policies alone is compared too).
+    those bursts (present or not, goodput: a call of burst policies alone is compared too);
+    ``chains``: each ``NAME@chain`` (plain bursts chained) over NAME, no-spec@chain and no-spec.
     ``twins``: each A/A twin ``NAME#N`` over NAME. ``phases``: the same per phase."""
     blocks: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for run in runs:
@@ -229,6 +230,20 @@ def _paired(
             bursts[name] = {key: v for key, v in against.items() if v is not None}
         if bursts:
             out["bursts"] = bursts
+        # a policy run with its plain bursts chained (NAME@chain) over NAME itself and over
+        # no-spec chained and not (what chaining gives it, and where it then stands)
+        chains: dict[str, Any] = {}
+        for name in sorted(n for n in policies if n.partition("#")[0].endswith("@chain")):
+            base = name.partition("#")[0].removesuffix("@chain")
+            others = (base, "no-spec@chain", "no-spec")
+            against = {
+                f"vs_{other}": cell(name, other, phase)
+                for other in dict.fromkeys(others)
+                if other in policies and other != name
+            }
+            chains[name] = {key: v for key, v in against.items() if v is not None}
+        if chains:
+            out["chains"] = chains
         # every A/A twin (NAME#N) over NAME in the same blocks: the call's own noise floor for
         # any policy's comparisons (goodput's is also ``aa`` above)
         twins = {

@@ -1169,3 +1169,59 @@ def test_planner_view_says_what_the_step_mode_chooser_measured(
             rates = (bucket["one_phase_tok_s"], bucket["two_phase_tok_s"])
             assert all(r is None or r > 0 for r in rates)  # None: no step of it recorded yet
     assert any(b["two_phase_tok_s"] for b in seen)  # (this short run makes no pairs)
+
+
+def test_a_chain_variant_chains_its_plain_bursts(tmp_path: Path) -> None:
+    """``NAME@chain`` runs NAME with the engine's ``plain_chain`` on (switched back after):
+    on the synthetic arm with plain bursts no-spec and no-spec@chain emit the same tokens, the
+    chained runs queueing bursts behind bursts; ``summary.ratios.paired.chains`` pairs each
+    with NAME."""
+    import bench.gpu_decisions as harness
+    from bench.decisions import driver
+
+    chained: dict[str, int] = {}
+    real = driver.run_policy
+
+    def counted(engine: Any, built: Any, *args: Any, **kwargs: Any) -> Any:
+        queue = engine.runner.plain_queue
+        count = 0
+
+        def queued(*a: Any, **k: Any) -> Any:
+            nonlocal count
+            count += k.get("after") is not None
+            return queue(*a, **k)
+
+        engine.runner.plain_queue = queued
+        try:
+            return real(engine, built, *args, **kwargs)
+        finally:
+            del engine.runner.plain_queue
+            chained[str(engine.plain_chain)] = chained.get(str(engine.plain_chain), 0) + count
+
+    out = tmp_path / "chain.json"
+    argv = _tiny_argv(out, "no-spec,no-spec@chain", 1, "--no-warm-run", "--plain-burst", "4")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness, "run_policy", counted)
+        assert main(argv) == 0
+    report = json.loads(out.read_text())
+    runs = {r["policy"]: r for r in report["runs"]}
+    tokens = {name: sum(p["tokens"] for p in run["phases"].values()) for name, run in runs.items()}
+    assert tokens["no-spec"] == tokens["no-spec@chain"] > 0
+    assert chained["False"] == 0 and chained["True"] > 0
+    chains = report["summary"]["ratios"]["paired"]["chains"]
+    assert chains["no-spec@chain"]["vs_no-spec"]["blocks"] == 1
+
+
+def test_chain_variants_are_paired_with_their_own_policy_and_no_spec() -> None:
+    """``NAME@chain`` is reported over NAME, no-spec@chain and no-spec inside each block."""
+    from bench.decisions.report import summarise
+
+    speeds = {"goodput": 100.0, "goodput@chain": 106.0, "no-spec": 98.0, "no-spec@chain": 104.0}
+    speeds |= {"static-k7": 90.0}
+    paired = summarise(_drifting_runs(speeds), list(speeds))["ratios"]["paired"]
+    chains = paired["chains"]
+    assert chains["goodput@chain"]["vs_goodput"]["mean"] == pytest.approx(1.06)
+    assert chains["goodput@chain"]["vs_no-spec@chain"]["mean"] == pytest.approx(106 / 104)
+    assert chains["no-spec@chain"]["vs_no-spec"]["mean"] == pytest.approx(104 / 98)
+    assert "vs_no-spec@chain" not in chains["no-spec@chain"]
+    assert paired["phases"]["p"]["chains"]["goodput@chain"]["vs_goodput"]["blocks"] == 2
