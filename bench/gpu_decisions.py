@@ -165,7 +165,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--plain-chain",
         action="store_true",
-        help="each greedy plain burst queued before the last one is read "
+        help="each plain burst queued before the last one is read "
         "(Engine(plain_chain=True); needs --plain-burst above 1); the arm info records it",
     )
     parser.add_argument(

@@ -137,7 +137,7 @@ class EmbeddedConfig(Section):
     # more graph per batch size). Off: no gain measured on an H100 (session 41). docs/engine.md,
     # "One graph per burst".
     plain_burst_graph: bool = False
-    # On a CUDA device: a greedy plain burst is followed by the next, queued before the host
+    # On a CUDA device: a plain burst is followed by the next, queued before the host
     # reads the first, so the device runs plain bursts back to back while the host handles
     # the last one's tokens (and the planner plans the next, one burst stale). Off until
     # measured on a device. docs/engine.md, "Chained plain bursts".

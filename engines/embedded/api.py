@@ -117,7 +117,7 @@ class AsyncEngine:
         trip when every row has k = 0, and ``spec_burst`` for drafting steps
         (``Engine``; elsewhere 1); ``plain_burst_graph``: with CUDA graphs and
         ``defer_context``, a burst of ``plain_burst`` greedy plain steps replays one graph
-        holding all of them (``ModelRunner``); ``plain_chain``: on a CUDA device, each greedy
+        holding all of them (``ModelRunner``); ``plain_chain``: on a CUDA device, each
         plain burst queued before the last one is read (``Engine``)."""
         from transformers import AutoTokenizer
 

@@ -140,7 +140,7 @@ class Engine:
         (``ModelRunner.spec_steps``): one-phase, each row at the k planned for the burst's
         first step; two-phase allocated on the device (a ``DeviceSlotPlanner``'s step), the
         first step's scoring and budget for the burst, each step allocated on its own draft
-        confidence. ``plain_chain``: a greedy plain burst is followed by the next, queued on
+        confidence. ``plain_chain``: a plain burst is followed by the next, queued on
         the device before the host reads the first (``ModelRunner.plain_queue``), so the
         device runs plain bursts back to back while the host handles the last one's tokens
         and plans (the next burst's k: the planner's, one burst stale, the chain going on
@@ -429,21 +429,21 @@ class Engine:
 
     def _chains(self, rows: list[Request], ahead: int) -> int:
         """How many plain steps a burst queued behind ``ahead`` queued ones may run
-        (``plain_chain``; 0: none): every row greedy and still running after them (its length;
+        (``plain_chain``; 0: none): every row still running after them (its length;
         a stop token inside them is found when they are read), no request waiting to be
         admitted; up to ``plain_burst``, no more than the longest row still needs."""
         if not self.plain_chain or self.plain_burst == 1 or self.scheduler.waiting:
             return 0
         if not hasattr(self.runner, "plain_queue") or not self.runner.plain_fast_path:
             return 0  # (test doubles)
-        if any(r.params.temperature > 0 or r.num_remaining <= ahead for r in rows):
+        if any(r.num_remaining <= ahead for r in rows):
             return 0
         return min(self.plain_burst, max(r.num_remaining for r in rows) - ahead)
 
-    def _start_chain(self, rows: list[Request], steps: int) -> list[StepResult]:
-        """A plain burst of ``steps`` and the next queued behind it (when it may chain), the
-        first read: the second is left running (``_chain``)."""
-        first = self.runner.plain_queue(rows, steps)
+    def _start_chain(self, rows: list[Request], bonus: torch.Tensor) -> list[StepResult]:
+        """A plain burst (``bonus`` [steps, B]: its bonus uniforms) and the next queued behind
+        it (when it may chain), the first read: the second is left running (``_chain``)."""
+        first = self.runner.plain_queue(rows, bonus.shape[0], bonus=bonus)
         chained = self._queue_after(first)
         results = self.runner.plain_collect(first, overlap=self._overlap, then=chained)
         self._chain = chained
@@ -455,7 +455,12 @@ class Engine:
         if not steps:
             return None
         try:
-            return self.runner.plain_queue(burst.rows, steps, after=burst)
+            bonus = None  # a sampled row's draws, step by step, row by row (as ``_burst``'s)
+            if any(r.params.temperature > 0 for r in burst.rows):
+                bonus = torch.stack(
+                    [torch.stack([self._uniforms(r)[-1] for r in burst.rows]) for _ in range(steps)]
+                )
+            return self.runner.plain_queue(burst.rows, steps, after=burst, bonus=bonus)
         except Exception:
             logger.exception("queueing a chained plain burst failed; the chain stops")
             return None
@@ -529,7 +534,7 @@ class Engine:
                 uniforms = torch.stack([torch.stack(step) for step in drawn])
             scoring = None if plain else self._device_scoring(rows, spec_tokens)
             if plain and self._chains(rows, 0):
-                results = self._start_chain(rows, steps)
+                results = self._start_chain(rows, uniforms[:, :, -1])
             elif plain:
                 results = self.runner.plain_steps(rows, uniforms, overlap=self._overlap)
             elif scoring is not None:

@@ -139,7 +139,7 @@ def _check_triton_device(setting: str, kernel: str, instead: str, device: torch.
 
 @dataclass
 class PlainBurst:
-    """Greedy plain steps queued on the device whose tokens the host has not read yet
+    """Plain steps queued on the device whose tokens the host has not read yet
     (``ModelRunner.plain_queue``; read with ``plain_collect``). ``last``, ``start`` and
     ``pending``: each row's input token, position and stash column for the steps after it, on
     the device (a burst queued after this one starts from them); ``positions`` and ``stash``:
@@ -148,6 +148,8 @@ class PlainBurst:
     rows: list[Request]
     tokens: torch.Tensor  # [B, steps], on the device
     steps: int
+    # the rows' sampling settings on the device (None: every row greedy), made once a chain
+    params: tuple[torch.Tensor, ...] | None
     last: torch.Tensor
     start: torch.Tensor
     pending: torch.Tensor
@@ -1284,21 +1286,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def plain_queue(
-        self, rows: list[Request], steps: int, after: PlainBurst | None = None
+        self,
+        rows: list[Request],
+        steps: int,
+        after: PlainBurst | None = None,
+        bonus: torch.Tensor | None = None,
     ) -> PlainBurst:
-        """``steps`` greedy plain steps of ``rows`` queued on the device, not read
-        (``plain_collect`` reads them): ``plain_steps`` cut in two, so the host may queue the
-        next burst before it reads this one and the device runs them back to back. ``after``:
-        a queued burst of the same rows this one follows (its tokens, positions and stash
-        columns stay on the device: nothing here waits for it). The caller keeps every row's
+        """``steps`` plain steps of ``rows`` queued on the device, not read (``plain_collect``
+        reads them): ``plain_steps`` cut in two, so the host may queue the next burst before
+        it reads this one and the device runs them back to back. ``after``: a queued burst of
+        the same rows this one follows (its tokens, positions and stash columns stay on the
+        device, its rows' sampling settings are reused: nothing here waits for it). ``bonus``
+        [steps, B] (CPU): each step's bonus uniform per row, as ``plain_steps`` reads them
+        (needed when a row samples; greedy rows ignore it). The caller keeps every row's
         length and cache room for both bursts; a row that ends inside ``after`` (a stop token)
         runs scratch steps here, as a burst's steps past a row's end do."""
         if not 1 <= steps <= DEFERRED_POSITIONS:
             raise ValueError(f"steps={steps}: 1 to {DEFERRED_POSITIONS}")
         if not self.plain_fast_path:
             raise ValueError("plain_queue needs the plain fast path (plain_fast_path is off)")
-        if any(r.params.temperature > 0 for r in rows):
-            raise ValueError("plain_queue runs greedy rows only (sampled rows draw per step)")
+        is_greedy = all(r.params.temperature <= 0 for r in rows)
+        if not is_greedy and (bonus is None or tuple(bonus.shape) != (steps, len(rows))):
+            raise ValueError(f"a sampled row needs bonus uniforms [steps={steps}, {len(rows)}]")
         if after is not None and [id(r) for r in after.rows] != [id(r) for r in rows]:
             raise ValueError("a burst queued after another must have the same rows")
         started = time.perf_counter()  # (not ``_clock``: it waits for the device)
@@ -1315,8 +1324,14 @@ class ModelRunner:
             self._insert_stash(positions, stash, ahead=after is not None)
             pending = torch.zeros_like(pending)
             stash = [0] * len(rows)
-        bonus = torch.zeros(steps, len(rows))
-        tokens = self._queue_plain_tokens(rows, last, start, pending, bonus, True, False)
+        params = None
+        if not is_greedy:  # (made while nothing is queued: a pageable copy would wait)
+            params = after.params if after is not None else None
+            params = params or self._params_tensors(rows)
+        drawn = torch.zeros(steps, len(rows)) if bonus is None else bonus
+        tokens = self._queue_plain_tokens(
+            rows, last, start, pending, drawn, is_greedy, False, params
+        )
         stashed = steps if defer else 0
         host_tokens, ready = tokens, None
         if self.device.type == "cuda":  # (a plain .cpu() later would wait for what follows)
@@ -1328,6 +1343,7 @@ class ModelRunner:
             rows,
             tokens,
             steps,
+            params,
             tokens[:, -1],
             start + steps,
             pending + stashed,
@@ -1427,10 +1443,12 @@ class ModelRunner:
         bonus_uniforms: torch.Tensor,
         is_greedy: bool,
         eager: bool,
+        params: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """``_plain_tokens``'s steps queued (every row's stash with room for them): the
         tokens [B, steps] on the device, in a tensor of their own (a later replay of the same
-        graph leaves them be)."""
+        graph leaves them be). ``params``: the rows' sampling settings on the device, if
+        made already."""
         steps = bonus_uniforms.shape[0]
         defer = self.defer_context and not eager
         graph = self._burst_graph(len(rows), steps) if defer and is_greedy else None
@@ -1443,7 +1461,8 @@ class ModelRunner:
             inputs[:, : len(rows)] = torch.stack([last, start, pending])
             tokens = graph(inputs[0, :, None], inputs[1, :, None], inputs[2])[: len(rows)]
             return tokens.clone()
-        params = None if is_greedy else self._params_tensors(rows)
+        if not is_greedy and params is None:
+            params = self._params_tensors(rows)
         drawn = None if is_greedy else self._to_device(bonus_uniforms)
         ids, positions, columns = last[:, None], start[:, None], pending
         plain = [0] * len(rows)

@@ -7,6 +7,7 @@ switching to drafting; the draft's context intact after chained bursts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,25 +48,37 @@ def _chained(engine: Engine) -> list[int]:
     sizes: list[int] = []
     queue = engine.runner.plain_queue
 
-    def counted(rows: list[Request], steps: int, after: PlainBurst | None = None) -> PlainBurst:
+    def counted(
+        rows: list[Request], steps: int, after: PlainBurst | None = None, **kwargs: Any
+    ) -> PlainBurst:
         if after is not None:
             sizes.append(steps)
-        return queue(rows, steps, after=after)
+        return queue(rows, steps, after=after, **kwargs)
 
     engine.runner.plain_queue = counted  # type: ignore[method-assign]
     return sizes
 
 
 @pytest.mark.parametrize(
-    ("graphs", "defer", "burst_graph"),
-    [(True, True, 0), (True, True, 4), (False, True, 0), (True, False, 0), (False, False, 0)],
+    ("graphs", "defer", "burst_graph", "sampled"),
+    [
+        (True, True, 0, False),
+        (True, True, 4, False),
+        (False, True, 0, False),
+        (True, False, 0, False),
+        (False, False, 0, False),
+        (True, True, 0, True),
+        (False, True, 4, True),
+    ],
 )
 def test_chained_bursts_give_the_tokens_of_single_steps(
-    agreeing_pair: tuple[Path, Path], graphs: bool, defer: bool, burst_graph: int
+    agreeing_pair: tuple[Path, Path], graphs: bool, defer: bool, burst_graph: int, sampled: bool
 ) -> None:
     """Greedy rows joining one per step, switching between plain stretches and drafting,
-    one leaving on a stop token mid-burst: single steps, bursts of 4, and chained bursts of
-    4 give the same tokens and finish reasons; bursts were chained."""
+    one leaving on a stop token mid-burst, and (``sampled``) seeded sampled rows that stay
+    plain (their draws taken step by step, as single steps take them): single steps, bursts
+    of 4, and chained bursts of 4 give the same tokens and finish reasons; bursts were
+    chained."""
     outputs = []
     chained: list[int] = []
     for burst, chain in ((1, False), (4, False), (4, True)):
@@ -73,7 +86,7 @@ def test_chained_bursts_give_the_tokens_of_single_steps(
             agreeing_pair, burst, chain, graphs=graphs, defer=defer, burst_graph=burst_graph
         )
         sizes = _chained(engine)
-        requests = _requests(False)
+        requests = _requests(sampled)
         run_staggered(engine, requests)
         outputs.append([(r.output_ids, r.finish_reason) for r in requests])
         assert not engine.has_work and engine._chain is None
@@ -245,10 +258,10 @@ def test_the_draft_context_after_chained_bursts_is_a_fresh_prefill(
 
 
 def test_what_does_not_chain(agreeing_pair: tuple[Path, Path]) -> None:
-    """Sampled rows, single-step engines and the chain off queue nothing behind a burst;
-    ``plain_queue`` refuses sampled rows, other rows than the burst it follows and bad step
-    counts."""
-    for burst, chain, temperature in ((4, True, 0.8), (1, True, 0.0), (4, False, 0.0)):
+    """Single-step engines and the chain off queue nothing behind a burst; ``plain_queue``
+    refuses a sampled row without its bonus uniforms, other rows than the burst it follows
+    and bad step counts."""
+    for burst, chain, temperature in ((1, True, 0.8), (4, False, 0.8), (1, True, 0.0)):
         engine = _engine(agreeing_pair, burst, chain, max_batch_size=1)
         sizes = _chained(engine)
         params = SamplingParams(20, temperature=temperature, seed=1)
@@ -265,8 +278,10 @@ def test_what_does_not_chain(agreeing_pair: tuple[Path, Path]) -> None:
     for slot, request in enumerate((greedy, sampled)):
         request.slot = slot
         request.append([runner.prefill(request, torch.zeros(2 * BLOCK_SIZE + 1))])
-    with pytest.raises(ValueError, match="greedy"):
+    with pytest.raises(ValueError, match="bonus uniforms"):
         runner.plain_queue([greedy, sampled], 4)
+    with pytest.raises(ValueError, match="bonus uniforms"):
+        runner.plain_queue([greedy, sampled], 4, bonus=torch.zeros(3, 2))
     with pytest.raises(ValueError, match="steps"):
         runner.plain_queue([greedy], DEFERRED_POSITIONS + 1)
     first = runner.plain_queue([greedy], 4)
