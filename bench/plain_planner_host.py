@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,41 +135,25 @@ class OverlapClock:
         engine._overlap = self  # type: ignore[method-assign]
         if sync:
             runner = engine.runner
-            inner_sync = runner._plain_sync
+            # the sync (a plain burst's, or a chained one's read), the first entered in a call
+            runner._plain_sync = self._timed(runner._plain_sync, "sync_s", first=True)  # type: ignore[method-assign]
+            runner.plain_collect = self._timed(runner.plain_collect, "sync_s", first=True)  # type: ignore[method-assign]
+            engine._spec_tokens = self._timed(engine._spec_tokens, "decide_s")  # type: ignore[method-assign]
 
-            def timed_sync(*args: Any, **kwargs: Any) -> torch.Tensor:
-                started = time.perf_counter()
-                if self.queued is None:
-                    self.queued = started
-                try:
-                    return inner_sync(*args, **kwargs)
-                finally:
-                    self.sync_s += time.perf_counter() - started
+    def _timed(self, inner: Callable[..., Any], total: str, first: bool = False) -> Any:
+        """``inner`` adding its seconds to the attribute ``total`` (``first``: its start kept
+        in ``queued`` when it is the call's first such entry)."""
 
-            runner._plain_sync = timed_sync  # type: ignore[method-assign]
-            inner_collect = runner.plain_collect
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            if first and self.queued is None:
+                self.queued = started
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                setattr(self, total, getattr(self, total) + time.perf_counter() - started)
 
-            def timed_collect(*args: Any, **kwargs: Any) -> list[Any]:
-                started = time.perf_counter()
-                if self.queued is None:
-                    self.queued = started
-                try:
-                    return inner_collect(*args, **kwargs)
-                finally:
-                    self.sync_s += time.perf_counter() - started
-
-            runner.plain_collect = timed_collect  # type: ignore[method-assign]
-
-            inner_decide = engine._spec_tokens
-
-            def timed_decide(rows: list[Any]) -> list[int]:
-                started = time.perf_counter()
-                try:
-                    return inner_decide(rows)
-                finally:
-                    self.decide_s += time.perf_counter() - started
-
-            engine._spec_tokens = timed_decide  # type: ignore[method-assign]
+        return timed
 
     def reset(self) -> None:
         self.seconds, self.sync_s, self.decide_s, self.queued = 0.0, 0.0, 0.0, None

@@ -211,6 +211,15 @@ def _paired(
             "ratios": ratios,
         }
 
+    def over(name: str, others: Sequence[str], phase: str | None) -> dict[str, Any]:
+        """``name`` paired over each of ``others`` that ran (``vs_<other>``)."""
+        against = {
+            f"vs_{other}": cell(name, other, phase)
+            for other in dict.fromkeys(others)
+            if other in policies and other != name
+        }
+        return {key: v for key, v in against.items() if v is not None}
+
     def compare(phase: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if "goodput" in policies:
@@ -222,12 +231,7 @@ def _paired(
         for name in sorted(n for n in policies if "@burst" in n):
             base, _, suffix = name.partition("@")
             others = (base, "vllm-av-device", f"vllm-av-device@{suffix}", f"{best_static}@{suffix}")
-            against = {
-                f"vs_{other}": cell(name, other, phase)
-                for other in dict.fromkeys(others)
-                if other in policies and other != name
-            }
-            bursts[name] = {key: v for key, v in against.items() if v is not None}
+            bursts[name] = over(name, others, phase)
         if bursts:
             out["bursts"] = bursts
         # a policy run with its plain bursts chained (NAME@chain) over NAME itself and over
@@ -235,13 +239,7 @@ def _paired(
         chains: dict[str, Any] = {}
         for name in sorted(n for n in policies if n.partition("#")[0].endswith("@chain")):
             base = name.partition("#")[0].removesuffix("@chain")
-            others = (base, "no-spec@chain", "no-spec")
-            against = {
-                f"vs_{other}": cell(name, other, phase)
-                for other in dict.fromkeys(others)
-                if other in policies and other != name
-            }
-            chains[name] = {key: v for key, v in against.items() if v is not None}
+            chains[name] = over(name, (base, "no-spec@chain", "no-spec"), phase)
         if chains:
             out["chains"] = chains
         # every A/A twin (NAME#N) over NAME in the same blocks: the call's own noise floor for

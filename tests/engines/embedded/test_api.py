@@ -191,6 +191,32 @@ def test_cli_generate_points_the_compile_caches_at_its_folder(
     assert (folder / "triton").is_dir()
 
 
+async def _stream_each(engine: AsyncEngine, prompts, ks) -> list[list[TokenEvent]]:
+    """Every prompt streamed at once at its fixed k (30 tokens): each stream ends with its one
+    finished event."""
+    streams = [
+        collect(engine, p, SamplingParams(max_new_tokens=30), lambda v, k=k: k)
+        for p, k in zip(prompts, ks, strict=True)
+    ]
+    results = await asyncio.gather(*streams)
+    for events in results:
+        assert events[-1].finished and not any(e.finished for e in events[:-1])
+    return results
+
+
+async def _close_early(engine: AsyncEngine, prompt, tokens: int) -> None:
+    """A stream closed after ``tokens`` events; returns once the engine has nothing left."""
+    early = engine.generate(prompt, SamplingParams(max_new_tokens=60), lambda v: 0)
+    for _ in range(tokens):
+        await anext(early)
+    await early.aclose()
+    for _ in range(200):
+        if not engine._engine.has_work:
+            break
+        await asyncio.sleep(0.01)
+    assert not engine._engine.has_work
+
+
 async def test_bursts_stream_every_step_and_abort_mid_stream(agreeing_pair) -> None:
     """An AsyncEngine whose engine runs plain and drafting bursts (several steps per loop
     turn): concurrent streams get the tokens of an engine stepping once per turn, one event
@@ -214,27 +240,13 @@ async def test_bursts_stream_every_step_and_abort_mid_stream(agreeing_pair) -> N
 
             setattr(runner, f"{kind}_steps", counted)
         try:
-            streams = [
-                collect(engine, p, SamplingParams(max_new_tokens=30), lambda v, k=k: k)
-                for p, k in zip(prompts, ks, strict=True)
-            ]
-            results = await asyncio.gather(*streams)
+            results = await _stream_each(engine, prompts, ks)
             for events in results:
-                assert events[-1].finished and not any(e.finished for e in events[:-1])
                 assert all(e.report is not None for e in events[1:])
                 plain = [e for e in events[1:] if e.report and e.report.spec_tokens == 0]
                 assert all(len(e.token_ids) == 1 for e in plain)
             runs.append([[t for e in events for t in e.token_ids] for events in results])
-            early = engine.generate(prompts[0], SamplingParams(max_new_tokens=60), lambda v: 0)
-            for _ in range(6):
-                await anext(early)
-            await early.aclose()
-            for _ in range(200):
-                scheduler = engine._engine.scheduler
-                if not scheduler.running and not scheduler.waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert not engine._engine.scheduler.running
+            await _close_early(engine, prompts[0], 6)
             assert (calls["plain"] > 0 and calls["spec"] > 0) == (burst > 1), calls
             counts = engine.step_counts()  # steps, host round trips
             for kind in ("plain", "drafting"):
@@ -319,23 +331,10 @@ async def test_chained_bursts_stream_the_tokens_of_single_steps(agreeing_pair) -
 
         runner.plain_queue = counted
         try:
-            streams = [
-                collect(engine, p, SamplingParams(max_new_tokens=30), lambda v, k=k: k)
-                for p, k in zip(prompts, ks, strict=True)
-            ]
-            results = await asyncio.gather(*streams)
-            for events in results:
-                assert events[-1].finished and not any(e.finished for e in events[:-1])
+            results = await _stream_each(engine, prompts, ks)
             runs.append([[t for e in events for t in e.token_ids] for events in results])
-            early = engine.generate(prompts[0], SamplingParams(max_new_tokens=60), lambda v: 0)
-            for _ in range(10):
-                await anext(early)
-            await early.aclose()
-            for _ in range(200):
-                if not engine._engine.has_work:
-                    break
-                await asyncio.sleep(0.01)
-            assert not engine._engine.has_work and engine._engine._chain is None
+            await _close_early(engine, prompts[0], 10)
+            assert engine._engine._chain is None
             assert (chained[0] > 0) == chain, chained
         finally:
             await engine.close()

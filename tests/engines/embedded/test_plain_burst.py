@@ -35,6 +35,7 @@ def _engine(
     planner: Any = None,
     max_batch_size: int = 4,
     burst_graph: int = 0,
+    chain: bool = False,
 ) -> Engine:
     runner = load_runner(
         *pair,
@@ -45,7 +46,9 @@ def _engine(
         defer_context=defer,
         plain_burst_graph=burst_graph,
     )
-    return Engine(runner, max_batch_size, 128, planner=planner, plain_burst=burst)
+    return Engine(
+        runner, max_batch_size, 128, planner=planner, plain_burst=burst, plain_chain=chain
+    )
 
 
 def _counted_bursts(engine: Engine) -> list[int]:
@@ -193,16 +196,27 @@ def test_the_draft_context_after_bursts_is_a_fresh_prefill(
         burst_graph=burst_graph,
     )
     plain_for = 2 * DEFERRED_POSITIONS + 3
-    request = Request(
+    request = plain_then_drafting(plain_for)
+    engine.add(request)
+    while len(request.output_ids) < plain_for:
+        engine.step()
+    assert_fresh_draft_context(agreeing_pair, engine, request)
+
+
+def plain_then_drafting(plain_for: int) -> Request:
+    """A request that decodes ``plain_for`` tokens at k = 0, then drafts whole blocks."""
+    return Request(
         "r",
         random_prompt(90, PROMPT_LEN),
         SamplingParams(max_new_tokens=plain_for + 40),
         lambda view: 0 if view.num_generated < plain_for else BLOCK_SIZE - 1,
         {},
     )
-    engine.add(request)
-    while len(request.output_ids) < plain_for:
-        engine.step()
+
+
+def assert_fresh_draft_context(pair: tuple[Path, Path], engine: Engine, request: Request) -> None:
+    """The single row's draft cache (its stash inserted) holds what a fresh prefill of the
+    prompt and its tokens writes; the rest of the request then drafts and accepts long runs."""
     runner = engine.runner
     runner._insert_deferred([request], False)
     position = request.position
@@ -210,7 +224,7 @@ def test_the_draft_context_after_bursts_is_a_fresh_prefill(
         runner.draft_cache.k[:, 0, :, :position].clone(),
         runner.draft_cache.v[:, 0, :, :position].clone(),
     )
-    fresh = _engine(agreeing_pair, 1, max_batch_size=1)
+    fresh = _engine(pair, 1, max_batch_size=1)
     probe = Request(
         "p", request.prompt_ids + request.output_ids[:-1], SamplingParams(1), fixed_k(0), {}
     )

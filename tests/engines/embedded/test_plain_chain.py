@@ -14,12 +14,16 @@ import torch
 
 from engines.embedded.engine import Engine
 from engines.embedded.events import RequestView, SamplingParams, TokenEvent
-from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 from engines.embedded.runner import DEFERRED_POSITIONS, PlainBurst
 from tests.engines.embedded.conftest import BLOCK_SIZE, fixed_k, random_prompt
 from tests.engines.embedded.test_lossless import PROMPT_LEN, run_staggered, target_only_greedy
-from tests.engines.embedded.test_plain_burst import _requests
+from tests.engines.embedded.test_plain_burst import _engine as burst_engine
+from tests.engines.embedded.test_plain_burst import (
+    _requests,
+    assert_fresh_draft_context,
+    plain_then_drafting,
+)
 
 
 def _engine(
@@ -31,16 +35,16 @@ def _engine(
     max_batch_size: int = 4,
     burst_graph: int = 0,
 ) -> Engine:
-    runner = load_runner(
-        *pair,
-        torch.device("cpu"),
-        max_batch_size,
-        160,
-        use_cuda_graphs=graphs,
-        defer_context=defer,
-        plain_burst_graph=burst_graph,
+    """test_plain_burst's engine on graphs with the deferred context, chained or not."""
+    return burst_engine(
+        pair,
+        burst,
+        graphs=graphs,
+        defer=defer,
+        max_batch_size=max_batch_size,
+        burst_graph=burst_graph,
+        chain=chain,
     )
-    return Engine(runner, max_batch_size, 160, plain_burst=burst, plain_chain=chain)
 
 
 def _chained(engine: Engine) -> list[int]:
@@ -222,39 +226,14 @@ def test_the_draft_context_after_chained_bursts_is_a_fresh_prefill(
     engine = _engine(agreeing_pair, 5, True, max_batch_size=1)
     sizes = _chained(engine)
     plain_for = 2 * DEFERRED_POSITIONS + 3
-    request = Request(
-        "r",
-        random_prompt(90, PROMPT_LEN),
-        SamplingParams(max_new_tokens=plain_for + 40),
-        lambda view: 0 if view.num_generated < plain_for else BLOCK_SIZE - 1,
-        {},
-    )
+    request = plain_then_drafting(plain_for)
     engine.add(request)
     while len(request.output_ids) < plain_for:
         engine.step()
     assert len(sizes) >= 4
     while engine._chain is not None:  # the controller now drafts: the chain stops
         engine.step()
-    runner = engine.runner
-    runner._insert_deferred([request], False)
-    position = request.position
-    after = (
-        runner.draft_cache.k[:, 0, :, :position].clone(),
-        runner.draft_cache.v[:, 0, :, :position].clone(),
-    )
-    fresh = _engine(agreeing_pair, 1, False, graphs=False, defer=False, max_batch_size=1)
-    probe = Request(
-        "p", request.prompt_ids + request.output_ids[:-1], SamplingParams(1), fixed_k(0), {}
-    )
-    probe.slot = 0
-    fresh.runner.prefill(probe, torch.zeros(2 * BLOCK_SIZE + 1))
-    reference = fresh.runner.draft_cache
-    torch.testing.assert_close(after[0], reference.k[:, 0, :, :position], atol=1e-5, rtol=0)
-    torch.testing.assert_close(after[1], reference.v[:, 0, :, :position], atol=1e-5, rtol=0)
-    while engine.has_work:
-        engine.step()
-    drafted = [a for a, k in zip(request.accept_lengths, request.spec_tokens, strict=True) if k]
-    assert drafted and sum(drafted) / len(drafted) > 2.0, drafted
+    assert_fresh_draft_context(agreeing_pair, engine, request)
 
 
 def test_what_does_not_chain(agreeing_pair: tuple[Path, Path]) -> None:
