@@ -31,7 +31,11 @@ drafts are almost never accepted: about a token a step) and the bursts drafting 
 (``Engine(spec_burst=n)``); no floor then. ``--burst-graph N`` (plain steps): the runner also
 captures its plain-burst graphs of N steps (``ModelRunner(plain_burst_graph=N)``: a whole
 burst in one CUDA graph) and the bursts compared add ``Ng``, bursts of N replaying them, beside
-N without them (the runner's ``burst_graphs`` off for every other length).
+N without them (the runner's ``burst_graphs`` off for every other length). ``--chain``
+(plain steps): the bursts compared add ``Nc`` for each length N above 1, bursts of N chained
+(``Engine(plain_chain=True)``: each queued before the last one is read), timed from a call's
+return to the last call's (a chained call returns the burst the call before queued, so no sync
+at either end: the settling burst before leaves the chain running).
 
 ``--trace`` also writes the Chrome trace (gzip) for a look at the timeline. ``--tiny --device
 cpu``: a tiny random pair without compiling (graphs as static calls), CPU activity only: the
@@ -89,7 +93,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also compare bursts of N plain steps replaying one graph per burst (label Ng; "
         "default 0: none)",
     )
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="also compare each plain-burst length above 1 chained (label Nc; Engine.plain_chain)",
+    )
     args = parser.parse_args(argv)
+    if args.chain and args.k:
+        parser.error("--chain: plain steps only (--k 0)")
     if args.burst_graph and (args.k or not 2 <= args.burst_graph <= 16):
         parser.error("--burst-graph: from 2 to 16 steps, with plain steps (--k 0)")
     if args.batch < 1 or args.steps < 1 or args.warmup < 1 or args.top < 1 or args.rounds < 1:
@@ -141,9 +152,13 @@ def build_engine(args: argparse.Namespace) -> Any:
 def new_tokens(args: argparse.Namespace) -> int:
     """Tokens each request may make: warm-up, the timed and the traced steps, every burst
     round (a settling burst, then the steps rounded up to whole bursts; ``--burst-graph``'s
-    ``Ng`` label is a round's burst too), room to spare."""
+    ``Ng`` label is a round's burst too, and ``Nc``'s with the burst its chain leaves queued),
+    room to spare."""
     lengths = [*args.bursts, *([args.burst_graph] if args.burst_graph else [])]
-    rounds = args.rounds * sum(args.steps + 2 * b for b in lengths)
+    chained = [b for b in args.bursts if b > 1 and getattr(args, "chain", False)]
+    rounds = args.rounds * (
+        sum(args.steps + 2 * b for b in lengths) + sum(args.steps + 3 * b for b in chained)
+    )
     # Drafting steps: the random weights' drafts are almost never accepted (about a token a
     # step), and a drafting burst needs room for k + 1 tokens a step to the end.
     room = (args.k + 1) * 2 * max(args.bursts, default=1) if args.k else 16
@@ -174,17 +189,21 @@ def timed_steps(engine: Any, steps: int, synchronize: Any) -> list[float]:
 
 def timed_burst(engine: Any, steps: int, synchronize: Any) -> float:
     """Seconds per plain step over at least ``steps`` steps of ``engine`` (its
-    ``plain_burst`` as set), whole calls timed end to end."""
+    ``plain_burst`` as set), whole calls timed end to end (chained: from one call's return, no
+    sync at either end, the chain running on)."""
     rows = len(engine.scheduler.running)
     reports = 0  # one per row per plain step
-    synchronize()
+    chained = getattr(engine, "plain_chain", False)
+    if not chained:
+        synchronize()
     started = time.perf_counter()
     while reports < steps * rows:
         events = engine.step()
         reports += sum(1 for _, e in events if getattr(e, "report", None) is not None)
         if not events or len(engine.scheduler.running) != rows:
             raise RuntimeError("a request ran out of tokens mid-run (new_tokens' room)")
-    synchronize()
+    if not chained:
+        synchronize()
     return (time.perf_counter() - started) / (reports / rows)
 
 
@@ -197,6 +216,7 @@ def compare_bursts(
 
     order_rng = random.Random(args.order_seed)
     labels = [str(b) for b in args.bursts] + ([f"{args.burst_graph}g"] if args.burst_graph else [])
+    labels += [f"{b}c" for b in args.bursts if b > 1 and args.chain]
     runs: dict[str, list[float]] = {label: [] for label in labels}
     orders = []
     for _ in range(args.rounds):
@@ -204,12 +224,14 @@ def compare_bursts(
         order_rng.shuffle(order)
         orders.append(order)
         for label in order:
-            burst = int(label.rstrip("g"))
+            burst = int(label.rstrip("gc"))
             engine.runner.burst_graphs = label.endswith("g")
+            engine.plain_chain = label.endswith("c")
             engine.plain_burst = engine.spec_burst = burst
             timed_burst(engine, burst, synchronize)  # settle into this length
             runs[label].append(1e3 * timed_burst(engine, args.steps, synchronize))
     engine.plain_burst = engine.spec_burst = 1
+    engine.plain_chain = False
     out: dict[str, Any] = {"orders": orders}
     for burst, values in runs.items():
         mean = statistics.fmean(values)

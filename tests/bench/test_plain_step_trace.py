@@ -173,3 +173,18 @@ def test_the_full_shape_is_refused_on_the_cpu(tmp_path: Path) -> None:
     for bad in ("0", "17", "4,x"):
         with pytest.raises(SystemExit):
             main(["--tiny", "--device", "cpu", "--bursts", bad, "--out", str(tmp_path / "t.json")])
+
+
+def test_chained_bursts_are_compared_beside_the_others(tmp_path: Path) -> None:
+    """``--chain``: each burst length above 1 also chained (label ``Nc``), in the same
+    shuffled rounds; the engine is left unchained; drafting steps refuse it."""
+    from bench import plain_step_trace
+
+    out = tmp_path / "chain.json"
+    args = ["--tiny", "--device", "cpu", "--steps", "4", "--warmup", "2", "--rounds", "2"]
+    assert main([*args, "--bursts", "1,4", "--chain", "--out", str(out)]) == 0
+    bursts = json.loads(out.read_text())["bursts"]
+    assert sorted(bursts["orders"][0]) == ["1", "4", "4c"]
+    assert len(bursts["4c"]["ms_per_step"]) == 2 and bursts["4c"]["mean"] > 0
+    with pytest.raises(SystemExit):
+        plain_step_trace.parse_args(["--k", "3", "--chain", "--out", str(out)])
