@@ -435,7 +435,14 @@ class StepController:
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
         self._on_device = False
-        if newest is not None and self._two_phase(newest, len(shared), decide=True):
+        probe_k = None  # a probe's step held one-phase while plain: the batch-wide k (0)
+        if newest is not None and self._skips_probe(newest, len(shared)):
+            probe_k = self._reuse_prepared(views, controllers, shared, newest)
+            if probe_k is None:
+                probe_k = self._decide_held(views, controllers, shared, newest)
+        if probe_k == 0:  # (the chooser's schedule not advanced: the probe waits)
+            pass
+        elif newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = self._two_phase_bounds(newest)[1]
             for i in shared:
@@ -455,6 +462,17 @@ class StepController:
         self.host_s += time.perf_counter() - started
         self.calls += 1
         return ks
+
+    def _skips_probe(self, active: ActivePolicy, rows: int) -> bool:
+        """Whether a two-phase step planned now would be the auto mode's measurement only (a
+        probe, or learning: the bucket's incumbent is not two-phase), which the policy runs
+        one-phase while the batch-wide decision is plain (``mode_probe_when_plain`` off)."""
+        if active.spec.goodput.mode_probe_when_plain or self.step_mode(active) != "auto":
+            return False
+        if not _two_phase(active, rows):
+            return False
+        chooser = self._mode_chooser(active)
+        return chooser.peek(rows) and chooser.incumbent(rows) is not True
 
     def allocates(self) -> bool:
         """Whether the step just planned is two-phase (the engine then calls ``allocate``)."""
@@ -779,6 +797,8 @@ class StepController:
         self._ahead = None
         shared, newest = self._split(views, controllers, None)
         two_phase = newest is not None and self._two_phase(newest, len(shared), decide=False)
+        # (a probe the policy holds back while plain needs the batch-wide k decided, too)
+        probe = two_phase and newest is not None and self._skips_probe(newest, len(shared))
         if (
             two_phase
             and newest is not None
@@ -790,7 +810,7 @@ class StepController:
             if scoring is not None:
                 index = {view.request_id: i for i, view in enumerate(views)}
                 self._ahead = (newest.version, index, scoring, self._scores_told)
-        if newest is not None and not two_phase:
+        if newest is not None and (not two_phase or probe):
             rows = self._rows_memo  # (``_split``'s, just above)
             assert rows is not None
             if rows.request_ids is None:  # (the same controllers: the same requests)

@@ -188,6 +188,14 @@ class GoodputSpec(StrictModel):
     mode_learn_steps: int = Field(default=16, ge=1)
     mode_reprobe_steps: int = Field(default=512, ge=1)
     mode_margin: float = Field(default=0.02, ge=0, le=1)
+    # Auto mode: a two-phase step the chooser wants only to measure (a probe or its learning,
+    # the bucket's incumbent one-phase or not yet known) runs one-phase while the batch-wide
+    # decision for the step is plain (k = 0), and the chooser's schedule waits for a step
+    # that drafts: a two-phase step drafts every row's whole block, and where no drafting pays
+    # it measures only that (the real pair's 64-row steps, session 45: 4.9 ms two-phase
+    # probes that verified nothing, against 1.47 ms plain steps, 6-8 a run, ~1.4% of the
+    # phase). True: probes run whatever the batch-wide decision (before session 45).
+    mode_probe_when_plain: bool = False
     # Slots and auto modes: a step with fewer rows than this is planned as in shared mode (one
     # k, one phase). A two-phase step waits on the host between draft and verify (the confidence
     # crosses to the host, the allocator runs, the verify is launched), and a small batch has

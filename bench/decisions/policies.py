@@ -35,6 +35,8 @@ step's confidence, the allocation from the fresh one, no sync); the ``oracle`` v
 row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both engines.
 ``goodput-cal``: ``goodput`` with ``shared_calibration: true`` (batch-wide decisions scaled by
 what the rows they drafted realized against what they expected; not run by default).
+``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
+two-phase probes run while the batch runs plain, as before session 45; not run by default).
 """
 
 from __future__ import annotations
@@ -149,6 +151,9 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-cal":
         calibrated = ctx.goodput.model_copy(update={"shared_calibration": True})
         return _goodput(replace(ctx, goodput=calibrated), "auto")
+    if name == "goodput-probeplain":
+        probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
+        return _goodput(replace(ctx, goodput=probing), "auto")
     if name == "goodput-slots":
         return _goodput(ctx, "slots")
     if name == "goodput-device":
@@ -199,6 +204,7 @@ def build(name: str, ctx: Context) -> Built:
         extra = (
             "goodput-slots",
             "goodput-cal",
+            "goodput-probeplain",
             "goodput-device",
             "goodput-device-min<N>",
             "goodput-device-slots",

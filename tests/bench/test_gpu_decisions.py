@@ -920,6 +920,13 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     assert (reprobe.request_reprobe_steps, reprobe.request_plain_entry_steps) == (16, 8)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-plain8", context)
+    # goodput-cal and goodput-probeplain: goodput with one setting on
+    for name, key in (
+        ("goodput-cal", "shared_calibration"),
+        ("goodput-probeplain", "mode_probe_when_plain"),
+    ):
+        varied = build(name, context).planner._source.active().spec.goodput
+        assert getattr(varied, key) is True and getattr(GoodputSpec(), key) is False, name
 
 
 def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> None:

@@ -277,6 +277,8 @@ def _auto_mode_run(
     timing: Callable[[int, bool], tuple[float, float]],
     overlap: bool = False,
     num_rows: int = 3,
+    table: CostTable = TABLE,
+    **settings: Any,
 ) -> tuple[StepController, list[bool]]:
     """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
     2 rows) for ``steps`` engine calls of one step each; ``timing(n, two_phase)`` gives call
@@ -290,10 +292,11 @@ def _auto_mode_run(
             "mode_probe_steps": 2,
             "mode_learn_steps": 4,
             "mode_reprobe_steps": 30,
+            **settings,
         }
     )
     spec = PolicySpec(kind="goodput", goodput=goodput)
-    models = OnlineModels(goodput, block_size=16, cost_table=TABLE)
+    models = OnlineModels(goodput, block_size=16, cost_table=table)
     now = [0.0]
     controller = StepController(
         Source(Active(1, spec, build_policy(spec), models)),
@@ -633,3 +636,28 @@ def test_steps_are_priced_at_the_engines_call_time_where_longer_than_the_runners
     # (the decisions' spacing follows their measured host time: equal up to a fold's timing)
     slower, k_slower = priced(1e-3)
     assert slower == pytest.approx(runner, rel=0.01) and k_slower == k
+
+
+def test_auto_mode_holds_its_probes_while_the_batch_runs_plain() -> None:
+    """Where no drafting pays (the batch-wide decision is k = 0), a two-phase step the chooser
+    wants only to measure (learning, or a re-probe) would draft every row's whole block for
+    nothing (the real pair's 64-row phase, session 45: 4.9 ms probes against 1.47 ms plain
+    steps): the step runs plain, one phase, and the chooser's schedule waits. With
+    ``mode_probe_when_plain`` they run as before."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = 0.013 if two_phase else 0.010
+        return seconds, seconds
+
+    never = CostTable(  # drafting costs ten plain steps: no k pays
+        batch_sizes=(1, 64),
+        tokens_per_request=(1, 16),
+        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
+    )
+    for overlap in (False, True):
+        controller, modes = _auto_mode_run(40, timing, overlap=overlap, table=never)
+        assert not any(modes), modes
+        chooser = controller._modes
+        assert chooser is not None and chooser.peek(3)  # still wants its two-phase block
+        _, probing = _auto_mode_run(40, timing, table=never, mode_probe_when_plain=True)
+        assert probing[:2] == [True, True]  # learning as before
