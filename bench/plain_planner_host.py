@@ -34,7 +34,9 @@ its overlap and rises by what the device idles elsewhere; ``decide_us`` is the e
 ``--chain`` adds both policies with chained plain bursts (``Engine(plain_chain=True)``: each
 burst queued before the last one is read, so the host's work after a sync and before the
 next launch overlaps the device), in the same shuffled order: ``*_chain_saves_us`` is what
-chaining takes off a step.
+chaining takes off a step. ``tokens_agree``: every round decoded the same greedy prompts to
+the same tokens (a check of the chain on the device; with the forward taken out, on the CPU,
+every token is the same anyway).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -200,14 +203,18 @@ def one_round(
     name: str,
     args: argparse.Namespace,
 ) -> dict[str, float]:
-    """Medians per step over the round's whole plain-burst calls (microseconds)."""
+    """Medians per step over the round's whole plain-burst calls (microseconds), and a
+    checksum of the rows' tokens (``tokens_crc``: every round decodes the same greedy
+    prompts, so every variant's must agree)."""
     engine.planner = planner
     engine.plain_chain = name.endswith("-chain")
+    requests = []
     for row in range(args.batch):
         controller = planner.start(Task.MATH, 1.0, 0) if planner else (lambda view: 0)
         prompt = list(range(5, 40))
         params = SamplingParams(max_new_tokens=args.tokens)
-        engine.add(Request(f"{name}-{row}", prompt, params, controller, {}))
+        requests.append(Request(f"{name}-{row}", prompt, params, controller, {}))
+        engine.add(requests[-1])
     engine.step()  # the prefills and the first tokens
     cuda = args.device == "cuda"
     if cuda:
@@ -240,7 +247,9 @@ def one_round(
     if not timed["total_us"]:
         raise RuntimeError(f"round {name}: no whole plain burst to time")
     medians: dict[str, float] = {k: statistics.median(v) for k, v in timed.items()}
-    return {**medians, "calls": len(timed["total_us"])}
+    tokens = [t for request in requests for t in request.output_ids]
+    crc = zlib.crc32(",".join(map(str, tokens)).encode())
+    return {**medians, "calls": len(timed["total_us"]), "tokens_crc": crc}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             round(min(v["critical_us"] for v in values), 2),
             round(max(v["critical_us"] for v in values), 2),
         ]
+    # every round decoded the same greedy prompts: the same tokens, chained or not
+    summary["tokens_agree"] = len({r["tokens_crc"] for rs in rounds.values() for r in rs}) == 1
     for key in ("critical", "total"):
         summary[f"goodput_{key}_extra_us"] = round(
             summary["goodput"][f"{key}_us"] - summary["no-spec"][f"{key}_us"], 2

@@ -55,3 +55,4 @@ def test_chained_variants_run_chains_and_are_compared(tmp_path: Path) -> None:
     assert summary["no-spec_chain_saves_us"] == pytest.approx(saved, abs=0.01)
     extra = summary["goodput-chain"]["total_us"] - summary["no-spec-chain"]["total_us"]
     assert summary["goodput_chain_total_extra_us"] == pytest.approx(extra, abs=0.01)
+    assert summary["tokens_agree"] is True  # the same greedy tokens, chained or not
