@@ -164,9 +164,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--plain-chain",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="each plain burst queued before the last one is read "
-        "(Engine(plain_chain=True); needs --plain-burst above 1); the arm info records it",
+        "(Engine(plain_chain=True); needs --plain-burst above 1; the engine's CUDA default "
+        "since session 46, so --cuda-defaults sets it unless --no-plain-chain is given); the "
+        "arm info records it",
     )
     parser.add_argument(
         "--spec-burst",
@@ -195,8 +198,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="every kernel, burst and pricing setting the embedded engine runs by default on "
         "CUDA (engines/config.py EmbeddedConfig: --attention triton --linear fused "
-        "--defer-context --spec-burst 4 --plain-burst 4 --cost-table engine), each where its "
-        "own flag is not given; the other defaults stay as the earlier calls ran, so they pool",
+        "--defer-context --spec-burst 4 --plain-burst 4 --plain-chain --cost-table engine), "
+        "each where its own flag is not given; the other defaults stay as the earlier calls "
+        "ran, so they pool",
     )
     parser.add_argument(
         "--warm-up",
@@ -285,6 +289,7 @@ def cuda_defaults() -> dict[str, Any]:
         "defer_context": fields["defer_context"].default,
         "spec_burst": fields["spec_burst"].default,
         "plain_burst": fields["plain_burst"].default,
+        "plain_chain": fields["plain_chain"].default,
         "cost_table": ENGINE_PROFILE if fields["cost_profile"].default else None,
     }
 

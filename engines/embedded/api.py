@@ -97,7 +97,7 @@ class AsyncEngine:
         plain_burst: int = PLAIN_BURST,
         spec_burst: int = SPEC_BURST,
         plain_burst_graph: bool = False,
-        plain_chain: bool = False,
+        plain_chain: bool = True,
     ) -> AsyncEngine:
         """Load a target (Qwen3/Llama HF dir with tokenizer) and a DFlash draft dir. Blocking.
         ``synthetic``: benchmark-only drawn acceptance (docs/synthetic.md); never the default.

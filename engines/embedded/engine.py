@@ -130,7 +130,7 @@ class Engine:
         planner: StepPlanner | None = None,
         plain_burst: int | None = None,
         spec_burst: int | None = None,
-        plain_chain: bool = False,
+        plain_chain: bool | None = None,
     ) -> None:
         """``plain_burst`` (default: ``PLAIN_BURST`` on a CUDA device, else 1): a step where
         every row has k = 0 runs up to this many plain steps queued back to back, with one
@@ -146,7 +146,9 @@ class Engine:
         and plans (the next burst's k: the planner's, one burst stale, the chain going on
         while every row is planned k = 0). A call then returns the burst queued by the call
         before; the chain stops for an admission, a row's end, an abort or a drafting plan,
-        its queued burst read first. Off by default (not yet measured on a device)."""
+        its queued burst read first. Default: on a CUDA device (session 46, H100: the real
+        pair's no-spec 1.12x and goodput 1.08x faster, the 8B shape's plain decode 2-3%),
+        else off."""
         cuda = runner.device.type == "cuda"
         if plain_burst is None:
             plain_burst = PLAIN_BURST if cuda else 1
@@ -157,7 +159,7 @@ class Engine:
                 raise ValueError(f"{name}={value}: use 1 to {DEFERRED_POSITIONS}")
         self.plain_burst = plain_burst
         self.spec_burst = spec_burst
-        self.plain_chain = plain_chain
+        self.plain_chain = cuda if plain_chain is None else plain_chain
         # The chained plain burst queued on the device and not read yet (``plain_chain``);
         # requests whose end came in a burst read while it held them (released once it is
         # read); events read outside ``step`` (an abort reads the chain), returned by the next.

@@ -1108,6 +1108,7 @@ def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path
         "defer_context": fields["defer_context"].default,
         "spec_burst": fields["spec_burst"].default,
         "plain_burst": fields["plain_burst"].default,
+        "plain_chain": fields["plain_chain"].default,
         "cost_table": "engine",
     }
     assert cuda_defaults() == want
@@ -1116,6 +1117,9 @@ def test_cuda_defaults_are_the_engines_own_unless_a_flag_says_otherwise(tmp_path
     assert (want["spec_burst"], want["plain_burst"], want["defer_context"]) == (4, 4, True)
     kept = parse_args([*base, "--cuda-defaults", "--spec-burst", "1", "--linear=aten"])
     assert (kept.spec_burst, kept.linear, kept.plain_burst) == (1, "aten", 4)
+    assert want["plain_chain"] is True and plain.plain_chain is False
+    unchained = parse_args([*base, "--cuda-defaults", "--no-plain-chain"])
+    assert (unchained.plain_chain, unchained.plain_burst) == (False, 4)
     with pytest.raises(SystemExit):
         parse_args([*base, "--device", "cpu", "--cuda-defaults"])
 

@@ -197,6 +197,6 @@ def test_bursts_default_to_4_and_name_a_bad_value() -> None:
     assert off.backends[0].plain_burst == 1  # type: ignore[union-attr]
     (problem,) = _problems(text.replace("d}", "d, plain_burst: 17}"))
     assert problem.startswith("backends.0.plain_burst: Input should be less than or equal to 16")
-    assert backend.plain_chain is False  # chained plain bursts: off until measured
-    chained = parse_config(text.replace("d}", "d, plain_chain: true}"), Path("/cfg"))
-    assert chained.backends[0].plain_chain is True  # type: ignore[union-attr]
+    assert backend.plain_chain is True  # chained plain bursts: on (measured, session 46)
+    unchained = parse_config(text.replace("d}", "d, plain_chain: false}"), Path("/cfg"))
+    assert unchained.backends[0].plain_chain is False  # type: ignore[union-attr]

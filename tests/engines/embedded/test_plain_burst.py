@@ -719,7 +719,7 @@ def test_synthetic_drafting_bursts_give_the_draws_of_single_steps(
     )
 
 
-def test_bursts_default_on_for_a_cuda_runner(agreeing_pair: tuple[Path, Path]) -> None:
+def test_bursts_and_chains_default_on_for_a_cuda_runner(agreeing_pair: tuple[Path, Path]) -> None:
     """A runner on a CUDA device gets ``PLAIN_BURST`` plain and ``SPEC_BURST`` drafting steps
     per round trip unless told otherwise (the engine reads only the runner's device type to
     choose: a CPU runner relabelled stands in for one here)."""
@@ -727,5 +727,8 @@ def test_bursts_default_on_for_a_cuda_runner(agreeing_pair: tuple[Path, Path]) -
     runner.device = torch.device("cuda")
     engine = Engine(runner, 2, 128)
     assert (engine.plain_burst, engine.spec_burst) == (PLAIN_BURST, SPEC_BURST) == (4, 4)
-    single = Engine(runner, 2, 128, plain_burst=1, spec_burst=1)
-    assert (single.plain_burst, single.spec_burst) == (1, 1)
+    assert engine.plain_chain is True  # chained plain bursts: the CUDA default (session 46)
+    single = Engine(runner, 2, 128, plain_burst=1, spec_burst=1, plain_chain=False)
+    assert (single.plain_burst, single.spec_burst, single.plain_chain) == (1, 1, False)
+    runner.device = torch.device("cpu")
+    assert Engine(runner, 2, 128).plain_chain is False
