@@ -236,9 +236,12 @@ class Engine:
         if self.scheduler.cancel_waiting(request_id):
             self._generators.pop(request_id, None)
             return
-        if self._chain is not None:  # its rows' slots move only once it is read
-            drained = self._held_events + self._drain_chain()
-            self._held_events = [e for e in drained if e[0].request_id != request_id]
+        drained = self._chain is not None  # its rows' slots move only once it is read
+        if drained:
+            self._held_events += self._drain_chain()
+        # (an abort after the drain drops its row's held events too: none reach the caller)
+        self._held_events = [e for e in self._held_events if e[0].request_id != request_id]
+        if drained:
             self._release_ended(self._held_events)
         for request in self.scheduler.running:
             if request.request_id == request_id:

@@ -196,6 +196,31 @@ def test_aborts_and_admissions_stop_the_chain(agreeing_pair: tuple[Path, Path]) 
     assert requests[0].output_ids == reference[0][: len(requests[0].output_ids)]
 
 
+def test_rows_aborted_after_the_chain_was_read_leave_no_events(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """Aborting every row of a chained batch in turn (as the start-up profile does after each
+    plain point): the first abort reads the queued burst and holds the others' events; each
+    later abort drops its own, so the next call returns none of theirs and the engine idles."""
+    prompts = [random_prompt(40 + i, PROMPT_LEN) for i in range(3)]
+    engine = _engine(agreeing_pair, 4, True, max_batch_size=3)
+    requests = [
+        Request(f"q{i}", p, SamplingParams(30), fixed_k(0), {}) for i, p in enumerate(prompts)
+    ]
+    for request in requests:
+        engine.add(request)
+    engine.step()
+    engine.step()
+    assert engine._chain is not None
+    engine.abort("q0")
+    assert {r.request_id for r, _ in engine._held_events} == {"q1", "q2"}
+    engine.abort("q1")
+    assert {r.request_id for r, _ in engine._held_events} == {"q2"}
+    engine.abort("q2")
+    assert not engine.has_work and engine.step() == []
+    assert all(r.slot == -1 for r in requests)
+
+
 def test_a_drafting_plan_stops_the_chain(agreeing_pair: tuple[Path, Path]) -> None:
     """A row planned to draft again (its controller asked while a burst is queued, one burst
     stale) stops the chain: the queued burst is read, the next call drafts; tokens are

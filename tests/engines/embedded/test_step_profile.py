@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -194,16 +195,26 @@ def test_a_cpu_engine_has_no_token_buckets_and_explicit_points_time_mixed_rows(
     assert greedy(engine, 15) == before
 
 
+@pytest.mark.parametrize("chain", [False, True])
 def test_plain_bursts_are_priced_per_step(
-    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, chain: bool
 ) -> None:
     """An engine that runs k = 0 steps in bursts of 4 (``plain_burst``) is timed per step:
     with a clock that advances one second per ``engine.step()`` call, a k = 0 point costs a
-    quarter of a second and a drafting point a whole one."""
+    quarter of a second and a drafting point a whole one. Chained (``plain_chain``, the CUDA
+    default) a call still returns one burst, and the profile's aborts leave the engine idle."""
     from engines.embedded import step_profile
 
     runner = load_runner(pair[0], pair[1], torch.device("cpu"), MAX_BATCH, 256)
-    engine = Engine(runner, MAX_BATCH, 256, plain_burst=4)
+    engine = Engine(runner, MAX_BATCH, 256, plain_burst=4, plain_chain=chain)
+    queued = runner.plain_queue
+    chained = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        chained.append(kwargs.get("after") is not None)
+        return queued(*args, **kwargs)
+
+    runner.plain_queue = counted  # type: ignore[method-assign]
     clock = {"now": 0.0}
     step = engine.step
 
@@ -215,7 +226,8 @@ def test_plain_bursts_are_priced_per_step(
     monkeypatch.setattr(step_profile.time, "perf_counter", lambda: clock["now"])
     table = profile_steps(engine, [1, 2], [1, 8], timed_steps=2)
     assert [list(row) for row in table.step_time_s] == [[0.25, 1.0], [0.25, 1.0]]
-    assert not engine.has_work
+    assert not engine.has_work and not engine._held_events
+    assert any(chained) is chain  # the k = 0 points ran chained bursts when chaining
 
 
 def test_an_engine_of_drafting_bursts_is_profiled_one_drafting_step_a_call(
