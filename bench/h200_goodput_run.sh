@@ -14,7 +14,9 @@
 #      COMPILE_SCOPE=layer runs the arm on torch.compile'd forwards (regional);
 #      ATTENTION=triton on the split-KV Triton attention (engines/embedded/decode_attention.py);
 #      SPEC_BURST=4 PLAIN_BURST=4 at the engine's CUDA bursts (the harness runs 1 by default),
-#      PLAIN_CHAIN=1 chains the plain bursts (--plain-chain, Engine(plain_chain=True));
+#      PLAIN_CHAIN=1 chains the plain bursts (--plain-chain, Engine(plain_chain=True); with
+#      CUDA_DEFAULTS=1 they chain anyway since session 46, PLAIN_CHAIN=0 then leaves it out:
+#      --no-plain-chain);
 #      WARM_POLICIES=1 gives each policy a warm pass (--warm-policies), as the 8B arm runs;
 #      CUDA_DEFAULTS=1 every kernel, burst and pricing setting of the engine's CUDA defaults
 #      (--cuda-defaults; the variables above still win where set); ORDER_SEED the runs' random
@@ -117,6 +119,8 @@ EOF
 CONFIDENCE_S=${CONFIDENCE_S:-0}
 LEFT=$((BUDGET_S - $(date +%s) + T0 - 20 - CONFIDENCE_S))
 say "bench: real-pair arm, ${LEFT}s left"
+CHAIN_FLAG=()  # PLAIN_CHAIN unset: the arm's default; 0: --no-plain-chain; else --plain-chain
+case "${PLAIN_CHAIN:-}" in "") ;; 0) CHAIN_FLAG=(--no-plain-chain) ;; *) CHAIN_FLAG=(--plain-chain) ;; esac
 "$PY" bench/gpu_decisions.py --arm real-pair --target "$WORK/export/target" \
   --draft "$WORK/export/draft16" --prompts "$WORK/prompts.jsonl" --device "$DEVICE" \
   --scale "${SCALE:-0.5}" --repeats "${REPEATS:-3}" --budget-s "$LEFT" \
@@ -124,7 +128,7 @@ say "bench: real-pair arm, ${LEFT}s left"
   ${LABEL:+--label "$LABEL"} ${POLICIES:+--policies "$POLICIES"} \
   ${COMPILE_SCOPE:+--compile-scope "$COMPILE_SCOPE"} ${ATTENTION:+--attention "$ATTENTION"} \
   ${COST_TABLE:+--cost-table "$COST_TABLE"} ${SPEC_BURST:+--spec-burst "$SPEC_BURST"} \
-  ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} ${PLAIN_CHAIN:+--plain-chain} ${WARM_POLICIES:+--warm-policies} \
+  ${PLAIN_BURST:+--plain-burst "$PLAIN_BURST"} "${CHAIN_FLAG[@]}" ${WARM_POLICIES:+--warm-policies} \
   ${CUDA_DEFAULTS:+--cuda-defaults} ${ORDER_SEED:+--order-seed "$ORDER_SEED"} \
   --out "$OUT/real-pair.json" 2>>"$LOG" | tee -a "$LOG"
 RC=${PIPESTATUS[0]}
