@@ -169,6 +169,11 @@ def measure_runner(runner: ModelRunner, prompt: list[int], floors: dict[str, flo
     result["engine_k0_ratio_target"] = result["engine_k0"]["ms_per_step_wall"] / floors["target_ms"]
     # The same k = 0 steps one per call (no plain bursts): what the bursts save a step.
     result["engine_k0"]["plain_burst"] = engine.plain_burst
+    result["engine_k0"]["plain_chain"] = engine.plain_chain  # the CUDA default since session 46
+    with _setting(engine, "plain_chain", False):  # the bursts read before the next is queued
+        _variant(
+            result, "engine_k0_unchained", run_engine(engine, prompt, NEW_TOKENS, 0), "engine_k0"
+        )
     with _setting(engine, "plain_burst", 1):
         _variant(result, "engine_k0_single", run_engine(engine, prompt, NEW_TOKENS, 0), "engine_k0")
     # k = 15 steps 4 to a host round trip (Engine.spec_burst, the CUDA default) against one a
