@@ -187,6 +187,9 @@ def parse_settings(text: str) -> dict[str, Any]:
 
 
 def yaml_value(text: str) -> Any:
+    """A number, a list of numbers written with ``/`` between them (``1/2/4``), or text."""
+    if "/" in text:
+        return [float(item) for item in text.split("/") if item]
     for cast in (int, float):
         try:
             return cast(text)

@@ -41,6 +41,7 @@ step cost come from ``learned(task)`` (``OnlineModels.observe``), read once per 
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
@@ -100,6 +101,10 @@ class RowWindows:
         self._step_row[:, :, 0] = below[:-1, None]
         self._step_row[:, 0, 1] = below[:-1]
         self._step_row[:, 1, 1] = below[1:]  # the rejected position is a trial too
+        # Called with (slots, k [rows, steps], accept length [rows, steps], ran [rows, steps]
+        # or None: every step) before the steps just read change the windows, so
+        # ``counts[slots]`` is still what a decision for them saw (``StrengthChooser``).
+        self.before_advance: Callable[..., None] | None = None
         self._grow(capacity)
 
     def __len__(self) -> int:
@@ -130,6 +135,8 @@ class RowWindows:
         if bool((new == 1).all()):  # the usual step: every row brings the step that just ran
             last_k = np.fromiter(map(_newest, spec_tokens), np.intp, count)
             last_length = np.fromiter(map(_newest, accept_lengths), np.intp, count)
+            if self.before_advance is not None:
+                self.before_advance(rows, last_k[:, None], last_length[:, None], None)
             self._advance(rows, last_k, last_length)
             self.last_new = (rows, last_k[:, None], last_length[:, None])
             return rows
@@ -154,6 +161,8 @@ class RowWindows:
             ran[i, span - n :] = True
         moved = np.flatnonzero(ran.any(axis=1))
         if moved.size:
+            if self.before_advance is not None:
+                self.before_advance(rows[moved], ks[moved], lengths[moved], ran[moved])
             self._advance_span(rows[moved], ks[moved], lengths[moved], ran[moved])
         for i in np.flatnonzero((new < 0) | (new > self.size)).tolist():
             self._catch_up(int(rows[i]), tasks[i], spec_tokens[i], accept_lengths[i], int(new[i]))
@@ -285,6 +294,91 @@ class RowWindows:
         self._free += range(capacity - 1, old - 1, -1)
 
 
+class StrengthChooser:
+    """Per task, the request strength (pseudo-steps of the task estimate in a row's blend)
+    whose blends have predicted that task's drafted row-steps best.
+
+    Each drafted row-step is scored before it enters its row's window: under every candidate
+    strength S the blend ``(successes + S x rate) / (trials + S)`` of the window as the
+    decision saw it gives the probability of the step's accepted run (every accepted position
+    and, where the step was cut short, the rejected one), and the log of it is added to the
+    task's sum for S; the sums forget with ``half_life`` scored steps. The task's strength is
+    the candidate of the largest sum once it has ``min_steps`` scored steps, ``fixed`` before.
+    A prequential choice (each step predicted before it is seen) of how much one request's
+    past says about its next step: little where a task's requests are alike, much where they
+    differ. Steps read several at once (spaced decisions) are scored against the window
+    before the first of them.
+    """
+
+    def __init__(
+        self,
+        choices: Sequence[float],
+        half_life: float,
+        min_steps: float,
+        fixed: float,
+        prior_rates: np.ndarray,
+    ):
+        self.choices = np.asarray(choices, float)
+        self._keep = 0.5 ** (1.0 / half_life)
+        self._min_steps = min_steps
+        self.loglik = np.zeros((len(TASKS), len(self.choices)))
+        self.scored = np.zeros(len(TASKS))  # decayed count of scored steps per task
+        self.strengths = np.full(len(TASKS), float(fixed))
+        self.rates = prior_rates  # [tasks, positions]: the task rates decisions blend with
+        self._fixed = float(fixed)
+
+    def score(
+        self,
+        windows: RowWindows,
+        slots: np.ndarray,
+        spec_tokens: np.ndarray,
+        lengths: np.ndarray,
+        ran: np.ndarray | None,
+    ) -> None:
+        drafted = spec_tokens > 0 if ran is None else ran & (spec_tokens > 0)
+        if not drafted.any():
+            return
+        row, step = np.nonzero(drafted)
+        at = slots[row]
+        positions = windows.positions
+        ks = np.minimum(spec_tokens[row, step], positions)
+        accepted = np.minimum(np.maximum(lengths[row, step], 1) - 1, ks)
+        tasks = windows.task[at]
+        counts = windows.counts[at]  # [n, 2, positions]: the windows the decisions saw
+        strength = self.choices[None, :, None]
+        p = (counts[:, None, 0] + strength * self.rates[tasks][:, None, :]) / (
+            counts[:, None, 1] + strength
+        )
+        np.clip(p, 1e-6, 1.0 - 1e-6, out=p)
+        hit = windows.position < accepted[:, None]  # [n, positions]
+        miss = (windows.position == accepted[:, None]) & (accepted < ks)[:, None]
+        loglik = np.einsum("ncp,np->nc", np.log(p), hit) + np.einsum(
+            "ncp,np->nc", np.log1p(-p), miss
+        )
+        for task in np.unique(tasks).tolist():
+            mine = tasks == task
+            n = int(mine.sum())
+            keep = self._keep**n
+            self.loglik[task] = self.loglik[task] * keep + loglik[mine].sum(axis=0)
+            self.scored[task] = self.scored[task] * keep + n
+            if self.scored[task] >= self._min_steps:
+                self.strengths[task] = self.choices[int(np.argmax(self.loglik[task]))]
+
+    def view(self) -> dict[str, Any]:
+        """Per task its strength now and each candidate's log-likelihood per scored step."""
+        return {
+            task.value: {
+                "strength": float(self.strengths[i]),
+                "scored_steps": round(float(self.scored[i]), 1),
+                "loglik_per_step": {
+                    f"{c:g}": round(float(v / self.scored[i]), 4) if self.scored[i] else None
+                    for c, v in zip(self.choices, self.loglik[i], strict=True)
+                },
+            }
+            for i, task in enumerate(TASKS)
+        }
+
+
 class BatchWidth:
     """The shared k of each engine step (see the module docstring)."""
 
@@ -310,6 +404,19 @@ class BatchWidth:
         self._strength = spec.request_prior_strength
         # Per task: its rates this step x request_prior_strength (pseudo-successes per position)
         self._prior_successes = np.zeros((len(TASKS), self._positions))
+        # ... and the rates themselves (the priors until a decision reads the task's)
+        self._prior_rates = np.array([spec.prior_for(task, self._positions) for task in TASKS])
+        # ``request_strength_choices``: each task's strength learnt (``StrengthChooser``)
+        self.strength_chooser: StrengthChooser | None = None
+        if spec.request_strength_choices:
+            self.strength_chooser = chooser = StrengthChooser(
+                spec.request_strength_choices,
+                spec.request_strength_half_life_steps,
+                spec.request_strength_min_steps,
+                spec.request_prior_strength,
+                self._prior_rates,
+            )
+            self.windows.before_advance = functools.partial(chooser.score, self.windows)
         self._decided = 0  # the last decision: the hold reference (a probe is not one)
         self.spec_tokens_now = 0  # the k of the last step, probe or not
         self._plain_run = 0  # steps the batch has run plain in a row (``_reprobe``)
@@ -362,7 +469,9 @@ class BatchWidth:
         cost: StepCost = self._fallback_cost
         for task, each in fields.items():
             rates = self._fill(task, each.get("accept_rates", ()))
-            np.multiply(rates, self._strength, out=self._prior_successes[TASK_INDEX[task]])
+            index = TASK_INDEX[task]
+            self._prior_rates[index] = rates
+            np.multiply(rates, self._strength, out=self._prior_successes[index])
             cost = each.get("step_cost") or cost
         multiple = getattr(cost, "verify_width_multiple", self._spec.verify_width_multiple)
         if multiple != self._multiple:
@@ -385,8 +494,15 @@ class BatchWidth:
         """
         windows = self.windows
         counts = windows.counts[slots]
-        prior = self._prior_successes[windows.task[slots]]
-        blended = (counts[:, 0] + prior) / (counts[:, 1] + self._strength)
+        if self.strength_chooser is None:
+            prior = self._prior_successes[windows.task[slots]]
+            blended = (counts[:, 0] + prior) / (counts[:, 1] + self._strength)
+        else:  # each task's learnt strength
+            tasks = windows.task[slots]
+            strength = self.strength_chooser.strengths[tasks][:, None]
+            blended = (counts[:, 0] + strength * self._prior_rates[tasks]) / (
+                counts[:, 1] + strength
+            )
         survive = blended.cumprod(axis=1)  # [rows, positions]: all of 1..j accepted
         if min(ceilings) < self._positions:  # rows near their end verify fewer positions
             survive *= windows.position < np.array(ceilings)[:, None]
@@ -512,7 +628,7 @@ class BatchWidth:
             return None
         target = wider[0]
         for task, each in fields.items():
-            rates = (self._prior_successes[TASK_INDEX[task]] / self._strength).tolist()
+            rates = self._prior_rates[TASK_INDEX[task]].tolist()
             trials = each.get("accept_trials", ())
             if drafted_steps(rates, trials, spec_tokens, target) < self._spec.probe_min_steps:
                 return target

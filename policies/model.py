@@ -118,6 +118,17 @@ class GoodputSpec(StrictModel):
     calibration_half_life_steps: float = Field(default=100.0, gt=0)
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
+    # ... or, when this lists strengths, per task the one whose blends have predicted that
+    # task's drafted row-steps best (each step's accepted run scored under the blend of its
+    # row's window before it, log-likelihood summed per task, decayed with
+    # ``request_strength_half_life_steps``), once the task has ``request_strength_min_steps``
+    # scored steps. How much one request's text says about its next step differs by pair and
+    # task: the real pair's math requests accept 1.3 or 2.6 tokens a step by prompt, where
+    # the synthetic profiles' requests differ little. Embedded engine's batch planner
+    # (policies/batch_width.py). Empty: ``request_prior_strength`` always.
+    request_strength_choices: list[float] = Field(default_factory=list)
+    request_strength_half_life_steps: float = Field(default=1000.0, gt=0)
+    request_strength_min_steps: float = Field(default=50.0, ge=0)
     # How many of the request's most recent steps are used ...
     request_window_steps: int = Field(default=32, ge=1)
     # ... where this many consecutive steps that drafted nothing count as one: what its
@@ -237,6 +248,14 @@ class GoodputSpec(StrictModel):
             if bad:
                 raise ValueError(f"{task.value}: rates must be in (0, 1), got {bad}")
         return table
+
+    @field_validator("request_strength_choices")
+    @classmethod
+    def _strengths(cls, choices: list[float]) -> list[float]:
+        bad = [c for c in choices if not c > 0]
+        if bad:
+            raise ValueError(f"strengths must be > 0 (pseudo-steps), got {bad}")
+        return sorted(set(choices))
 
     def prior_for(self, task: Task, num_positions: int) -> list[float]:
         """The prior rates for ``task`` over ``num_positions`` positions (last value repeats)."""

@@ -326,6 +326,9 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
                 j: round(totals[j] / rows, 3) for j in ks if rows and j < len(totals)
             },
         }
+        chooser = width.strength_chooser
+        if chooser is not None:  # ``request_strength_choices``: each task's learnt strength
+            view["request_strength"] = chooser.view()
     modes = getattr(planner, "step_modes", None)
     if modes is not None:
         view["step_modes"] = [

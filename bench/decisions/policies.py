@@ -37,6 +37,9 @@ row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both en
 what the rows they drafted realized against what they expected; not run by default).
 ``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
 two-phase probes run while the batch runs plain, as before session 45; not run by default).
+``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
+task's request strength learnt from how well each candidate's blends predicted its steps;
+not run by default).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ SETTING_SUFFIXES = (
     ("-plain", "request_plain_entry_steps", 1),
     ("-reprobe", "request_reprobe_steps", 0),
 )
+# ``goodput-strength``'s candidate request strengths (pseudo-steps; the default is 6)
+STRENGTH_CHOICES = [1.0, 2.0, 4.0, 8.0, 16.0]
 NAMES = ("no-spec", *(f"static-k{k}" for k in STATIC_KS), "dsd-schedule", "vllm-av", "goodput")
 
 
@@ -151,6 +156,9 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-cal":
         calibrated = ctx.goodput.model_copy(update={"shared_calibration": True})
         return _goodput(replace(ctx, goodput=calibrated), "auto")
+    if name == "goodput-strength":
+        learnt = ctx.goodput.model_copy(update={"request_strength_choices": STRENGTH_CHOICES})
+        return _goodput(replace(ctx, goodput=learnt), "auto")
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -205,6 +213,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-slots",
             "goodput-cal",
             "goodput-probeplain",
+            "goodput-strength",
             "goodput-device",
             "goodput-device-min<N>",
             "goodput-device-slots",

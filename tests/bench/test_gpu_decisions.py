@@ -888,7 +888,7 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     """``-kmin<N>`` after a goodput policy: the policy file's ``min_spec_tokens`` N (issue 16:
     "min may be set below 4 for experiments"); the rest of the name builds as before, and
     other policies do not take it."""
-    from bench.decisions.policies import Context, build
+    from bench.decisions.policies import STRENGTH_CHOICES, Context, build
     from engines.step_controller import StepController
     from policies.costmodel import CostTable
     from policies.model import GoodputSpec
@@ -927,6 +927,10 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     ):
         varied = build(name, context).planner._source.active().spec.goodput
         assert getattr(varied, key) is True and getattr(GoodputSpec(), key) is False, name
+    # goodput-strength: each task's request strength learnt among STRENGTH_CHOICES
+    learnt = build("goodput-strength", context).planner._source.active().spec.goodput
+    assert learnt.request_strength_choices == STRENGTH_CHOICES
+    assert GoodputSpec().request_strength_choices == []
 
 
 def test_a_burst_variant_runs_its_drafting_steps_in_bursts(tmp_path: Path) -> None:

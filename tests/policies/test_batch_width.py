@@ -627,3 +627,64 @@ def test_a_plain_batch_reprobes_and_drafts_again_once_its_text_turns_easy(every:
     else:
         assert back - start > 80  # (84: the windows flushed by plain entries)
         assert "d" not in plan[start:back]
+
+
+def _strength_run(spreads: tuple[float, float], seed: int, requests: int = 40) -> BatchWidth:
+    """Math requests one at a time, each drafting k = 7 for 30 steps and accepting each draft
+    with its own chance, drawn from ``spreads`` (low, high) around a task rate of 0.6."""
+    rng = random.Random(seed)
+    spec = GoodputSpec(request_strength_choices=[1, 2, 4, 8, 16, 64])
+    width = BatchWidth(spec, 16, 4)
+    learned = Learned({t: 0.6 for t in Task}, 16)
+    for i in range(requests):
+        p = rng.uniform(*spreads)
+        request = Request(f"r{i}", Task.MATH)
+        for _ in range(30):
+            _step(width, [request], learned)
+            length = 1
+            while length <= 7 and rng.random() < p:
+                length += 1
+            request.ran(7, length)
+    return width
+
+
+def test_request_strength_is_learnt_from_how_much_requests_of_a_task_differ() -> None:
+    """Requests that differ widely (each accepts 0.1-0.95 of its drafts) make a request's own
+    steps the better predictor: a small strength; requests alike (0.58-0.62, the task rate)
+    leave the task estimate the better one: a large strength. Other tasks, unseen, keep the
+    fixed ``request_prior_strength``."""
+    apart = _strength_run((0.1, 0.95), seed=1).strength_chooser
+    alike = _strength_run((0.58, 0.62), seed=1).strength_chooser
+    assert apart is not None and alike is not None
+    view_apart, view_alike = apart.view(), alike.view()
+    assert view_apart["math"]["strength"] <= 2
+    assert view_alike["math"]["strength"] >= 16
+    assert view_apart["chat"]["strength"] == GoodputSpec().request_prior_strength
+    assert view_apart["math"]["scored_steps"] > 500
+
+
+def test_a_learnt_strength_blends_as_the_policy_blend_does() -> None:
+    """Once learnt, each row's expectation is ``blend_request_history`` at its task's strength."""
+    width = _strength_run((0.1, 0.95), seed=2, requests=10)
+    chooser = width.strength_chooser
+    assert chooser is not None
+    strength = float(chooser.strengths[list(Task).index(Task.MATH)])
+    request = Request("last", Task.MATH)
+    learned = Learned({t: 0.6 for t in Task}, 16)
+    for length in (1, 2, 1, 8, 3):
+        _step(width, [request], learned)
+        request.ran(7, length)
+    slots = width.windows.ingest(
+        [request.row_id], [request.task], [request.accept_lengths], [request.spec_tokens]
+    )
+    blended = blend_request_history(
+        [0.6] * 15, request.spec_tokens, request.accept_lengths, strength
+    )
+    assert width._expected_totals(slots, [15]) == pytest.approx(expected_by_k(blended), rel=1e-9)
+
+
+def test_request_strength_choices_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        GoodputSpec(request_strength_choices=[2, 0])
+    assert GoodputSpec(request_strength_choices=[8, 2, 2]).request_strength_choices == [2, 8]
+    assert BatchWidth(GoodputSpec(), 16, 4).strength_chooser is None
