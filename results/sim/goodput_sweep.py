@@ -48,15 +48,16 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="another goodput key held at VALUE in every run (repeatable), e.g. "
-        "shared_calibration=1 while --key sweeps calibration_half_life_steps",
+        "shared_calibration=1 while --key sweeps calibration_half_life_steps; a list "
+        "with / between its items, e.g. request_strength_choices=1/2/4",
     )
     args = parser.parse_args()
-    fixed: dict[str, str] = {}
+    fixed: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--set: KEY=VALUE, got {item!r}")
-        fixed[key] = value
+        fixed[key] = value.split("/") if "/" in value else value  # a list: 1/2/4
     values = _numbers(args.values, float, "--values", parser)
     seeds = _numbers(args.seeds, int, "--seeds", parser)
     names = [n for n in args.scenarios.split(",") if n]
