@@ -919,8 +919,22 @@ class StepController:
             ids = frozenset(views[i].request_id for i in shared)
         if mix is None:
             mix = _mix(controllers, shared)
-        self._held = _Held(k, ids, mix, newest.version, 1 if probe else self.cadence(newest))
+        self._held = _Held(k, ids, mix, newest.version, self._serves(newest, k, probe))
         return k
+
+    def _serves(self, active: ActivePolicy, spec_tokens: int, probe: bool) -> int:
+        """Calls a fresh decision may serve: 1 for a probe, else the cadence, ramped from 1
+        after a switch to drafting when the policy asks (``ramp_drafting_holds``)."""
+        if probe:
+            return 1
+        cadence = self.cadence(active)
+        models = active.models
+        if spec_tokens <= 0 or models is None or not models.spec.ramp_drafting_holds:
+            return cadence
+        held = self._held  # the decision before this one
+        if held is None or held.spec_tokens <= 0:
+            return 1  # drafting turned on: read its first steps at the next call
+        return min(cadence, 2 * held.serves)
 
     def _decide_shared(
         self,

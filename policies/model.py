@@ -236,6 +236,14 @@ class GoodputSpec(StrictModel):
     # It matters where a step is short (a small target: a few ms per step, host-bound).
     max_replan_steps: int = Field(default=8, ge=1, le=64)
     host_budget: float = Field(default=0.01, gt=0, le=1)
+    # A decision that turns drafting on (k > 0 after a plain one) is held for one call, and
+    # each decision that keeps drafting after it for twice as many as the last, up to that
+    # spacing: the first drafted steps of a stretch reach the rows' windows before the next
+    # few are spent. Held for the full spacing, a stretch started on an optimistic task
+    # estimate ran ~30 steps at a loss before the rows' own steps were read (session 46's real
+    # pair at one row: 8 calls of 4-step bursts, 8 such stretches in a run, math 0.883x no
+    # speculation). False: every decision is held for the full spacing (before session 47).
+    ramp_drafting_holds: bool = False
 
     @field_validator("prior_accept_rates")
     @classmethod

@@ -924,6 +924,7 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     for name, key in (
         ("goodput-cal", "shared_calibration"),
         ("goodput-probeplain", "mode_probe_when_plain"),
+        ("goodput-ramp", "ramp_drafting_holds"),
     ):
         varied = build(name, context).planner._source.active().spec.goodput
         assert getattr(varied, key) is True and getattr(GoodputSpec(), key) is False, name

@@ -579,6 +579,30 @@ def test_a_probe_serves_one_step_only() -> None:
     assert len(set(chosen)) >= 1
 
 
+def test_a_switch_to_drafting_is_held_for_one_call_then_twice_as_long_each_time() -> None:
+    """``ramp_drafting_holds``: a decision that turns drafting on serves one call, and each
+    that keeps drafting after it twice as many as the last, up to the spacing (8): over 15
+    steps decided at steps 0 (twice: the step, then the next one prepared), 2, 6 and 14,
+    against 0 (twice) and 8 without it; a batch that stays plain is spaced as before."""
+
+    def decided(ramp: bool, math_rate: float) -> tuple[list[int], int, int]:
+        rates = dict(QUIET.prior_accept_rates) | {Task.MATH: [math_rate]}
+        active = _cadence_goodput(
+            max_replan_steps=8, ramp_drafting_holds=ramp, prior_accept_rates=rates
+        )
+        controller = StepController(Source(active), 16, random.Random(0))
+        rows = [controller.start(Task.MATH, 1.0, 7) for _ in range(2)]
+        chosen = _run_steps(controller, rows, ["a", "b"], 15, step_time_s=20e-6)
+        return chosen, controller.decisions, controller.cadence(active)
+
+    chosen, ramped, cadence = decided(True, 0.95)
+    assert min(chosen) > 0 and cadence == 8  # drafting throughout, decisions spaced by 8
+    assert ramped == 5
+    assert decided(False, 0.95)[1] == 3
+    plain, spaced, _ = decided(True, 0.05)
+    assert max(plain) == 0 and spaced == decided(False, 0.05)[1] == 3
+
+
 def test_a_request_replaced_by_one_of_its_task_keeps_the_held_decision() -> None:
     """A busy server replaces an ended request by a new one most steps. At 8 rows or more a
     batch with at most one row in 8 changed keeps the held k (as many decisions as when nothing
