@@ -126,24 +126,44 @@ def step_table(times: dict[int, float]) -> CostTable:
 
 
 def replay(
-    requests: Sequence[Request], table: CostTable, spec: GoodputSpec, seed: int
+    requests: Sequence[Request],
+    table: CostTable,
+    spec: GoodputSpec,
+    seed: int,
+    burst: int = 1,
+    spacing: int = 1,
 ) -> dict[str, float]:
     """The planner's k per step over the requests, its math estimate starting from
-    ``spec``'s prior (the recorded run's)."""
+    ``spec``'s prior (the recorded run's). ``burst`` steps an engine call and a decision held
+    for ``spacing`` calls (the step controller's cadence; a probe for one; with
+    ``ramp_drafting_holds`` a switch to drafting for one, then doubling): as the engine
+    spaces decisions at one row on a GPU (CUDA defaults: bursts of 4, cadence 8)."""
     models = OnlineModels(spec, BLOCK, table, verify_width_multiple=1)
     lo, hi = PolicySpec(kind="goodput", goodput=spec).bounds_for(BLOCK)
     rng = random.Random(seed)
     width = BatchWidth(spec, BLOCK, lo, hi, rng.random)
     seconds = tokens = drafted = steps = 0.0
+    held_k, serves, left_steps = 0, 1, 0  # the held decision, the calls it serves, steps left
     for row_id, request in enumerate(requests):
         lengths: list[int] = []
         ks: list[int] = []
         position = 0
+        left_steps = 0  # a new request: decided afresh
         while position < request.tokens:
             left = request.tokens - position
             ceiling = min(BLOCK, left) - 1
-            row = StepRow(row_id, Task.MATH, lengths, ks, ceiling)
-            k = min(width.decide([row], models.observe), ceiling)
+            if left_steps <= 0:
+                row = StepRow(row_id, Task.MATH, lengths, ks, ceiling)
+                k_new = width.decide([row], models.observe)
+                if width.last[0] == "probe":
+                    serves = 1
+                elif k_new > 0 and spec.ramp_drafting_holds:
+                    serves = 1 if held_k <= 0 else min(spacing, 2 * serves)
+                else:
+                    serves = spacing
+                held_k, left_steps = k_new, serves * burst
+            left_steps -= 1
+            k = min(held_k, ceiling)
             length = min(k + 1, request.potential[position], left)
             step_s = table.time_s(1, k + 1)
             lengths.append(length)
@@ -198,7 +218,14 @@ def yaml_value(text: str) -> Any:
     return text
 
 
-def study(path: Path, variants: dict[str, dict[str, Any]], phase: str, seeds: int) -> dict:
+def study(
+    path: Path,
+    variants: dict[str, dict[str, Any]],
+    phase: str,
+    seeds: int,
+    burst: int = 1,
+    spacing: int = 1,
+) -> dict:
     report = load(path)
     runs = report["runs"]
     statics = sorted(
@@ -239,7 +266,7 @@ def study(path: Path, variants: dict[str, dict[str, Any]], phase: str, seeds: in
             "prior_strength": PRIOR_STRENGTH,
         }
         spec = GoodputSpec.model_validate(base | update)
-        per_seed = [replay(requests, table, spec, seed) for seed in range(seeds)]
+        per_seed = [replay(requests, table, spec, seed, burst, spacing) for seed in range(seeds)]
         seconds = statistics.fmean(r["seconds"] for r in per_seed)
         out["replayed"][name] = {
             "settings": update,
@@ -264,6 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--phase", default="math", help="a one-row phase of the file (math)")
     parser.add_argument("--seeds", type=int, default=3, help="probe-draw seeds per variant")
+    parser.add_argument(
+        "--burst", type=int, default=1, help="steps an engine call (default 1; CUDA: 4)"
+    )
+    parser.add_argument(
+        "--spacing",
+        type=int,
+        default=1,
+        help="calls a decision is held (default 1: every call decided; CUDA at one row: 8)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     variants: dict[str, dict[str, Any]] = {"shipped": {}}
@@ -275,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "command": "python bench/plain_return_replay.py " + " ".join(sys.argv[1:]),
         "files": {
-            path.name: study(path, variants, args.phase, args.seeds) for path in args.results
+            path.name: study(path, variants, args.phase, args.seeds, args.burst, args.spacing)
+            for path in args.results
         },
     }
     text = json.dumps(report, indent=1)
