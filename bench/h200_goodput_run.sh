@@ -33,8 +33,8 @@
 #   bash bench/h200_goodput_run.sh
 # The carry (64 MiB with the tracked tree, ~44 MiB of it) holds the corpus only with its
 # train.bin (uint16 token ids, documents shuffled) cut; session 36 kept the first 6 M tokens,
-# session 44 3.5 M (the tracked tree had grown; the target trains on ~14 M tokens a call):
-#   python3 -c "import numpy as n; f='.train/demo/corpus/train.bin'; n.fromfile(f, n.uint16)[:3_500_000].tofile(f)"
+# session 44 3.5 M, session 47 3 M (the tracked tree had grown; the target trains on ~14 M tokens a call):
+#   python3 -c "import numpy as n; f='.train/demo/corpus/train.bin'; n.fromfile(f, n.uint16)[:3_000_000].tofile(f)"
 # CPU dry run (TINY=1: a toy-sized recipe derived from RECIPE, short phases, the 8B table as a
 # stand-in cost table; the numbers mean nothing, it checks that every step runs):
 #   OUT=/tmp/dry DEVICE=cpu PY=.venv/bin/python TINY=1 bash bench/h200_goodput_run.sh
