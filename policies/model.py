@@ -242,8 +242,11 @@ class GoodputSpec(StrictModel):
     # few are spent. Held for the full spacing, a stretch started on an optimistic task
     # estimate ran ~30 steps at a loss before the rows' own steps were read (session 46's real
     # pair at one row: 8 calls of 4-step bursts, 8 such stretches in a run, math 0.883x no
-    # speculation). False: every decision is held for the full spacing (before session 47).
-    ramp_drafting_holds: bool = False
+    # speculation). Chosen on a replay of twelve trainings of the real pair at one row with
+    # the engine's bursts and spacing (bench/plain_return_replay.py --burst 4 --spacing 8):
+    # 1.018x the full spacing, never worse by file; not yet measured on a GPU. False: every
+    # decision is held for the full spacing (before session 47).
+    ramp_drafting_holds: bool = True
 
     @field_validator("prior_accept_rates")
     @classmethod

@@ -40,8 +40,8 @@ two-phase probes run while the batch runs plain, as before session 45; not run b
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
 task's request strength learnt from how well each candidate's blends predicted its steps;
 not run by default).
-``goodput-ramp``: ``goodput`` with ``ramp_drafting_holds: true`` (a decision that turns drafting
-on is held for one call, then twice as long each time it is kept; not run by default).
+``goodput-noramp``: ``goodput`` with ``ramp_drafting_holds: false`` (every decision held for
+the full spacing, as before session 47; not run by default).
 """
 
 from __future__ import annotations
@@ -158,9 +158,9 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-cal":
         calibrated = ctx.goodput.model_copy(update={"shared_calibration": True})
         return _goodput(replace(ctx, goodput=calibrated), "auto")
-    if name == "goodput-ramp":
-        ramped = ctx.goodput.model_copy(update={"ramp_drafting_holds": True})
-        return _goodput(replace(ctx, goodput=ramped), "auto")
+    if name == "goodput-noramp":
+        held = ctx.goodput.model_copy(update={"ramp_drafting_holds": False})
+        return _goodput(replace(ctx, goodput=held), "auto")
     if name == "goodput-strength":
         learnt = ctx.goodput.model_copy(update={"request_strength_choices": STRENGTH_CHOICES})
         return _goodput(replace(ctx, goodput=learnt), "auto")
@@ -219,7 +219,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-cal",
             "goodput-probeplain",
             "goodput-strength",
-            "goodput-ramp",
+            "goodput-noramp",
             "goodput-device",
             "goodput-device-min<N>",
             "goodput-device-slots",

@@ -924,10 +924,12 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     for name, key in (
         ("goodput-cal", "shared_calibration"),
         ("goodput-probeplain", "mode_probe_when_plain"),
-        ("goodput-ramp", "ramp_drafting_holds"),
     ):
         varied = build(name, context).planner._source.active().spec.goodput
         assert getattr(varied, key) is True and getattr(GoodputSpec(), key) is False, name
+    # goodput-noramp: every decision held for the full spacing (the default ramps)
+    held = build("goodput-noramp", context).planner._source.active().spec.goodput
+    assert held.ramp_drafting_holds is False and GoodputSpec().ramp_drafting_holds is True
     # goodput-strength: each task's request strength learnt among STRENGTH_CHOICES
     learnt = build("goodput-strength", context).planner._source.active().spec.goodput
     assert learnt.request_strength_choices == STRENGTH_CHOICES
