@@ -51,6 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engines.step_controller import held_calls  # noqa: E402
 from policies.batch_width import BatchWidth  # noqa: E402
 from policies.costmodel import CostTable  # noqa: E402
 from policies.model import GoodputSpec, PolicySpec  # noqa: E402
@@ -157,10 +158,9 @@ def replay(
                 k_new = width.decide([row], models.observe)
                 if width.last[0] == "probe":
                     serves = 1
-                elif k_new > 0 and spec.ramp_drafting_holds:
-                    serves = 1 if held_k <= 0 else min(spacing, 2 * serves)
                 else:
-                    serves = spacing
+                    before = (held_k, serves)
+                    serves = held_calls(k_new, before, spacing, spec.ramp_drafting_holds)
                 held_k, left_steps = k_new, serves * burst
             left_steps -= 1
             k = min(held_k, ceiling)

@@ -71,6 +71,18 @@ _HOST_EMA = 0.1
 MODE_IDLE_S = 0.05
 
 
+def held_calls(spec_tokens: int, before: tuple[int, int] | None, cadence: int, ramp: bool) -> int:
+    """Calls a shared decision of ``spec_tokens`` serves, ``before`` the one it replaces
+    (its k and calls; None: none): the cadence, but with ``ramp`` (``ramp_drafting_holds``) a
+    switch to drafting serves 1 call and each drafting decision after it twice as many as the
+    last, up to the cadence. (A probe serves 1: the caller's.)"""
+    if spec_tokens <= 0 or not ramp:
+        return cadence
+    if before is None or before[0] <= 0:
+        return 1  # drafting turned on: read its first steps at the next call
+    return min(cadence, 2 * before[1])
+
+
 @dataclass
 class _Held:
     """The shared k last decided, kept for the following steps of the same rows or of rows of
@@ -923,18 +935,14 @@ class StepController:
         return k
 
     def _serves(self, active: ActivePolicy, spec_tokens: int, probe: bool) -> int:
-        """Calls a fresh decision may serve: 1 for a probe, else the cadence, ramped from 1
-        after a switch to drafting when the policy asks (``ramp_drafting_holds``)."""
+        """Calls a fresh decision may serve (``held_calls``)."""
         if probe:
             return 1
-        cadence = self.cadence(active)
         models = active.models
-        if spec_tokens <= 0 or models is None or not models.spec.ramp_drafting_holds:
-            return cadence
+        ramp = models is not None and models.spec.ramp_drafting_holds
         held = self._held  # the decision before this one
-        if held is None or held.spec_tokens <= 0:
-            return 1  # drafting turned on: read its first steps at the next call
-        return min(cadence, 2 * held.serves)
+        before = None if held is None else (held.spec_tokens, held.serves)
+        return held_calls(spec_tokens, before, self.cadence(active), ramp)
 
     def _decide_shared(
         self,

@@ -325,7 +325,6 @@ class StrengthChooser:
         self.scored = np.zeros(len(TASKS))  # decayed count of scored steps per task
         self.strengths = np.full(len(TASKS), float(fixed))
         self.rates = prior_rates  # [tasks, positions]: the task rates decisions blend with
-        self._fixed = float(fixed)
 
     def score(
         self,
@@ -402,9 +401,7 @@ class BatchWidth:
             plain_per_entry=spec.request_plain_entry_steps,
         )
         self._strength = spec.request_prior_strength
-        # Per task: its rates this step x request_prior_strength (pseudo-successes per position)
-        self._prior_successes = np.zeros((len(TASKS), self._positions))
-        # ... and the rates themselves (the priors until a decision reads the task's)
+        # Per task: the rates decisions blend with (the priors until a decision reads the task's)
         self._prior_rates = np.array([spec.prior_for(task, self._positions) for task in TASKS])
         # ``request_strength_choices``: each task's strength learnt (``StrengthChooser``)
         self.strength_chooser: StrengthChooser | None = None
@@ -469,9 +466,7 @@ class BatchWidth:
         cost: StepCost = self._fallback_cost
         for task, each in fields.items():
             rates = self._fill(task, each.get("accept_rates", ()))
-            index = TASK_INDEX[task]
-            self._prior_rates[index] = rates
-            np.multiply(rates, self._strength, out=self._prior_successes[index])
+            self._prior_rates[TASK_INDEX[task]] = rates
             cost = each.get("step_cost") or cost
         multiple = getattr(cost, "verify_width_multiple", self._spec.verify_width_multiple)
         if multiple != self._multiple:
@@ -494,15 +489,10 @@ class BatchWidth:
         """
         windows = self.windows
         counts = windows.counts[slots]
-        if self.strength_chooser is None:
-            prior = self._prior_successes[windows.task[slots]]
-            blended = (counts[:, 0] + prior) / (counts[:, 1] + self._strength)
-        else:  # each task's learnt strength
-            tasks = windows.task[slots]
-            strength = self.strength_chooser.strengths[tasks][:, None]
-            blended = (counts[:, 0] + strength * self._prior_rates[tasks]) / (
-                counts[:, 1] + strength
-            )
+        tasks = windows.task[slots]
+        chooser = self.strength_chooser  # (``request_strength_choices``: learnt per task)
+        strength = self._strength if chooser is None else chooser.strengths[tasks][:, None]
+        blended = (counts[:, 0] + strength * self._prior_rates[tasks]) / (counts[:, 1] + strength)
         survive = blended.cumprod(axis=1)  # [rows, positions]: all of 1..j accepted
         if min(ceilings) < self._positions:  # rows near their end verify fewer positions
             survive *= windows.position < np.array(ceilings)[:, None]
