@@ -428,8 +428,11 @@ class BatchWidth:
         # ``shared_calibration``: decayed sums of the drafted tokens the decided rows realized
         # and of those the decisions expected of them; the drafted part of every expectation
         # is scaled by their ratio (``calibration``).
-        self._realized = 0.0
-        self._expected = 0.0
+        # ``calibration_by_task``: one pair of sums per task (each aged by its own row-steps),
+        # else one pair for every row.
+        groups = len(TASKS) if spec.calibration_by_task else 1
+        self._realized = np.zeros(groups)
+        self._expected = np.zeros(groups)
         # Steps of one padded width cost the same: only the largest k of each can win. The
         # widths are the step cost's (an engine whose rows verify at their own widths prices
         # every k: multiple 1), known only once the cost arrives (``_candidates_for``); probes
@@ -497,31 +500,42 @@ class BatchWidth:
         if min(ceilings) < self._positions:  # rows near their end verify fewer positions
             survive *= windows.position < np.array(ceilings)[:, None]
         batch = float(len(slots))
-        drafted = survive.sum(axis=0).cumsum()
         if self._spec.shared_calibration:  # each row's E_r(k), for ``_calibrate`` to check
             windows.expected[slots, 0] = 1.0
             windows.expected[slots, 1:] = 1.0 + survive.cumsum(axis=1)
-            drafted *= self.calibration
+            survive *= self.calibrations[tasks][:, None]
+        drafted = survive.sum(axis=0).cumsum()
         return [batch, *(batch + value for value in drafted.tolist())]
 
     @property
+    def calibrations(self) -> np.ndarray:
+        """Per task (``TASKS`` order), the factor on the drafted part of its rows'
+        expectations: 1 unless ``shared_calibration``, else realized over expected drafted
+        tokens of the rows the batch-wide decisions drafted (that task's rows with
+        ``calibration_by_task``, else every row; decayed with ``calibration_half_life_steps``,
+        shrunk towards 1 by ``prior_strength`` tokens; within 0.25-1.5)."""
+        if not self._spec.shared_calibration:
+            return np.ones(len(TASKS))
+        prior = self._spec.prior_strength
+        ratio = (self._realized + prior) / (self._expected + prior)
+        return np.broadcast_to(np.clip(ratio, 0.25, 1.5), (len(TASKS),))
+
+    @property
     def calibration(self) -> float:
-        """The factor on the drafted part of every expectation: 1 unless
-        ``shared_calibration``, else realized over expected drafted tokens of the rows the
-        batch-wide decisions drafted (decayed with ``calibration_half_life_steps``, shrunk
-        towards 1 by ``prior_strength`` tokens; within 0.25-1.5)."""
+        """The factor over every task's rows together (a summary for views and tests; the
+        decisions use ``calibrations``)."""
         if not self._spec.shared_calibration:
             return 1.0
         prior = self._spec.prior_strength
-        ratio = (self._realized + prior) / (self._expected + prior)
+        ratio = (float(self._realized.sum()) + prior) / (float(self._expected.sum()) + prior)
         return min(max(ratio, 0.25), 1.5)
 
     def _calibrate(self) -> None:
         """The steps just ingested against what the last decisions expected of them: each
         drafted row-step that ran its decided k adds its accepted drafts and the drafts
-        expected at that k; every
-        row-step ages the sums (a plain one as ``plain_step_age`` of a drafted one), so while
-        nothing drafts the factor drifts back to 1 and drafting is tried again."""
+        expected at that k; every row-step ages the sums of its group (its task's with
+        ``calibration_by_task``; a plain one as ``plain_step_age`` of a drafted one), so
+        while nothing drafts the factor drifts back to 1 and drafting is tried again."""
         windows = self.windows
         rows, ks, lengths = windows.last_new
         if not len(rows):
@@ -532,16 +546,23 @@ class BatchWidth:
         # two-phase step's per-row k from the draft's confidence, was not that decision's.
         decided = ks == windows.decided[rows][:, None]
         drafted = (ks > 0) & decided & ~np.isnan(expected)
-        count = int(drafted.sum())
-        plain = int((ks == 0).sum())
+        groups = len(self._realized)
+        group = windows.task[rows] if groups > 1 else np.zeros(len(rows), dtype=np.int64)
+        group = np.broadcast_to(group[:, None], ks.shape)
         spec = self._spec
-        age = (count + spec.plain_step_age * plain) / spec.calibration_half_life_steps
-        keep = 0.5**age
+        steps = np.bincount(group[drafted], minlength=groups) + spec.plain_step_age * (
+            np.bincount(group[ks == 0], minlength=groups)
+        )
+        keep = 0.5 ** (steps / spec.calibration_half_life_steps)
         self._realized *= keep
         self._expected *= keep
-        if count:
-            self._realized += float((lengths[drafted] - 1).sum())
-            self._expected += float((expected[drafted] - 1.0).sum())
+        if drafted.any():
+            self._realized += np.bincount(
+                group[drafted], weights=lengths[drafted] - 1, minlength=groups
+            )
+            self._expected += np.bincount(
+                group[drafted], weights=expected[drafted] - 1.0, minlength=groups
+            )
 
     def _fill(self, task: Task, rates: Sequence[float]) -> list[float]:
         out = list(rates[: self._positions])
@@ -567,7 +588,11 @@ class BatchWidth:
         draft_k, draft = 0, 0.0  # the best drafting k, chosen or not
         for k in self._candidates[1:]:
             value = score(k)
-            if value > draft:
+            # a tie goes to the wider k: every k from the batch's ceiling up runs the same
+            # step, and the narrower one, decided for a request about to end, would be held
+            # (``hysteresis``) for the wide-open request after it (8B arm, s48c: k 14 for a
+            # whole math phase where 15 paid 2% more)
+            if value >= draft:
                 draft_k, draft = k, value
         best_k = draft_k if draft > plain * (1.0 + spec.min_gain) else 0
         if draft_k:

@@ -109,13 +109,21 @@ class GoodputSpec(StrictModel):
     # every later expectation (an online factor, decayed like the task estimates, shrunk to 1
     # by prior_strength tokens). The task estimates learn from steps chosen because they
     # looked easy, so they overstate a row not yet seen (bench/selection_bias.py: 5-30% on
-    # the demo pair). Off by default: not yet measured on a GPU (docs/goodput.md).
-    shared_calibration: bool = False
+    # the demo pair). On by default since session 48: the real pair on an H100, 16 blocks
+    # in three calls (one training), 1.015x goodput without it, its math phase 0.967 ->
+    # 1.008x no speculation (docs/goodput.md); the 8B arm 1.001x (s45b).
+    shared_calibration: bool = True
     # ... its memory, in row-steps as ``task_half_life_steps`` counts them. With the task
     # estimates' memory (3000, before session 44) it corrected twice what they learn too: one
     # poor first step held the factor at its floor for hundreds of steps. 100: chosen in
     # simulation (15 scenarios x 5 seeds, results/sim/calibration-half-life-sweep.json).
     calibration_half_life_steps: float = Field(default=100.0, gt=0)
+    # ... kept per task: each task's rows realized against what the decisions expected of
+    # them scale that task's rows only, each task's sums aged by its own row-steps. One
+    # factor for every row (false, before session 48) let a task the estimates overstate
+    # narrow the others' k: the real pair's chat phase (s45c) drafted k 1.7-2.0 where its
+    # code rows accepted 3.9 a step at goodput's k 8-9 (-4.8% in that phase).
+    calibration_by_task: bool = True
     # A request's own steps outweigh the task estimate after this many observations.
     request_prior_strength: float = Field(default=6.0, gt=0)
     # ... or, when this lists strengths, per task the one whose blends have predicted that
@@ -244,8 +252,10 @@ class GoodputSpec(StrictModel):
     # pair at one row: 8 calls of 4-step bursts, 8 such stretches in a run, math 0.883x no
     # speculation). Chosen on a replay of twelve trainings of the real pair at one row with
     # the engine's bursts and spacing (bench/plain_return_replay.py --burst 4 --spacing 8):
-    # 1.018x the full spacing, never worse by file; not yet measured on a GPU. False: every
-    # decision is held for the full spacing (before session 47).
+    # 1.018x the full spacing, never worse by file. On an H100 (session 48, the real pair, 17
+    # blocks): the first timed math run 1,285 tok/s against 1,240 held fully, overall inside
+    # the A/A noise (0.999 +- 0.013). False: every decision is held for the full spacing
+    # (before session 47).
     ramp_drafting_holds: bool = True
 
     @field_validator("prior_accept_rates")

@@ -34,7 +34,10 @@ allocation (``decide_rows``) on the host,
 step's confidence, the allocation from the fresh one, no sync); the ``oracle`` verifies each
 row's drawn run. The fixed policies and ``dsd-schedule`` are the same on both engines.
 ``goodput-cal``: ``goodput`` with ``shared_calibration: true`` (batch-wide decisions scaled by
-what the rows they drafted realized against what they expected; not run by default).
+what each task's rows they drafted realized against what they expected; the default since
+session 48, so now ``goodput`` itself unless the policy file turns it off); ``goodput-nocal``
+without it (as before session 48); ``goodput-calone`` with one factor for every task's rows
+(``calibration_by_task: false``, as sessions 45-47 ran ``goodput-cal``).
 ``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
 two-phase probes run while the batch runs plain, as before session 45; not run by default).
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
@@ -158,6 +161,12 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-cal":
         calibrated = ctx.goodput.model_copy(update={"shared_calibration": True})
         return _goodput(replace(ctx, goodput=calibrated), "auto")
+    if name == "goodput-nocal":
+        uncalibrated = ctx.goodput.model_copy(update={"shared_calibration": False})
+        return _goodput(replace(ctx, goodput=uncalibrated), "auto")
+    if name == "goodput-calone":
+        one = {"shared_calibration": True, "calibration_by_task": False}
+        return _goodput(replace(ctx, goodput=ctx.goodput.model_copy(update=one)), "auto")
     if name == "goodput-noramp":
         held = ctx.goodput.model_copy(update={"ramp_drafting_holds": False})
         return _goodput(replace(ctx, goodput=held), "auto")
@@ -217,6 +226,8 @@ def build(name: str, ctx: Context) -> Built:
         extra = (
             "goodput-slots",
             "goodput-cal",
+            "goodput-calone",
+            "goodput-nocal",
             "goodput-probeplain",
             "goodput-strength",
             "goodput-noramp",

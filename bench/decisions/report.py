@@ -182,7 +182,8 @@ def _paired(
     the twin's ratios over goodput and ``noise_aa`` the largest distance of one of them from 1;
     a baseline's ``outside_aa`` says whether goodput's mean paired ratio over it lies further
     from 1 than that (a difference the A/A pair never showed). ``variants``: each
-    ``goodput-*`` policy over goodput, vllm-av-device and the best static, the same way;
+    ``goodput-*`` policy over goodput, vllm-av-device, the best static and no-spec, the same
+    way;
     ``bursts``: each ``NAME@burst<N>`` over NAME, over vllm-av-device, over
     vllm-av-device@burst<N> (vLLM's rule given the same bursts) and over the best static in
     those bursts (present or not, goodput: a call of burst policies alone is compared too);
@@ -271,13 +272,13 @@ def _paired(
             if aa is not None:
                 paired["outside_aa"] = abs(paired["mean"] - 1.0) > out["noise_aa"]
             out[f"vs_{name}"] = paired
-        # goodput's variants (goodput-device-slots, -cap7, ...) over goodput and over the
-        # closest copy of vLLM, in the same blocks
+        # goodput's variants (goodput-device-slots, -cap7, ...) over goodput, over the
+        # closest copy of vLLM, the best static and no speculation, in the same blocks
         variants: dict[str, Any] = {}
         for variant in sorted(n for n in policies if n.startswith("goodput-")):
             against = {
                 f"vs_{name}": cell(variant, name, phase)
-                for name in ("goodput", "vllm-av-device", best_static)
+                for name in ("goodput", "vllm-av-device", best_static, "no-spec")
                 if name is not None and name in policies
             }
             variants[variant] = {key: v for key, v in against.items() if v is not None}

@@ -920,13 +920,18 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     assert (reprobe.request_reprobe_steps, reprobe.request_plain_entry_steps) == (16, 8)
     with pytest.raises(ValueError, match="known are"):
         build("vllm-av-plain8", context)
-    # goodput-cal and goodput-probeplain: goodput with one setting on
-    for name, key in (
-        ("goodput-cal", "shared_calibration"),
-        ("goodput-probeplain", "mode_probe_when_plain"),
-    ):
+    # goodput-probeplain: goodput with one setting on; goodput-cal / -nocal: calibrated (the
+    # default since session 48) or not
+    probing = build("goodput-probeplain", context).planner._source.active().spec.goodput
+    assert probing.mode_probe_when_plain is True and GoodputSpec().mode_probe_when_plain is False
+    for name, calibrated in (("goodput-cal", True), ("goodput-nocal", False)):
         varied = build(name, context).planner._source.active().spec.goodput
-        assert getattr(varied, key) is True and getattr(GoodputSpec(), key) is False, name
+        assert varied.shared_calibration is calibrated, name
+    assert GoodputSpec().shared_calibration is True
+    # goodput-calone: calibrated with one factor for every task (the default: one per task)
+    one = build("goodput-calone", context).planner._source.active().spec.goodput
+    assert one.shared_calibration is True and one.calibration_by_task is False
+    assert GoodputSpec().calibration_by_task is True
     # goodput-noramp: every decision held for the full spacing (the default ramps)
     held = build("goodput-noramp", context).planner._source.active().spec.goodput
     assert held.ramp_drafting_holds is False and GoodputSpec().ramp_drafting_holds is True

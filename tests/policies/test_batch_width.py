@@ -16,7 +16,7 @@ from policies.batch_width import BatchWidth
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
-from policies.types import StepRow, Task
+from policies.types import TASKS, StepRow, Task
 
 # Shaped like the measured Qwen3-8B H200 table: width 8 ~1.16x a plain step at batch 1, ~1.9x
 # at 64; width 16 ~3.3x at 64.
@@ -26,7 +26,9 @@ TABLE = CostTable(
     step_time_s=((7.5e-3, 8.7e-3, 8.7e-3), (8.4e-3, 9.0e-3, 9.7e-3), (11.5e-3, 22e-3, 37.8e-3)),
 )
 H200 = Path(__file__).resolve().parents[2] / "cost_tables/qwen3-8b-h200.json"
-QUIET = GoodputSpec(probe_probability=0.0, hysteresis=0.0)
+# The planner's other mechanisms, tested uncalibrated (``shared_calibration`` is on by default;
+# its own tests switch it on).
+QUIET = GoodputSpec(probe_probability=0.0, hysteresis=0.0, shared_calibration=False)
 
 
 class Learned:
@@ -274,7 +276,9 @@ def test_expected_totals_match_the_policy_blend(
     seen mid-request, or an id reused by a new request); every step a window entry, or every
     drafted step and every 3 plain ones in a row."""
     rng = random.Random(rows)
-    spec = GoodputSpec(request_window_steps=5, request_plain_entry_steps=plain_per_entry)
+    spec = QUIET.model_copy(
+        update={"request_window_steps": 5, "request_plain_entry_steps": plain_per_entry}
+    )  # (uncalibrated: the blend alone; calibrated, each task's drafted part is scaled)
     width = BatchWidth(spec, 16, 4)
     rates = {t: [rng.uniform(0.3, 0.95) for _ in range(15)] for t in Task}
 
@@ -388,11 +392,21 @@ def test_a_task_that_stopped_drafting_starts_again_when_its_text_gets_easier() -
 
 
 def _short_requests(
-    width: BatchWidth, learned: Any, accept: float, steps: int, rng: random.Random, rows: int = 64
+    width: BatchWidth,
+    learned: Any,
+    accept: float | Mapping[Task, float],
+    steps: int,
+    rng: random.Random,
+    rows: int = 64,
+    tasks: tuple[Task, ...] = (Task.CHAT,),
+    emitted: list[int] | None = None,
 ) -> list[int]:
-    """``steps`` decisions over a batch of ``rows`` short requests (replaced as they end), each
-    drafted position accepted with probability ``accept``; the k of every step."""
-    requests = [Request(f"r{i}", Task.CHAT, remaining=12) for i in range(rows)]
+    """``steps`` decisions over a batch of ``rows`` short requests (replaced as they end; the
+    row's task by turns from ``tasks``), each drafted position accepted with probability
+    ``accept`` (per task when a mapping); the k of every step (each step's emitted tokens
+    appended to ``emitted``)."""
+    rates = accept if isinstance(accept, Mapping) else dict.fromkeys(tasks, accept)
+    requests = [Request(f"r{i}", tasks[i % len(tasks)], remaining=12) for i in range(rows)]
     serial, ks = rows, []
     for _ in range(steps):
         k = _step(width, requests, learned, 8)
@@ -400,11 +414,13 @@ def _short_requests(
         for i, request in enumerate(requests):
             run = min(k, request.remaining - 1)
             accepted = 0
-            while accepted < run and rng.random() < accept:
+            while accepted < run and rng.random() < rates[request.task]:
                 accepted += 1
             request.ran(run, accepted + 1)
+            if emitted is not None:
+                emitted.append(accepted + 1)
             if request.remaining <= 1:
-                requests[i] = Request(f"r{serial}", Task.CHAT, remaining=12)
+                requests[i] = Request(f"r{serial}", request.task, remaining=12)
                 serial += 1
     return ks
 
@@ -535,29 +551,39 @@ def test_a_row_that_showed_drafting_loses_stays_plain_longer_than_its_window(
     window showed it, and drafted again as soon as 32 plain steps had pushed that out: 16% of
     the phase's steps drafted at a loss. With every 3 plain steps one window entry
     (``request_plain_entry_steps``, the default), what the row showed holds 3x longer."""
-    spec = GoodputSpec(
-        probe_probability=0.0, hysteresis=0.0, request_plain_entry_steps=plain_per_entry
-    )
-    learned = Learned({Task.MATH: 0.7}, 16)  # the task's estimate: drafting pays
-    learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a step
-    width = BatchWidth(spec, 16, 4)
-    rng = random.Random(3)
-    request = Request("r0", Task.MATH)
-    drafted = 0
-    for _ in range(3000):
-        k = _step(width, [request], learned)
-        accepted = 0
-        while accepted < k and rng.random() < 0.35:  # this request's text: ~1.5 a step
-            accepted += 1
-        request.ran(k, accepted + 1)
-        drafted += k > 0
-    share = drafted / 3000
+    shares = {}
+    for calibrated in (False, True):
+        spec = GoodputSpec(
+            probe_probability=0.0,
+            hysteresis=0.0,
+            request_plain_entry_steps=plain_per_entry,
+            shared_calibration=calibrated,
+        )
+        learned = Learned({Task.MATH: 0.7}, 16)  # the task's estimate: drafting pays
+        learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a step
+        width = BatchWidth(spec, 16, 4)
+        rng = random.Random(3)
+        request = Request("r0", Task.MATH)
+        drafted = 0
+        for _ in range(3000):
+            k = _step(width, [request], learned)
+            accepted = 0
+            while accepted < k and rng.random() < 0.35:  # this request's text: ~1.5 a step
+                accepted += 1
+            request.ran(k, accepted + 1)
+            drafted += k > 0
+        shares[calibrated] = drafted / 3000
+    share = shares[False]
     if plain_per_entry == 1:  # (22.5% with this seed)
         assert share > 0.15
     elif plain_per_entry == 3:  # (8.6%: each return takes ~3x as many plain steps)
         assert share < 0.12
     else:  # (2.9%)
         assert share < 0.04
+    # ``shared_calibration`` (the default since session 48): the row's drafted steps also
+    # lower the task's factor, which plain steps age slowly, so each return drafts less
+    # (2.3 / 1.5 / 1.2% at 1 / 3 / 8)
+    assert shares[True] < 0.03
 
 
 @pytest.mark.parametrize("plain_per_entry", [3, 8])
@@ -601,7 +627,7 @@ def test_a_plain_batch_reprobes_and_drafts_again_once_its_text_turns_easy(every:
     With ``request_reprobe_steps`` a batch plain that long drafts one step at its best k while
     that k is within ``request_probe_margin`` of a plain step, and its rows' windows see the
     easier text: here it drafts again after 44 plain steps, not 84."""
-    spec = GoodputSpec(probe_probability=0.0, hysteresis=0.0, request_reprobe_steps=every)
+    spec = QUIET.model_copy(update={"request_reprobe_steps": every})
     learned = Learned({Task.MATH: 0.7}, 16)
     learned.cost = FixedCost(2.45, 2.45)  # drafting needs 2.45 tokens a row a step
     width = BatchWidth(spec, 16, 4)
@@ -688,3 +714,43 @@ def test_request_strength_choices_must_be_positive() -> None:
         GoodputSpec(request_strength_choices=[2, 0])
     assert GoodputSpec(request_strength_choices=[8, 2, 2]).request_strength_choices == [2, 8]
     assert BatchWidth(GoodputSpec(), 16, 4).strength_chooser is None
+
+
+def test_calibration_by_task_narrows_only_the_task_the_estimates_overstate() -> None:
+    """Half the rows are code that accepts what the estimate says (0.9 a position), half chat
+    that accepts 0.1 against the same 0.9. One factor for every row (the real pair's chat
+    phase, s45c) halves code's expectation too and the batch mostly runs plain; a factor per
+    task keeps code's near 1, drops chat's to its floor, and the batch emits more tokens per
+    priced second than with one factor or none."""
+    accept = {Task.CODE: 0.9, Task.CHAT: 0.1}
+    goodput, factors = {}, {}
+    for name, update in (
+        ("off", {}),
+        ("one", {"shared_calibration": True, "calibration_by_task": False}),
+        ("task", {"shared_calibration": True}),
+    ):
+        width = BatchWidth(QUIET.model_copy(update=update), 8, 4)
+        learned = Learned({t: 0.9 for t in Task}, block=8)
+        learned.cost = cost = FixedCost(narrow=3.0, wide=5.0)
+        emitted: list[int] = []
+        ks = _short_requests(
+            width, learned, accept, 300, random.Random(2), 8, (Task.CODE, Task.CHAT), emitted
+        )
+        goodput[name] = sum(emitted) / sum(cost.step_time_s(8, k) for k in ks)
+        factors[name] = dict(zip(TASKS, width.calibrations.tolist(), strict=True))
+    assert factors["one"][Task.CODE] == factors["one"][Task.CHAT] < 0.7
+    assert factors["task"][Task.CODE] > 0.85 and factors["task"][Task.CHAT] < 0.3
+    assert goodput["task"] > 1.02 * goodput["one"] > 1.02 * goodput["off"]
+
+
+def test_a_tie_at_a_requests_end_goes_to_the_wider_k() -> None:
+    """Every k from a row's ceiling up runs the same step, so they tie. The narrower one,
+    decided for a request about to end, was held by the hysteresis for the wide-open request
+    after it (8B arm, s48c: k 14 for a whole math phase where 15 paid 2% more)."""
+    learned = Learned({t: 0.95 for t in Task}, block=16)
+    learned.cost = CostModel(
+        TABLE, block_size=16, verify_width_multiple=1, draft_cost_fraction=0.16
+    ).snapshot()
+    width = BatchWidth(QUIET.model_copy(update={"hysteresis": 0.03}), 16, 4)
+    assert _step(width, [Request("ending", Task.MATH, remaining=15)], learned) == 15  # ceiling 14
+    assert _step(width, [Request("fresh", Task.MATH)], learned) == 15
