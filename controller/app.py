@@ -61,6 +61,8 @@ class Probes:
             steps = getattr(backend, "steps", None)  # the embedded engine's step controller
             if steps is not None and hasattr(steps, "step_modes"):
                 self.metrics.set_step_modes(backend.name, steps.step_modes())
+            if steps is not None and hasattr(steps, "calibrations"):
+                self.metrics.set_calibrations(backend.name, steps.calibrations())
             if steps is not None and hasattr(steps, "scored_ahead"):
                 self.metrics.set_device_scorings(
                     backend.name, steps.scored_ahead, steps.scored_late

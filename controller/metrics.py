@@ -109,6 +109,14 @@ class Metrics:
             ["backend", "kind", "count"],
             registry=r,
         )
+        self.calibration = Gauge(
+            "draftctl_calibration_factor",
+            "Embedded engine, goodput shared decisions (shared_calibration): the factor on each "
+            "task's drafted expectations, realized over expected drafted tokens of the rows "
+            "the decisions drafted (below 1: the task estimates overstate that task's rows)",
+            ["backend", "task"],
+            registry=r,
+        )
         self._counted: dict[tuple[str, str, int], tuple[Counter, Counter]] = {}
         self._accept: dict[tuple[str, str], Gauge] = {}
 
@@ -154,6 +162,11 @@ class Metrics:
         for kind, (steps, round_trips) in counts.items():
             self.engine_steps.labels(backend, kind, "steps").set(steps)
             self.engine_steps.labels(backend, kind, "round_trips").set(round_trips)
+
+    def set_calibrations(self, backend: str, factors: dict[str, float]) -> None:
+        """``StepController.calibrations()`` of one embedded backend."""
+        for task, factor in factors.items():
+            self.calibration.labels(backend, task).set(factor)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -55,7 +55,15 @@ from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, PreparedStep, SlotAllocator
 from policies.slot_scoring import SlotScoring, scoring_for
 from policies.step_mode import BucketView, ModeSettings, StepModeChooser
-from policies.types import TASK_INDEX, Policy, PositionValues, StepRow, Task, max_spec_tokens
+from policies.types import (
+    TASK_INDEX,
+    TASKS,
+    Policy,
+    PositionValues,
+    StepRow,
+    Task,
+    max_spec_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +301,18 @@ class StepController:
     @property
     def batch_width(self) -> BatchWidth | None:
         return self._width
+
+    def calibrations(self) -> dict[str, float]:
+        """Per task, the shared decisions' factor on its drafted expectations
+        (``BatchWidth.calibrations``: 1 unless ``shared_calibration``); empty before the
+        first shared decision."""
+        width = self._width
+        if width is None:
+            return {}
+        return {
+            task.value: float(factor)
+            for task, factor in zip(TASKS, width.calibrations, strict=True)
+        }
 
     def models(self) -> OnlineModels | None:
         """The running policy's online models (acceptance and step cost), if it has any."""

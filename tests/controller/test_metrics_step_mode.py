@@ -105,3 +105,24 @@ def test_scrapes_export_the_engines_steps_and_round_trips() -> None:
     for kind, (steps, trips) in counts.items():
         assert got[(name, (("backend", "emb"), ("count", "steps"), ("kind", kind)))] == steps
         assert got[(name, (("backend", "emb"), ("count", "round_trips"), ("kind", kind)))] == trips
+
+
+def test_scrapes_export_each_tasks_calibration_factor() -> None:
+    """``shared_calibration``: the embedded planner's factor per task (below 1: the task
+    estimates overstate that task's rows); a backend without one exports none."""
+    metrics = Metrics()
+    steps = SimpleNamespace(
+        step_modes=lambda: [], calibrations=lambda: {"math": 0.62, "code": 1.0, "chat": 0.97}
+    )
+    backend: Any = SimpleNamespace(
+        name="emb", steps=steps, num_inflight=lambda: 1, is_healthy=lambda: True
+    )
+    pool: Any = SimpleNamespace(name="vllm", num_inflight=lambda: 0, is_healthy=lambda: True)
+    fleet: Any = SimpleNamespace(backends=[backend, pool])
+    policy: Any = lambda: SimpleNamespace(version=1)  # noqa: E731
+    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
+    got = samples(metrics)
+    name = "draftctl_calibration_factor"
+    assert got[(name, (("backend", "emb"), ("task", "math")))] == 0.62
+    assert got[(name, (("backend", "emb"), ("task", "chat")))] == 0.97
+    assert not any(n == name and dict(labels).get("backend") == "vllm" for n, labels in got)

@@ -46,6 +46,7 @@ def exported_series() -> dict[str, set[str]]:
     metrics.policy_version.set(3)
     metrics.backend_up.labels("pool-a").set(1)
     metrics.set_engine_steps("pool-a", {"plain": (8, 2)})
+    metrics.set_calibrations("pool-a", {"math": 0.9})
     series: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:

@@ -127,6 +127,9 @@ def test_goodput_rows_of_one_step_share_k_from_the_engines_planner() -> None:
     # Another engine has a planner of its own (state lives in the controller, not a module).
     other = StepController(source, 16, random.Random(1))
     assert other.batch_width is None
+    # per task, the planner's calibration factor (nothing drafted yet: 1; /metrics reads it)
+    assert controller.calibrations() == {"math": 1.0, "code": 1.0, "chat": 1.0}
+    assert other.calibrations() == {}
 
 
 def test_goodput_planner_is_rebuilt_for_a_new_policy_version() -> None:
