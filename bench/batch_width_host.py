@@ -19,6 +19,9 @@ the median and the best of ``--repeats`` runs of ``--steps`` steps. Prints one J
 
     .venv/bin/python bench/batch_width_host.py --before ae56d8a \\
         > bench/results/batch_width_host.json
+
+``--variant NAME:KEY=VALUE,...`` also times today's planner with those goodput settings (e.g.
+``nocal:shared_calibration=false``: what the calibration costs a step).
 """
 
 from __future__ import annotations
@@ -217,9 +220,9 @@ def _module_at(revision: str, path: str) -> types.ModuleType:
     return module
 
 
-def run(planner: Planner, batch: int, steps: int) -> float:
-    """Microseconds of host time per engine step."""
-    spec = GoodputSpec()
+def run(planner: Planner, batch: int, steps: int, spec: GoodputSpec | None = None) -> float:
+    """Microseconds of host time per engine step (the policy's defaults unless ``spec``)."""
+    spec = spec or GoodputSpec()
     models = OnlineModels(spec, BLOCK, TABLE)
     decide = planner(spec, random.Random(1), models)
     workload = Workload(batch, seed=batch)
@@ -233,12 +236,12 @@ def run(planner: Planner, batch: int, steps: int) -> float:
     return spent / steps * 1e6
 
 
-def measure(planners: dict[str, Planner], args: Any) -> dict[str, Any]:
+def measure(planners: dict[str, tuple[Planner, GoodputSpec | None]], args: Any) -> dict[str, Any]:
     runs: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.repeats):
-        for name, planner in planners.items():
+        for name, (planner, spec) in planners.items():
             for batch in args.batch_sizes:
-                runs.setdefault((name, batch), []).append(run(planner, batch, args.steps))
+                runs.setdefault((name, batch), []).append(run(planner, batch, args.steps, spec))
     out: dict[str, Any] = {name: {} for name in planners}
     for (name, batch), times in runs.items():
         out[name][str(batch)] = {
@@ -254,9 +257,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8,64")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--before", metavar="REV", help="also time the planner of this revision")
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also time the planner of this revision (one that still has "
+        "policies/step_controller.py and the row-by-row API: before session 33's move)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="also time today's planner with these goodput settings (repeatable), e.g. "
+        "nocal:shared_calibration=false",
+    )
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    variants: dict[str, GoodputSpec] = {}
+    for text in args.variant:
+        name, _, settings = text.partition(":")
+        pairs = [item.partition("=") for item in settings.split(",") if item]
+        if not name or not pairs or any(not key or not sep for key, sep, _ in pairs):
+            parser.error(f"--variant {text!r}: expected NAME:KEY=VALUE,...")
+        try:
+            variants[name] = GoodputSpec(**{key: value for key, _, value in pairs})
+        except ValueError as error:
+            parser.error(f"--variant {text!r}: {error}")
+    if args.before:
+        try:
+            _module_at(args.before, "policies/step_controller.py")
+        except subprocess.CalledProcessError:
+            parser.error(
+                f"--before {args.before}: that revision has no policies/step_controller.py "
+                "(the row-by-row planner this compares against moved to engines/ later)"
+            )
     result: dict[str, Any] = {
         "command": "python bench/batch_width_host.py " + " ".join(argv or sys.argv[1:]),
         "python": sys.version.split()[0],
@@ -266,10 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "clock": "thread CPU time",
     }
-    planners: dict[str, Planner] = {"after": planner_now}
+    planners: dict[str, tuple[Planner, GoodputSpec | None]] = {"after": (planner_now, None)}
+    for name, spec in variants.items():
+        planners[name] = (planner_now, spec)
+        result.setdefault("variants", {})[name] = spec.model_dump(exclude_defaults=True)
     if args.before:
-        planners["before"] = planner_at(args.before)
-        planners["before_engine_path"] = engine_path_at(args.before)
+        planners["before"] = (planner_at(args.before), None)
+        planners["before_engine_path"] = (engine_path_at(args.before), None)
         result["before_revision"] = args.before
     result.update(measure(planners, args))
     print(json.dumps(result, indent=2))

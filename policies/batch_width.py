@@ -431,8 +431,9 @@ class BatchWidth:
         # ``calibration_by_task``: one pair of sums per task (each aged by its own row-steps),
         # else one pair for every row.
         groups = len(TASKS) if spec.calibration_by_task else 1
-        self._realized = np.zeros(groups)
-        self._expected = np.zeros(groups)
+        self._realized = [0.0] * groups
+        self._expected = [0.0] * groups
+        self._factors = np.ones(len(TASKS))  # ``calibrations``: 1 until ``_calibrate`` runs
         # Steps of one padded width cost the same: only the largest k of each can win. The
         # widths are the step cost's (an engine whose rows verify at their own widths prices
         # every k: multiple 1), known only once the cost arrives (``_candidates_for``); probes
@@ -513,12 +514,9 @@ class BatchWidth:
         expectations: 1 unless ``shared_calibration``, else realized over expected drafted
         tokens of the rows the batch-wide decisions drafted (that task's rows with
         ``calibration_by_task``, else every row; decayed with ``calibration_half_life_steps``,
-        shrunk towards 1 by ``prior_strength`` tokens; within 0.25-1.5)."""
-        if not self._spec.shared_calibration:
-            return np.ones(len(TASKS))
-        prior = self._spec.prior_strength
-        ratio = (self._realized + prior) / (self._expected + prior)
-        return np.broadcast_to(np.clip(ratio, 0.25, 1.5), (len(TASKS),))
+        shrunk towards 1 by ``prior_strength`` tokens; within 0.25-1.5). Kept up to date by
+        ``_calibrate`` (read on every decision)."""
+        return self._factors
 
     @property
     def calibration(self) -> float:
@@ -527,7 +525,7 @@ class BatchWidth:
         if not self._spec.shared_calibration:
             return 1.0
         prior = self._spec.prior_strength
-        ratio = (float(self._realized.sum()) + prior) / (float(self._expected.sum()) + prior)
+        ratio = (sum(self._realized) + prior) / (sum(self._expected) + prior)
         return min(max(ratio, 0.25), 1.5)
 
     def _calibrate(self) -> None:
@@ -535,34 +533,72 @@ class BatchWidth:
         drafted row-step that ran its decided k adds its accepted drafts and the drafts
         expected at that k; every row-step ages the sums of its group (its task's with
         ``calibration_by_task``; a plain one as ``plain_step_age`` of a drafted one), so
-        while nothing drafts the factor drifts back to 1 and drafting is tried again."""
+        while nothing drafts the factor drifts back to 1 and drafting is tried again.
+        Only steps that ran the k the decision gave them count: a probe's wider width, or a
+        two-phase step's per-row k from the draft's confidence, was not that decision's."""
         windows = self.windows
         rows, ks, lengths = windows.last_new
         if not len(rows):
             return
+        groups = len(self._realized)
         ks = np.minimum(ks, self._positions)
+        if ks.size <= 16:  # a few row-steps (one row, a short hold): plain Python is faster
+            ages, realized, wanted = self._tally_few(rows, ks, lengths, groups)
+        else:
+            ages, realized, wanted = self._tally_many(rows, ks, lengths, groups)
+        spec = self._spec
+        prior = spec.prior_strength
+        factors = []
+        for g in range(groups):
+            keep = 0.5 ** (ages[g] / spec.calibration_half_life_steps)
+            self._realized[g] = self._realized[g] * keep + realized[g]
+            self._expected[g] = self._expected[g] * keep + wanted[g]
+            ratio = (self._realized[g] + prior) / (self._expected[g] + prior)
+            factors.append(min(max(ratio, 0.25), 1.5))
+        self._factors = np.array(factors if groups > 1 else factors * len(TASKS))
+
+    def _tally_few(
+        self, rows: np.ndarray, ks: np.ndarray, lengths: np.ndarray, groups: int
+    ) -> tuple[list[float], list[float], list[float]]:
+        """Per group: row-steps that age it, accepted drafts and expected drafts."""
+        windows = self.windows
+        ages, realized, wanted = [0.0] * groups, [0.0] * groups, [0.0] * groups
+        plain_age = self._spec.plain_step_age
+        expected = windows.expected[rows].tolist()
+        decided = windows.decided[rows].tolist()
+        tasks = windows.task[rows].tolist() if groups > 1 else [0] * len(rows)
+        for row, (row_ks, row_lengths) in enumerate(
+            zip(ks.tolist(), lengths.tolist(), strict=True)
+        ):
+            group, want_k, row_expected = tasks[row], decided[row], expected[row]
+            for k, length in zip(row_ks, row_lengths, strict=True):
+                if k == 0:
+                    ages[group] += plain_age
+                elif k == want_k and row_expected[k] == row_expected[k]:  # (not NaN)
+                    ages[group] += 1.0
+                    realized[group] += length - 1
+                    wanted[group] += row_expected[k] - 1.0
+        return ages, realized, wanted
+
+    def _tally_many(
+        self, rows: np.ndarray, ks: np.ndarray, lengths: np.ndarray, groups: int
+    ) -> tuple[list[float], list[float], list[float]]:
+        """``_tally_few`` for many row-steps, vectorised."""
+        windows = self.windows
         expected = windows.expected[rows[:, None], ks]
-        # Only steps that ran the k the decision gave them: a probe's wider width, or a
-        # two-phase step's per-row k from the draft's confidence, was not that decision's.
         decided = ks == windows.decided[rows][:, None]
         drafted = (ks > 0) & decided & ~np.isnan(expected)
-        groups = len(self._realized)
-        group = windows.task[rows] if groups > 1 else np.zeros(len(rows), dtype=np.int64)
-        group = np.broadcast_to(group[:, None], ks.shape)
-        spec = self._spec
-        steps = np.bincount(group[drafted], minlength=groups) + spec.plain_step_age * (
-            np.bincount(group[ks == 0], minlength=groups)
+        ages = drafted.sum(axis=1) + self._spec.plain_step_age * (ks == 0).sum(axis=1)
+        realized = np.where(drafted, lengths - 1, 0).sum(axis=1)
+        wanted = np.where(drafted, expected - 1.0, 0.0).sum(axis=1)
+        if groups == 1:
+            return [float(ages.sum())], [float(realized.sum())], [float(wanted.sum())]
+        tasks = windows.task[rows]
+        return (
+            np.bincount(tasks, weights=ages, minlength=groups).tolist(),
+            np.bincount(tasks, weights=realized, minlength=groups).tolist(),
+            np.bincount(tasks, weights=wanted, minlength=groups).tolist(),
         )
-        keep = 0.5 ** (steps / spec.calibration_half_life_steps)
-        self._realized *= keep
-        self._expected *= keep
-        if drafted.any():
-            self._realized += np.bincount(
-                group[drafted], weights=lengths[drafted] - 1, minlength=groups
-            )
-            self._expected += np.bincount(
-                group[drafted], weights=expected[drafted] - 1.0, minlength=groups
-            )
 
     def _fill(self, task: Task, rates: Sequence[float]) -> list[float]:
         out = list(rates[: self._positions])

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from policies.acceptance import blend_request_history, expected_by_k, request_window
@@ -754,3 +755,44 @@ def test_a_tie_at_a_requests_end_goes_to_the_wider_k() -> None:
     width = BatchWidth(QUIET.model_copy(update={"hysteresis": 0.03}), 16, 4)
     assert _step(width, [Request("ending", Task.MATH, remaining=15)], learned) == 15  # ceiling 14
     assert _step(width, [Request("fresh", Task.MATH)], learned) == 15
+
+
+@pytest.mark.parametrize("by_task", [True, False])
+def test_the_calibrations_two_tallies_agree(by_task: bool) -> None:
+    """``_calibrate`` tallies a few row-steps in plain Python and many with numpy: on the same
+    steps (drafted at the decided k, at another k, plain; three tasks) both give the same
+    ages, accepted and expected drafts per group."""
+    spec = QUIET.model_copy(
+        update={
+            "shared_calibration": True,
+            "calibration_by_task": by_task,
+            "request_plain_entry_steps": 1,
+        }
+    )
+    width = BatchWidth(spec, 8, 4)
+    learned = Learned({t: 0.7 for t in Task}, block=8)
+    learned.cost = FixedCost(narrow=1.2, wide=1.6)
+    rng = random.Random(5)
+    requests = [Request(f"r{i}", list(Task)[i % 3]) for i in range(6)]
+    k = 0
+    for step in range(16):
+        if step < 12:  # the last four steps run on a held decision: several new steps a row
+            k = _step(width, requests, learned, 8)
+        for request in requests:
+            ran = rng.choice([0, k, k, 3]) if step % 4 else k  # some off the decided k
+            request.ran(ran, rng.randint(1, ran + 1))
+    slots = width.windows.ingest(
+        [r.row_id for r in requests],
+        [r.task for r in requests],
+        [r.accept_lengths for r in requests],
+        [r.spec_tokens for r in requests],
+    )
+    rows, ks, lengths = width.windows.last_new
+    assert len(rows) == len(slots) and ks.shape == (6, 5)  # the last decided step, 4 held
+    groups = 3 if by_task else 1
+    ks = np.minimum(ks, 7)
+    few = width._tally_few(rows, ks, lengths, groups)
+    many = width._tally_many(rows, ks, lengths, groups)
+    for a, b in zip(few, many, strict=True):
+        assert a == pytest.approx(b)
+    assert sum(few[0]) > 0 and sum(few[1]) > 0
