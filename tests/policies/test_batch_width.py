@@ -86,6 +86,16 @@ def _step(width: BatchWidth, requests: list[Request], learned: Any, block: int =
     return width.decide([r.row(block) for r in requests], learned)
 
 
+def _ingest(width: BatchWidth, requests: list[Request]) -> Any:
+    """The requests' histories into the planner's windows, as a decision reads them."""
+    return width.windows.ingest(
+        [r.row_id for r in requests],
+        [r.task for r in requests],
+        [r.accept_lengths for r in requests],
+        [r.spec_tokens for r in requests],
+    )
+
+
 def test_one_call_per_step_decides_for_every_row_and_reads_each_task_once() -> None:
     learned = Learned({Task.MATH: 0.8, Task.CHAT: 0.8, Task.CODE: 0.8}, block=16)
     width = BatchWidth(QUIET, 16, min_spec_tokens=4)
@@ -299,12 +309,7 @@ def test_expected_totals_match_the_policy_blend(
         for request in requests:
             k = rng.choice([0, 0, 0, 3, 7, 15])
             request.ran(k, rng.randint(1, k + 1))
-    slots = width.windows.ingest(
-        [r.row_id for r in requests],
-        [r.task for r in requests],
-        [r.accept_lengths for r in requests],
-        [r.spec_tokens for r in requests],
-    )
+    slots = _ingest(width, requests)
     want = [0.0] * 16
     for request in requests:
         ks, lengths = request_window(
@@ -781,12 +786,7 @@ def test_the_calibrations_two_tallies_agree(by_task: bool) -> None:
         for request in requests:
             ran = rng.choice([0, k, k, 3]) if step % 4 else k  # some off the decided k
             request.ran(ran, rng.randint(1, ran + 1))
-    slots = width.windows.ingest(
-        [r.row_id for r in requests],
-        [r.task for r in requests],
-        [r.accept_lengths for r in requests],
-        [r.spec_tokens for r in requests],
-    )
+    slots = _ingest(width, requests)
     rows, ks, lengths = width.windows.last_new
     assert len(rows) == len(slots) and ks.shape == (6, 5)  # the last decided step, 4 held
     groups = 3 if by_task else 1
