@@ -284,9 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(f"--variant {text!r}: {error}")
     if args.before:
-        try:
-            _module_at(args.before, "policies/step_controller.py")
-        except subprocess.CalledProcessError:
+        found = subprocess.run(
+            ["git", "cat-file", "-e", f"{args.before}:policies/step_controller.py"],
+            cwd=ROOT,
+            capture_output=True,
+        )
+        if found.returncode:
             parser.error(
                 f"--before {args.before}: that revision has no policies/step_controller.py "
                 "(the row-by-row planner this compares against moved to engines/ later)"

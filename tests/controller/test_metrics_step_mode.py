@@ -23,8 +23,19 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     return out
 
 
-def test_scrapes_export_each_buckets_mode_and_rates() -> None:
+POOL: Any = SimpleNamespace(name="vllm", num_inflight=lambda: 0, is_healthy=lambda: True)
+
+
+def scrape(*backends: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One /metrics refresh over ``backends`` (stand-ins for the fleet's), its samples."""
     metrics = Metrics()
+    fleet: Any = SimpleNamespace(backends=list(backends))
+    policy: Any = lambda: SimpleNamespace(version=1)  # noqa: E731
+    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
+    return samples(metrics)
+
+
+def test_scrapes_export_each_buckets_mode_and_rates() -> None:
     steps = SimpleNamespace(
         step_modes=lambda: [
             BucketView(8, None, 1200.0, None, None, 0),
@@ -34,11 +45,7 @@ def test_scrapes_export_each_buckets_mode_and_rates() -> None:
     backend: Any = SimpleNamespace(
         name="emb", steps=steps, num_inflight=lambda: 3, is_healthy=lambda: True
     )
-    pool: Any = SimpleNamespace(name="vllm", num_inflight=lambda: 0, is_healthy=lambda: True)
-    fleet: Any = SimpleNamespace(backends=[backend, pool])
-    policy: Any = lambda: SimpleNamespace(version=2)  # noqa: E731
-    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
-    got = samples(metrics)
+    got = scrape(backend, POOL)
     mode = "draftctl_step_mode"
     rate = "draftctl_step_mode_tokens_per_second"
     assert got[(mode, (("backend", "emb"), ("rows", "64")))] == 0.0  # one-phase runs
@@ -75,15 +82,11 @@ def test_a_choosers_buckets_carry_the_paired_ratio_it_decides_on() -> None:
 def test_scrapes_export_when_device_allocated_steps_were_scored() -> None:
     """``slot_allocation: device``: how many device-allocated steps were scored while the
     previous step ran and how many between their draft and verify (a new row joined)."""
-    metrics = Metrics()
     steps = SimpleNamespace(step_modes=lambda: [], scored_ahead=40, scored_late=3)
     backend: Any = SimpleNamespace(
         name="emb", steps=steps, num_inflight=lambda: 3, is_healthy=lambda: True
     )
-    fleet: Any = SimpleNamespace(backends=[backend])
-    policy: Any = lambda: SimpleNamespace(version=2)  # noqa: E731
-    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
-    got = samples(metrics)
+    got = scrape(backend)
     name = "draftctl_device_scored_steps"
     assert got[(name, (("backend", "emb"), ("made", "ahead")))] == 40.0
     assert got[(name, (("backend", "emb"), ("made", "late")))] == 3.0
@@ -92,15 +95,11 @@ def test_scrapes_export_when_device_allocated_steps_were_scored() -> None:
 def test_scrapes_export_the_engines_steps_and_round_trips() -> None:
     """An embedded backend's decode steps per kind and the host round trips they took (steps
     per round trip above 1: its plain or drafting bursts ran)."""
-    metrics = Metrics()
     counts = {"plain": (400, 100), "drafting": (50, 50)}
     backend: Any = SimpleNamespace(
         name="emb", num_inflight=lambda: 1, is_healthy=lambda: True, step_counts=lambda: counts
     )
-    fleet: Any = SimpleNamespace(backends=[backend])
-    policy: Any = lambda: SimpleNamespace(version=1)  # noqa: E731
-    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
-    got = samples(metrics)
+    got = scrape(backend)
     name = "draftctl_engine_steps"
     for kind, (steps, trips) in counts.items():
         assert got[(name, (("backend", "emb"), ("count", "steps"), ("kind", kind)))] == steps
@@ -110,18 +109,13 @@ def test_scrapes_export_the_engines_steps_and_round_trips() -> None:
 def test_scrapes_export_each_tasks_calibration_factor() -> None:
     """``shared_calibration``: the embedded planner's factor per task (below 1: the task
     estimates overstate that task's rows); a backend without one exports none."""
-    metrics = Metrics()
     steps = SimpleNamespace(
         step_modes=lambda: [], calibrations=lambda: {"math": 0.62, "code": 1.0, "chat": 0.97}
     )
     backend: Any = SimpleNamespace(
         name="emb", steps=steps, num_inflight=lambda: 1, is_healthy=lambda: True
     )
-    pool: Any = SimpleNamespace(name="vllm", num_inflight=lambda: 0, is_healthy=lambda: True)
-    fleet: Any = SimpleNamespace(backends=[backend, pool])
-    policy: Any = lambda: SimpleNamespace(version=1)  # noqa: E731
-    Probes(fleet, None, metrics, policy, lambda: False).refresh_gauges()  # type: ignore[arg-type]
-    got = samples(metrics)
+    got = scrape(backend, POOL)
     name = "draftctl_calibration_factor"
     assert got[(name, (("backend", "emb"), ("task", "math")))] == 0.62
     assert got[(name, (("backend", "emb"), ("task", "chat")))] == 0.97
