@@ -24,7 +24,7 @@ from engines.embedded.request import Request
 from policies.acceptance import expected_by_k
 from policies.costmodel import padded_width
 from policies.step_mode import MODE_NAMES
-from policies.types import TASKS, Task
+from policies.types import Task
 
 # ``unseen_ends``: a request's stated ``max_new_tokens`` exceeds its job's length by this many
 # blocks, so the engine cannot see where it ends (as it cannot see an end-of-sequence token).
@@ -328,8 +328,7 @@ def planner_view(planner: Any, batch: int) -> dict[str, Any] | None:
         }
         # the factor on each task's drafted expectations (1 unless ``shared_calibration``)
         view["calibration"] = {
-            task.value: round(float(factor), 3)
-            for task, factor in zip(TASKS, width.calibrations, strict=True)
+            task: round(factor, 3) for task, factor in planner.calibrations().items()
         }
         chooser = width.strength_chooser
         if chooser is not None:  # ``request_strength_choices``: each task's learnt strength

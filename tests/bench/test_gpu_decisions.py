@@ -1162,6 +1162,9 @@ def test_learning_policies_say_what_they_believed_mid_phase(arm_json: Path) -> N
             assert len(each["rates"]) == len(each["trials"]) == 15
         shared = view["last_shared"]
         assert shared["why"] in {"best", "hold", "probe", "none"}
+        # each task's calibration factor (on by default), within its 0.25-1.5 clamp
+        assert set(view["calibration"]) == {"math", "code", "chat"}
+        assert all(0.25 <= f <= 1.5 for f in view["calibration"].values())
         if shared["rows"]:
             per_row = [shared["expected_accept_per_row"][str(k)] for k in (0, 3, 7, 11, 15)]
             assert per_row[0] == 1.0 and per_row == sorted(per_row)
