@@ -12,6 +12,11 @@ Greedy rows over a random-weight Qwen3 shape (the engine's own CUDA graphs, Trit
 default); rows do not advance, so every repeat runs the same step.
 
     python3 bench/device_step_gpu.py --out $OUT/device_step.json            # H200
+    # session 51 (H100): where the extra time goes, and the fused argmax / confidence
+    python3 bench/device_step_gpu.py --compile-scope layer --rows 64:7,8:8 --also-k '' \
+        --split-widths --out $OUT/device_step_split.json
+    python3 bench/device_step_gpu.py --compile-scope layer --rows 64:7,8:8,1:15 --also-k '' \
+        --top1 --out $OUT/device_step_top1.json
     python3 bench/device_step_gpu.py --device cpu --tiny --out /tmp/d.json   # CPU smoke
 """
 
@@ -36,6 +41,8 @@ if str(ROOT) not in sys.path:
 
 from bench.ragged_gpu_check import BLOCK, Bench  # noqa: E402
 from bench.ragged_gpu_check import parse_args as check_args  # noqa: E402
+from bench.step_breakdown_gpu import timed_ms  # noqa: E402
+from engines.embedded.events import COMPILE_SCOPES  # noqa: E402
 from engines.embedded.ragged import padded_size  # noqa: E402
 from policies.slot_scoring import SlotScoring  # noqa: E402
 
@@ -95,8 +102,73 @@ def kernel_ms(run: Callable[[], object], device: torch.device, steps: int) -> di
     }
 
 
+def mixed_widths(rows: int, k_match: int) -> list[int]:
+    """Per-row k summing to ``rows * k_match`` with the widest at K (a two-phase step's
+    verify width): K on a share of the rows, the rest as even as the total allows."""
+    total = rows * k_match
+    wide = max(1, min(rows, (total - rows) // K)) if rows > 1 else 1
+    if rows == 1:
+        return [k_match]
+    rest = total - wide * K
+    narrow = rows - wide
+    if narrow == 0 or rest < 0:
+        return [k_match] * rows
+    base, extra = divmod(rest, narrow)
+    ks = [K] * wide + [base + 1] * extra + [base] * (narrow - extra)
+    return [min(K, k) for k in ks]
+
+
+def torch_top1(runner: Any, fn: Callable[[], object]) -> object:
+    """``fn`` with the runner's argmax and confidence in PyTorch's reductions."""
+    runner.fused_top1 = False
+    try:
+        return fn()
+    finally:
+        runner.fused_top1 = True
+
+
+def top1_check(device: torch.device, vocab: int, repeats: int) -> dict[str, Any]:
+    """The fused argmax and top-1 probability (engines/embedded/top1.py) against PyTorch's
+    reductions on random bf16 logits of the engine's shapes: the argmax identical, the
+    probability's largest error against a float64 softmax (both), and each one's device ms
+    (CUDA events, the median of ``repeats``)."""
+    from engines.embedded.top1 import reference, top1
+
+    out: dict[str, Any] = {}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for rows, width in ((1, 1), (1, 15), (8, 15), (64, 8), (64, 15)):
+        logits = 4 * torch.randn(rows, width, vocab, device=device).to(dtype)
+        logits[0, 0, :7] = logits[0, 0].max()  # a tie: the first index must win
+        exact = torch.softmax(logits.double(), dim=-1).amax(dim=-1)
+        entry: dict[str, Any] = {}
+        for with_prob in (False, True):
+            fused = top1(logits, with_prob)
+            torched = reference(logits, with_prob)
+            key = "argmax_prob" if with_prob else "argmax"
+            entry[f"{key}_identical"] = bool(torch.equal(fused[0], torched[0]))
+            if with_prob:
+                assert fused[1] is not None and torched[1] is not None
+                entry["prob_max_abs_err"] = {
+                    "fused": float((fused[1].double() - exact).abs().max()),
+                    "torch": float((torched[1].double() - exact).abs().max()),
+                }
+            for label, fn in (
+                ("fused", lambda x=logits, w=with_prob: top1(x, w)),
+                ("torch", lambda x=logits, w=with_prob: reference(x, w)),
+            ):
+                entry[f"{key}_ms_{label}"] = round(timed_ms(fn, device, repeats), 4)
+        out[f"{rows}x{width}"] = entry
+    return out
+
+
 def run_batch(
-    bench: Bench, rows_n: int, k_match: int, steps: int, also: tuple[int, ...] = ()
+    bench: Bench,
+    rows_n: int,
+    k_match: int,
+    steps: int,
+    also: tuple[int, ...] = (),
+    split_widths: bool = False,
+    top1_ab: bool = False,
 ) -> dict[str, Any]:
     runner, device = bench.runner, bench.device
     rows = bench.requests(rows_n)
@@ -114,6 +186,29 @@ def run_batch(
     }
     for k in also:  # one-phase references at other k: the verify's cost between them
         fns.setdefault(f"one_phase_k{k}", lambda k=k: runner.step(rows, [k] * rows_n, uniforms))
+    if split_widths:
+        # Where a two-phase step's extra time goes at the matched tokens: the whole-block
+        # draft (one-phase k_match drafting the whole block), the verify at the block's width
+        # (one-phase, mixed per-row k of the same total, widest K), the allocation at the
+        # narrow widths (two-phase, every row drafting k_match, so draft and verify stay
+        # narrow).
+        mixed = mixed_widths(rows_n, k_match)
+
+        def whole_draft() -> object:
+            runner.narrow_drafts = False
+            try:
+                return runner.step(rows, [k_match] * rows_n, uniforms)
+            finally:
+                runner.narrow_drafts = True
+
+        fns[f"one_phase_k{k_match}_whole_draft"] = whole_draft
+        fns["one_phase_mixed_widths"] = lambda: runner.step(rows, mixed, uniforms)
+        fns[f"two_phase_device_cap{k_match}"] = lambda: runner.step(
+            rows, [k_match] * rows_n, uniforms, scoring=lambda: plan
+        )
+    if top1_ab:  # the same steps with PyTorch's argmax and confidence reductions
+        for name, fn in list(fns.items()):
+            fns[f"{name}_torch_top1"] = lambda fn=fn: torch_top1(runner, fn)
     out: dict[str, Any] = {"rows": rows_n, "k_match": k_match, "budget": budget}
     with torch.inference_mode():
         verified = runner.step(rows, [K] * rows_n, uniforms, scoring=lambda: plan)
@@ -165,6 +260,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=20, help="steps per timing round")
     parser.add_argument("--context-len", type=int, default=1024)
+    parser.add_argument(
+        "--compile-scope",
+        choices=["none", *COMPILE_SCOPES],
+        default="none",
+        help="torch.compile the forwards before capture (layer: the engine's regional compile, "
+        "as --compile-scope layer in bench/gpu_decisions.py); none: eager kernels in graphs",
+    )
+    parser.add_argument(
+        "--split-widths",
+        action="store_true",
+        help="also time the parts of a two-phase step's extra cost at the matched tokens: "
+        "the whole-block draft, the verify at the block's width, the allocation at narrow widths",
+    )
+    parser.add_argument(
+        "--top1",
+        action="store_true",
+        help="also check and time the fused argmax / top-1 probability against PyTorch's "
+        "reductions, alone and inside every timed step (engines/embedded/top1.py)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     pairs = [(int(r), int(k)) for r, k in (p.split(":") for p in args.rows.split(","))]
@@ -174,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             "--out", args.out, "--device", args.device, "--batches", ",".join(map(str, batches)),
             "--context-len", str(args.context_len),
             *(["--tiny"] if args.tiny else ["--attention", args.attention]),
+            *([] if args.compile_scope == "none" else ["--compile", "--compile-scope",
+                                                      args.compile_scope]),
         ]
     )  # fmt: skip
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -182,11 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     bench = Bench(check)
     result: dict[str, Any] = {"command": " ".join(sys.argv), "setup": bench.result["setup"]}
+    if args.top1:
+        vocab = int(bench.runner.target.shape.vocab_size)
+        result["top1"] = top1_check(bench.device, vocab, 3 if args.tiny else 50)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print("top1", json.dumps(result["top1"]))
     result["batches"] = {}
     for rows_n, k in pairs:
         logger.info("rows %d, k %d", rows_n, k)
         also = tuple(int(x) for x in args.also_k.split(",") if x.strip())
-        result["batches"][str(rows_n)] = run_batch(bench, rows_n, k, args.steps, also)
+        result["batches"][str(rows_n)] = run_batch(
+            bench, rows_n, k, args.steps, also, args.split_widths, args.top1
+        )
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for rows_n, entry in result["batches"].items():
         print(rows_n, entry["wall_ms_median"])

@@ -229,7 +229,12 @@ class GoodputSpec(StrictModel):
     # fills the slots the step's token bucket pays for, with no sync). Device needs an engine
     # that verifies per-row widths (the embedded engine's ragged CUDA graphs or its eager path);
     # its steps also run in the engine's drafting bursts (``spec_burst``), a host one's cannot.
-    slot_allocation: Literal["host", "device"] = "host"
+    # Default "device" since session 51: with the draft's confidence in one read of its
+    # logits (engines/embedded/top1.py) a device-allocated two-phase step got ~0.7 ms cheaper at
+    # 64 rows on the H100 8B shape, and the auto chooser's device policy ran 1.0066-1.0069x
+    # the host one in each of three compiled calls (10 of 10 blocks above 1; the 64-row phase
+    # 1.012-1.015x; docs/ragged-log.md "Session 51"). The real pair has not run it yet.
+    slot_allocation: Literal["host", "device"] = "device"
     # Two-phase steps draft at most this many positions per row (None: all the policy's bounds
     # allow). On a CUDA-graph runner a step whose widest k is at most 7 computes 7 positions'
     # draft logits instead of 15 (narrow draft graphs, docs/engine.md): at 64 rows that draft

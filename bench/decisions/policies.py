@@ -19,14 +19,16 @@ policies/step_mode.py), ``goodput-slots`` its ``step_mode: slots`` (two-phase fr
 ``slots_min_batch`` rows; not run by default), ``goodput-cap<N>`` ``goodput`` whose two-phase
 rows draft at most N positions (``slots_draft_cap``: with N = 7 a 16-token block's narrow draft
 graph; not run by default), ``goodput-device`` ``goodput`` whose two-phase steps allocate on
-the device (``slot_allocation: device``, policies/slot_scoring.py; with ``-min<N>`` from N
-rows, ``slots_min_batch: N``; ``-min1``: at every batch size); ``goodput-device-slots`` always
-two-phase from ``slots_min_batch`` rows, no chooser, as vllm-av-device is, whole-block draft:
-the allocator's scoring against vLLM's on the same step; any goodput policy with ``-kmin<N>``
-appended: the policy file's ``min_spec_tokens`` N, not 4 (issue 16: "min may be set below 4 for
-experiments"; vLLM's baseline takes any k); with ``-plain<N>`` or ``-reprobe<N>`` appended
-(after any ``-kmin``): ``request_plain_entry_steps`` or ``request_reprobe_steps`` N (the
-default against another within one call);
+the device (``slot_allocation: device``, policies/slot_scoring.py; the policy's default since
+session 51, so ``goodput`` itself; with ``-min<N>`` from N rows, ``slots_min_batch: N``;
+``-min1``: at every batch size), ``goodput-host`` ``goodput`` whose two-phase steps allocate on
+the host (the default before session 51; ``goodput-host-slots`` in ``step_mode: slots``);
+``goodput-device-slots`` always two-phase from ``slots_min_batch`` rows, no chooser, as
+vllm-av-device is, whole-block draft: the allocator's scoring against vLLM's on the same step;
+any goodput policy with ``-kmin<N>`` appended: the policy file's ``min_spec_tokens`` N, not 4
+(issue 16: "min may be set below 4 for experiments"; vLLM's baseline takes any k); with
+``-plain<N>`` or ``-reprobe<N>`` appended (after any ``-kmin``): ``request_plain_entry_steps``
+or ``request_reprobe_steps`` N (the default against another within one call);
 ``goodput-device-cap<N>`` with two-phase rows drafting at most N positions: at N = 7 the
 narrow draft graph, whose LM head covers 7 positions, not 15), ``vllm-av`` its own per-row
 allocation (``decide_rows``) on the host,
@@ -180,6 +182,10 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(ctx, "slots")
     if name == "goodput-device":
         return _goodput(ctx, "auto", allocation="device")
+    if name == "goodput-host":  # two-phase steps allocated on the host (the default to s51)
+        return _goodput(ctx, "auto", allocation="host")
+    if name == "goodput-host-slots":
+        return _goodput(ctx, "slots", allocation="host")
     rows = name.removeprefix("goodput-device-min")
     if name.startswith("goodput-device-min") and rows.isdigit() and int(rows) >= 1:
         return _goodput(ctx, "auto", allocation="device", slots_min_batch=int(rows))
@@ -232,6 +238,8 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-strength",
             "goodput-noramp",
             "goodput-device",
+            "goodput-host",
+            "goodput-host-slots",
             "goodput-device-min<N>",
             "goodput-device-slots",
             "goodput-cap<N>",
@@ -258,7 +266,7 @@ def _goodput(
     ctx: Context,
     ragged_mode: str,
     draft_cap: int | None = None,
-    allocation: str = "host",
+    allocation: str | None = None,
     slots_min_batch: int | None = None,
 ) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
@@ -266,16 +274,15 @@ def _goodput(
     two-phase per-slot allocation, whichever this engine runs faster, measured) or ``slots``
     (``goodput-slots``: two-phase steps from ``slots_min_batch`` rows). ``draft_cap``
     (``goodput-cap<N>``): two-phase rows draft at most N positions (``slots_draft_cap``).
-    ``allocation`` (``goodput-device``: "device"): where two-phase steps allocate
-    (``slot_allocation``); ``slots_min_batch`` (``goodput-device-min<N>``: N, e.g. 1, so the auto
-    chooser measures both modes at every batch size, not from 32 rows): the policy's own."""
+    ``allocation`` (``goodput-device``: "device", ``goodput-host``: "host"; None: the policy
+    default's, "device" since session 51): where two-phase steps allocate (``slot_allocation``);
+    ``slots_min_batch`` (``goodput-device-min<N>``: N, e.g. 1, so the auto chooser measures both
+    modes at every batch size, not from 32 rows): the policy's own."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
-        update: dict[str, object] = {
-            "step_mode": ragged_mode,
-            "slots_draft_cap": draft_cap,
-            "slot_allocation": allocation,
-        }
+        update: dict[str, object] = {"step_mode": ragged_mode, "slots_draft_cap": draft_cap}
+        if allocation is not None:
+            update["slot_allocation"] = allocation
         if slots_min_batch is not None:
             update["slots_min_batch"] = slots_min_batch
         goodput = GoodputSpec.model_validate(goodput.model_dump() | update)

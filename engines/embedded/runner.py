@@ -50,6 +50,8 @@ from engines.embedded.sampling import sample_from_probs, sampling_probs
 from engines.embedded.speculative import verify_greedy, verify_rejection
 from engines.embedded.synthetic import SyntheticAcceptance, assemble_rows
 from engines.embedded.target import TargetModel
+from engines.embedded.top1 import reference as top1_reference
+from engines.embedded.top1 import top1
 from policies.slot_scoring import SlotScoring
 from policies.types import PositionValues, max_spec_tokens
 
@@ -340,6 +342,11 @@ class ModelRunner:
         # whole block's logits (step_profile prices steps so: two-phase steps draft whole).
         self.draft_widths = sorted({min(w, self.block_size) for w in self.widths if w > 1})
         self.narrow_drafts = True
+        # Greedy argmax and draft confidence in one read of the logits (engines/embedded/
+        # top1.py; on by default on CUDA, where it replaces five or more reductions); off:
+        # PyTorch's reductions (on a CPU they are the faster; tests switch it on there to run
+        # the kernels under Triton's interpreter).
+        self.fused_top1 = device.type == "cuda"
         # Room for a full block past the last position; a multiple of 64 keeps the attention
         # mask rows aligned for the memory-efficient SDPA kernel.
         cache_len = -(-(max_seq_len + max(self.block_size, self.widths[-1])) // 64) * 64
@@ -1031,14 +1038,19 @@ class ModelRunner:
         draft_logits = self._run_draft(block, start[:, None] + offsets, spec_tokens, eager)[
             :, :widest
         ]
-        draft_probs = None
-        if params is None:
-            drafts = draft_logits.argmax(dim=-1)
-        else:
-            draft_probs = sampling_probs(draft_logits, *params)
-            drafts = sample_from_probs(draft_probs, u[:, :widest])
+        if params is None:  # greedy: the argmax and its probability in one pass
+            drafts, confidence = self._top1(draft_logits, measured)
+            return drafts, None, confidence
+        draft_probs = sampling_probs(draft_logits, *params)
+        drafts = sample_from_probs(draft_probs, u[:, :widest])
         confidence = self._confidence(draft_logits, draft_probs, params) if measured else None
         return drafts, draft_probs, confidence
+
+    def _top1(
+        self, logits: torch.Tensor, with_prob: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Argmax [B, W] of logits [B, W, vocab] and (``with_prob``) its probability."""
+        return top1(logits, with_prob) if self.fused_top1 else top1_reference(logits, with_prob)
 
     def _verified(
         self,
@@ -1076,7 +1088,7 @@ class ModelRunner:
         greedy (``verify_greedy``) or speculative sampling with the step's accept and bonus
         uniforms (``verify_rejection``)."""
         if params is None:
-            return verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
+            return verify_greedy(drafts, num_draft, self._top1(logits)[0])
         widest = drafts.shape[1]
         target_probs = sampling_probs(logits, *params)
         if draft_probs is None:
@@ -1611,15 +1623,16 @@ class ModelRunner:
             packing = Packing.from_lengths(verified + 1, width)
         return self._run("verify", ids, positions, packing, eager=eager), verified
 
-    @staticmethod
     def _confidence(
-        logits: torch.Tensor, probs: torch.Tensor | None, params: tuple[torch.Tensor, ...] | None
+        self,
+        logits: torch.Tensor,
+        probs: torch.Tensor | None,
+        params: tuple[torch.Tensor, ...] | None,
     ) -> torch.Tensor:
-        """[B, k] top-1 draft probability: of the raw logits for greedy rows (without a
-        [B, k, vocab] float copy: exp(max - logsumexp)), of the distribution a sampling row
-        samples from (greedy rows' is one-hot)."""
-        top = logits.amax(dim=-1).float()
-        confidence = (top - torch.logsumexp(logits, dim=-1).float()).exp()
+        """[B, k] top-1 draft probability: of the raw logits for greedy rows (``_top1``), of
+        the distribution a sampling row samples from (greedy rows' is one-hot)."""
+        confidence = self._top1(logits, True)[1]
+        assert confidence is not None
         if probs is None or params is None:
             return confidence
         return torch.where((params[0] > 0)[:, None], probs.amax(dim=-1), confidence)
@@ -1677,14 +1690,13 @@ class ModelRunner:
             packed.tolist(), spec_tokens, drafts.shape[1], elapsed_s, draws, drafted
         )
 
-    @staticmethod
     def _synthetic_targets(
-        logits: torch.Tensor, params: tuple[torch.Tensor, ...] | None, u: torch.Tensor
+        self, logits: torch.Tensor, params: tuple[torch.Tensor, ...] | None, u: torch.Tensor
     ) -> torch.Tensor:
         """The target's token at every position [B, widest + 1]: its argmax, or a sample of
         its distribution there with the step's bonus uniform."""
         if params is None:
-            return logits.argmax(dim=-1)
+            return self._top1(logits)[0]
         probs = sampling_probs(logits, *params)
         return sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
 

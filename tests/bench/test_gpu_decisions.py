@@ -231,7 +231,8 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--policies",
         "no-spec,static-k4,static-k7,static-k11,static-k15,dsd-schedule,vllm-av,goodput,"
         "goodput-slots,goodput-cap3,oracle,goodput@padded,vllm-av@padded,vllm-av-device,"
-        "goodput-device,goodput-device-min1,goodput-device-cap3,goodput-device-slots",
+        "goodput-device,goodput-device-min1,goodput-device-cap3,goodput-device-slots,"
+        "goodput-host-slots",
         "--device",
         "cpu",
         "--scale",
@@ -280,6 +281,7 @@ def test_every_policy_runs_on_the_ragged_engine(ragged_json: Path) -> None:
         "goodput-device-min1",
         "goodput-device-cap3",
         "goodput-device-slots",
+        "goodput-host-slots",
     }
     tokens = {name: [p["tokens"] for p in run["phases"].values()] for name, run in runs.items()}
     assert len({tuple(t) for t in tokens.values()}) == 1  # same requests, same token counts
@@ -304,7 +306,7 @@ def test_two_phase_steps_are_tallied_as_the_allocators(ragged_json: Path) -> Non
     """A two-phase policy's phases tally its allocator's decisions under ``allocator`` (or
     ``allocator (device)``) with the gain over a plain step it estimated."""
     report = json.loads(ragged_json.read_text())
-    for name in ("goodput-slots", "goodput-device-slots"):
+    for name in ("goodput-slots", "goodput-device-slots", "goodput-host-slots"):
         reasons = [
             (key, entry)
             for run in report["runs"]

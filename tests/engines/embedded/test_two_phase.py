@@ -137,7 +137,9 @@ def test_the_goodput_slots_mode_drives_the_engine_losslessly(
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(SlotAllocator, "prepare_step", prepare_step)
-    goodput = GoodputSpec(step_mode="slots", slots_min_batch=1, probe_probability=0.0)
+    goodput = GoodputSpec(
+        step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="host"
+    )
     controller = goodput_controller(goodput)
     prepare_allocation = controller.prepare_allocation
 
