@@ -231,7 +231,7 @@ class GoodputSpec(StrictModel):
     # its steps also run in the engine's drafting bursts (``spec_burst``), a host one's cannot.
     # Default "device" since session 51: with the draft's confidence in one read of its
     # logits (engines/embedded/top1.py) a device-allocated two-phase step got ~0.7 ms cheaper at
-    # 64 rows on the H100 8B shape, and the auto chooser's device policy ran 1.0066-1.0069x
+    # 64 rows on the H100 8B shape, and the auto chooser's device policy ran 1.0065-1.0069x
     # the host one in each of three compiled calls (10 of 10 blocks above 1; the 64-row phase
     # 1.012-1.015x; docs/ragged-log.md "Session 51"). The real pair has not run it yet.
     slot_allocation: Literal["host", "device"] = "device"

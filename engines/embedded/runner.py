@@ -342,7 +342,7 @@ class ModelRunner:
         # whole block's logits (step_profile prices steps so: two-phase steps draft whole).
         self.draft_widths = sorted({min(w, self.block_size) for w in self.widths if w > 1})
         self.narrow_drafts = True
-        # Greedy argmax and draft confidence in one read of the logits (engines/embedded/
+        # The draft's argmax and confidence in one read of its logits (engines/embedded/
         # top1.py; on by default on CUDA, where it replaces five or more reductions); off:
         # PyTorch's reductions (on a CPU they are the faster; tests switch it on there to run
         # the kernels under Triton's interpreter).
@@ -1088,7 +1088,7 @@ class ModelRunner:
         greedy (``verify_greedy``) or speculative sampling with the step's accept and bonus
         uniforms (``verify_rejection``)."""
         if params is None:
-            return verify_greedy(drafts, num_draft, self._top1(logits)[0])
+            return verify_greedy(drafts, num_draft, logits.argmax(dim=-1))
         widest = drafts.shape[1]
         target_probs = sampling_probs(logits, *params)
         if draft_probs is None:
@@ -1690,13 +1690,14 @@ class ModelRunner:
             packed.tolist(), spec_tokens, drafts.shape[1], elapsed_s, draws, drafted
         )
 
+    @staticmethod
     def _synthetic_targets(
-        self, logits: torch.Tensor, params: tuple[torch.Tensor, ...] | None, u: torch.Tensor
+        logits: torch.Tensor, params: tuple[torch.Tensor, ...] | None, u: torch.Tensor
     ) -> torch.Tensor:
         """The target's token at every position [B, widest + 1]: its argmax, or a sample of
         its distribution there with the step's bonus uniform."""
         if params is None:
-            return self._top1(logits)[0]
+            return logits.argmax(dim=-1)
         probs = sampling_probs(logits, *params)
         return sample_from_probs(probs, u[:, -1:].expand(-1, probs.shape[1]))
 
