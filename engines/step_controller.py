@@ -724,6 +724,7 @@ class StepController:
             learn_steps=g.mode_learn_steps,
             reprobe_steps=g.mode_reprobe_steps,
             margin=g.mode_margin,
+            cut_ratio=g.mode_cut_ratio,
         )
         if self._modes is None or self._modes.settings != settings:
             self._modes = StepModeChooser(settings)

@@ -12,6 +12,16 @@ then runs the faster (the incumbent keeps its place unless the other is ``margin
 and re-measures the other for one block every ``reprobe_steps`` decided steps, so it follows
 the traffic.
 
+A block that loses by far is cut short (``cut_ratio``, session 52): once a block of the mode
+being tried (while learning, or a re-probe) has run ``cut_steps`` steps at under ``cut_ratio``
+of the rate of the other mode's block just before it, it ends there, and a paired estimate
+that far apart decides the bucket at once, before ``learn_steps``. On the real pair (a small
+target whose whole-block draft costs ~2 plain steps) the 64-row bucket first met drafting in a
+draining batch of 33-38 rows, where two-phase steps emitted 6-14 tokens a ms against ~29 for
+plain and one-phase steps: the learning blocks of 8 (two-phase first) cost 1.5-3% of the phase
+(docs/ragged-log.md "Session 52"). With the cut on, learning starts with one phase, so the
+first two-phase block has a measured block before it.
+
 "Faster" is judged on paired blocks only: each time the recorded mode changes, the last
 ``probe_steps`` steps before the change and the first ``probe_steps`` after it (tokens
 emitted per second of step time in each) give one paired log ratio, and the estimate is their
@@ -46,12 +56,18 @@ class ModeSettings:
     margin: float = 0.02  # the other mode must be this much faster to take over
     decay: float = 0.995  # per recorded step of a bucket: old steps fade (traffic changes)
     pair_decay: float = 0.8  # per new paired comparison: the older pairs' weight
+    # A tried block under this share of the block before it is cut after ``cut_steps`` steps
+    # and decides the bucket (0: never; then learning starts with two phases, as before)
+    cut_ratio: float = 0.75
+    cut_steps: int = 2
 
     def __post_init__(self) -> None:
         if self.probe_steps < 1 or self.learn_steps < 1 or self.reprobe_steps < 1:
             raise ValueError("probe_steps, learn_steps and reprobe_steps must be >= 1")
         if self.margin < 0 or not 0 < self.decay <= 1 or not 0 < self.pair_decay <= 1:
             raise ValueError("margin must be >= 0, decay and pair_decay in (0, 1]")
+        if not 0 <= self.cut_ratio < 1 or self.cut_steps < 1:
+            raise ValueError("cut_ratio must be in [0, 1) and cut_steps >= 1")
 
 
 @dataclass
@@ -134,6 +150,40 @@ class StepModeChooser:
         state.steps[i] += 1
         if self._pair(state, two_phase, tokens, seconds):
             self._update_incumbent(state)
+        elif self._losing_by_far(state, two_phase):
+            self._cut(state)
+
+    def _losing_by_far(self, state: _Bucket, two_phase: bool) -> bool:
+        """The block of ``two_phase`` under way is one being tried (learning, or a re-probe
+        of the mode that is not the incumbent), is still scheduled, has run ``cut_steps`` steps
+        and emits under ``cut_ratio`` of the rate of the other mode's block just before it."""
+        s = self.settings
+        if s.cut_ratio <= 0 or state.before is None or state.incumbent == two_phase:
+            return False
+        tokens, seconds, _ = state.before
+        if state.after[2] < s.cut_steps or min(tokens, seconds) <= 0:
+            return False
+        bar = s.cut_ratio * tokens / seconds  # every one of the last cut_steps under it: a
+        last = list(state.recent)[-s.cut_steps :]  # one-off stall does not cut a block
+        slower = all(t < bar * sec for t, sec in last)
+        return slower and self._choice(state) == two_phase
+
+    def _cut(self, state: _Bucket) -> None:
+        """End the block under way: pair it as it is and move the schedule to the next block
+        (learning) or past the re-probe (decided)."""
+        s = self.settings
+        if self._add_pair(state):
+            advantage = state.advantage()
+            far = advantage is not None and abs(advantage) > -math.log(s.cut_ratio)
+            if state.incumbent is None and far:  # decided now, before learn_steps
+                state.incumbent = advantage is not None and advantage > 0
+            else:
+                self._update_incumbent(state)
+        if state.incumbent is None:
+            state.decided = (state.decided // s.probe_steps + 1) * s.probe_steps
+        else:
+            cycle = s.reprobe_steps + s.probe_steps
+            state.decided = (state.decided // cycle + 1) * cycle
 
     def _pair(self, state: _Bucket, two_phase: bool, tokens: int, seconds: float) -> bool:
         """Track runs of one mode; True when this step completes a pair of blocks around a
@@ -221,8 +271,8 @@ class StepModeChooser:
 
     def _choice(self, state: _Bucket) -> bool:
         s = self.settings
-        if state.incumbent is None:  # learning: alternate blocks, two-phase first
-            return (state.decided // s.probe_steps) % 2 == 0
+        if state.incumbent is None:  # learning: alternate blocks, one phase first with the cut
+            return (state.decided // s.probe_steps) % 2 == int(s.cut_ratio > 0)
         cycle = s.reprobe_steps + s.probe_steps
         probing = state.decided % cycle >= s.reprobe_steps
         return state.incumbent != probing

@@ -199,6 +199,7 @@ class GoodputAutoChooser:
                 learn_steps=spec.mode_learn_steps,
                 reprobe_steps=spec.mode_reprobe_steps,
                 margin=spec.mode_margin,
+                cut_ratio=spec.mode_cut_ratio,
             )
         )
         self._two_phase = False

@@ -42,6 +42,8 @@ without it (as before session 48); ``goodput-calone`` with one factor for every 
 (``calibration_by_task: false``, as sessions 45-47 ran ``goodput-cal``).
 ``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
 two-phase probes run while the batch runs plain, as before session 45; not run by default).
+``goodput-nocut``: ``goodput`` with ``mode_cut_ratio: 0`` (the auto mode's learning blocks and
+re-probes run their full length, learning two-phase first, as before session 52).
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
 task's request strength learnt from how well each candidate's blends predicted its steps;
 not run by default).
@@ -175,6 +177,9 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-strength":
         learnt = ctx.goodput.model_copy(update={"request_strength_choices": STRENGTH_CHOICES})
         return _goodput(replace(ctx, goodput=learnt), "auto")
+    if name == "goodput-nocut":
+        uncut = ctx.goodput.model_copy(update={"mode_cut_ratio": 0.0})
+        return _goodput(replace(ctx, goodput=uncut), "auto")
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -235,6 +240,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-calone",
             "goodput-nocal",
             "goodput-probeplain",
+            "goodput-nocut",
             "goodput-strength",
             "goodput-noramp",
             "goodput-device",
