@@ -107,6 +107,7 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
         "s_per_run": round(total_ms / n / 1e3, 3),
         "emitted_per_ms": round(sum(e[EMITTED] for e in steps) / total_ms, 3) if total_ms else None,
         "buckets": buckets,
+        "modes": _modes(steps, full, n),
     }
     stretches = [
         {"run": index, **stretch}
@@ -189,6 +190,34 @@ def _means(entries: Sequence[Sequence[float]]) -> dict[str, float]:
     }
 
 
+def _modes(steps: list[list[float]], full: int | None, runs: int) -> list[dict[str, Any]]:
+    """The decode steps (no admission) by batch (the phase's full batch, or fewer rows: its
+    ramp and drain) and mode: plain (k = 0), one-phase drafting, two-phase; per run."""
+    cells: dict[tuple[bool, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for entry in steps:
+        if entry[ADMITTED]:
+            continue
+        two_phase = len(entry) > TWO_PHASE and entry[TWO_PHASE]  # (older files: no field)
+        mode = "two-phase" if two_phase else "one-phase" if entry[KMAX] else "plain"
+        cell = cells[(full is not None and entry[ROWS] >= full, mode)]
+        cell[0] += 1
+        cell[1] += entry[MS]
+        cell[2] += entry[EMITTED]
+    order = {"plain": 0, "one-phase": 1, "two-phase": 2}
+    return [
+        {
+            "batch": "full" if is_full else "fewer",
+            "mode": mode,
+            "steps_per_run": round(count / runs, 1),
+            "s_per_run": round(ms / runs / 1e3, 3),
+            "emitted_per_ms": round(emitted / ms, 3) if ms else None,
+        }
+        for (is_full, mode), (count, ms, emitted) in sorted(
+            cells.items(), key=lambda item: (not item[0][0], order[item[0][1]])
+        )
+    ]
+
+
 def render(summary: dict[str, Any]) -> str:
     """The summary as text, one block per phase."""
     lines: list[str] = []
@@ -204,6 +233,11 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"  {cell['rows']:>4} rows {tag:8s} {cell['steps_per_run']:>7} steps "
                     f"{cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
+                )
+            for cell in info["modes"]:
+                lines.append(
+                    f"  {cell['batch']:>5} batch {cell['mode']:9s} {cell['steps_per_run']:>7} "
+                    f"steps {cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
                 )
             for stretch in info.get("plain_stretches", []):
                 decision = stretch.get("decision_first")

@@ -52,6 +52,33 @@ def test_policies_pool_their_runs_per_row_bucket_and_token_count() -> None:
     )
 
 
+def test_decode_steps_are_split_by_batch_and_mode() -> None:
+    """``modes``: the steps that admit nothing, at the full batch or fewer rows (a ramp or a
+    drain), plain, one-phase drafting or two-phase (the timeline's ninth field; older files
+    without it count as one phase)."""
+    steps = [
+        [4, 0, 0, 2.0, 0.0, 0.0, 4, 4, 0],  # full, plain
+        [3, 0, 0, 1.5, 0.0, 0.0, 3, 3, 0],  # fewer, plain
+        [3, 12, 0, 4.0, 0.0, 0.0, 39, 9, 0],  # fewer, one-phase
+        [3, 10, 0, 5.0, 0.0, 2.0, 6, 6, 1],  # fewer, two-phase
+        [3, 10, 1, 9.0, 0.0, 2.0, 6, 6, 1],  # admitting: left out
+        [3, 7, 0, 3.0, 0.0, 0.0, 24, 6],  # an older entry: one-phase
+    ]
+    call = {
+        "phases": [{"name": "busy", "concurrency": 4}],
+        "runs": [{"policy": "a", "phases": {"busy": {"timeline": steps}}}],
+    }
+    modes = summarise([call])["busy"]["policies"]["a"]["modes"]
+    seen = {(m["batch"], m["mode"]): (m["steps_per_run"], m["emitted_per_ms"]) for m in modes}
+    assert seen == {
+        ("full", "plain"): (1.0, 2.0),
+        ("fewer", "plain"): (1.0, 2.0),
+        ("fewer", "one-phase"): (2.0, round(15 / 7, 3)),
+        ("fewer", "two-phase"): (1.0, 1.2),
+    }
+    assert [m["mode"] for m in modes] == ["plain", "plain", "one-phase", "two-phase"]
+
+
 def test_cli_reads_gzip_writes_json_and_refuses_a_merged_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
