@@ -109,6 +109,9 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
         "buckets": buckets,
         "modes": _modes(steps, full, n),
     }
+    gains = drafting_gains(runs)
+    if gains:
+        result["drafting_gains"] = gains
     stretches = [
         {"run": index, **stretch}
         for index, timeline in enumerate(runs)
@@ -218,6 +221,59 @@ def _modes(steps: list[list[float]], full: int | None, runs: int) -> list[dict[s
     ]
 
 
+# row regions of ``drafting_gains``: (label, fewest rows, most rows)
+GAIN_REGIONS = (("1-8", 1, 8), ("9-32", 9, 32), ("33+", 33, 1 << 30))
+
+
+def drafting_gains(runs: list[list[list[float]]]) -> list[dict[str, Any]]:
+    """What the batch-wide decisions expected of their one-phase drafting steps against what
+    those steps gave: per row region, the mean expected gain (``DRAFT_GAIN``: the chosen k's
+    tokens a second over a plain step's, as priced) and the mean realized one (the step's
+    emitted tokens a ms over rows / the median ms, the upper middle, of the same run's plain
+    steps at the nearest row count within 2; steps without one left out), and the priced ms
+    over the measured ms of the drafting step and of that plain step. Steps that admit, two-phase
+    steps and timelines without the planner's fields (before session 43) are left out."""
+    cells: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
+    for timeline in runs:
+        plain: dict[int, list[float]] = defaultdict(list)
+        for e in timeline:
+            two_phase = len(e) > TWO_PHASE and e[TWO_PHASE]
+            if e[KMAX] == 0 and not e[ADMITTED] and not two_phase:
+                plain[int(e[ROWS])].append(e[MS])
+        for e in timeline:
+            if len(e) <= DRAFT_PRICED_MS or e[KMAX] == 0 or e[ADMITTED] or e[TWO_PHASE]:
+                continue
+            if e[DRAFT_GAIN] <= 0 or e[MS] <= 0:
+                continue
+            rows = int(e[ROWS])
+            near = next(
+                (plain[r] for r in (rows, rows - 1, rows + 1, rows - 2, rows + 2) if plain.get(r)),
+                None,
+            )
+            if near is None:
+                continue
+            plain_ms = sorted(near)[len(near) // 2]
+            label = next(name for name, lo, hi in GAIN_REGIONS if lo <= rows <= hi)
+            cell = cells[label]
+            cell[0] += 1
+            cell[1] += e[DRAFT_GAIN]
+            cell[2] += (e[EMITTED] / e[MS]) / (rows / plain_ms)
+            cell[3] += e[DRAFT_PRICED_MS] / e[MS]
+            cell[4] += e[PLAIN_PRICED_MS] / plain_ms
+    return [
+        {
+            "rows": name,
+            "steps": int(cells[name][0]),
+            "expected_gain": round(cells[name][1] / cells[name][0], 3),
+            "realized_gain": round(cells[name][2] / cells[name][0], 3),
+            "draft_priced_over_measured": round(cells[name][3] / cells[name][0], 3),
+            "plain_priced_over_measured": round(cells[name][4] / cells[name][0], 3),
+        }
+        for name, _, _ in GAIN_REGIONS
+        if name in cells
+    ]
+
+
 def render(summary: dict[str, Any]) -> str:
     """The summary as text, one block per phase."""
     lines: list[str] = []
@@ -238,6 +294,13 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"  {cell['batch']:>5} batch {cell['mode']:9s} {cell['steps_per_run']:>7} "
                     f"steps {cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
+                )
+            for cell in info.get("drafting_gains", []):
+                lines.append(
+                    f"  drafting at {cell['rows']:>4} rows: {cell['steps']} steps, expected gain "
+                    f"{cell['expected_gain']}, realized {cell['realized_gain']} (priced / "
+                    f"measured: draft {cell['draft_priced_over_measured']}, plain "
+                    f"{cell['plain_priced_over_measured']})"
                 )
             for stretch in info.get("plain_stretches", []):
                 decision = stretch.get("decision_first")

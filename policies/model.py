@@ -207,13 +207,14 @@ class GoodputSpec(StrictModel):
     mode_learn_steps: int = Field(default=16, ge=1)
     mode_reprobe_steps: int = Field(default=512, ge=1)
     mode_margin: float = Field(default=0.02, ge=0, le=1)
-    # Auto mode: a block being tried (learning or a re-probe) that runs 2 steps in a row under
-    # this share of the other mode's block just before it ends there, and decides a bucket
-    # still learning at once (policies/step_mode.py; learning then starts with one phase).
-    # The real pair's 64-row bucket met drafting first in a draining batch, where its
-    # two-phase learning blocks ran at a quarter to a half of one-phase's rate: 1.5-3% of the
-    # mixed phase (session 52). 0: blocks run their length, learning starts two-phase.
-    mode_cut_ratio: float = Field(default=0.75, ge=0, lt=1)
+    # Auto mode, off by default (0): a block being tried (learning or a re-probe) whose last 2
+    # steps each ran under this share of the other mode's block just before it ends there,
+    # and decides a bucket still learning at once (policies/step_mode.py; learning then
+    # starts with one phase). Session 52: built for the real pair's draining 64-row bucket
+    # (two-phase learning blocks at a quarter to a half of one-phase's rate, 1.5-3% of the
+    # mixed phase in call s52a); at 0.75 it measured inside the noise on three calls and on
+    # the compiled 8B arm decided that bucket from two slow first-use steps.
+    mode_cut_ratio: float = Field(default=0.0, ge=0, lt=1)
     # Auto mode: a two-phase step the chooser wants only to measure (a probe or its learning,
     # the bucket's incumbent one-phase or not yet known) runs one-phase while the batch-wide
     # decision for the step is plain (k = 0), and the chooser's schedule waits for a step

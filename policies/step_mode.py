@@ -12,15 +12,17 @@ then runs the faster (the incumbent keeps its place unless the other is ``margin
 and re-measures the other for one block every ``reprobe_steps`` decided steps, so it follows
 the traffic.
 
-A block that loses by far is cut short (``cut_ratio``, session 52): once a block of the mode
-being tried (while learning, or a re-probe) has run ``cut_steps`` steps at under ``cut_ratio``
-of the rate of the other mode's block just before it, it ends there, and a paired estimate
-that far apart decides the bucket at once, before ``learn_steps``. On the real pair (a small
-target whose whole-block draft costs ~2 plain steps) the 64-row bucket first met drafting in a
-draining batch of 33-38 rows, where two-phase steps emitted 6-14 tokens a ms against ~29 for
-plain and one-phase steps: the learning blocks of 8 (two-phase first) cost 1.5-3% of the phase
-(docs/ragged-log.md "Session 52"). With the cut on, learning starts with one phase, so the
-first two-phase block has a measured block before it.
+Optionally (``cut_ratio`` > 0, session 52; off by default) a block that loses by far is cut
+short: once a block of the mode being tried (while learning, or a re-probe) has run
+``cut_steps`` steps each under ``cut_ratio`` of the rate of the other mode's block just before
+it, it ends there, and while the bucket learns a paired estimate that far apart decides it at
+once, before ``learn_steps``; learning then starts with one phase, so the first two-phase block
+has a measured block before it. Built for the real pair's draining 64-row bucket (call s52a:
+9-17 two-phase learning steps a run at 6-14 tokens a ms against ~29 for plain and one-phase
+steps, 1.5-3% of the mixed phase); measured on three calls it changed nothing outside the
+noise, and on the compiled 8B arm it decided the 64-row bucket one-phase from two slow
+first-use steps of the warm pass (paired 0.495x), so it stays off (docs/ragged-log.md
+"Session 52").
 
 "Faster" is judged on paired blocks only: each time the recorded mode changes, the last
 ``probe_steps`` steps before the change and the first ``probe_steps`` after it (tokens
@@ -57,8 +59,8 @@ class ModeSettings:
     decay: float = 0.995  # per recorded step of a bucket: old steps fade (traffic changes)
     pair_decay: float = 0.8  # per new paired comparison: the older pairs' weight
     # A tried block under this share of the block before it is cut after ``cut_steps`` steps
-    # and decides the bucket (0: never; then learning starts with two phases, as before)
-    cut_ratio: float = 0.75
+    # and decides a learning bucket (0, the default: never; learning starts two-phase)
+    cut_ratio: float = 0.0
     cut_steps: int = 2
 
     def __post_init__(self) -> None:

@@ -42,8 +42,9 @@ without it (as before session 48); ``goodput-calone`` with one factor for every 
 (``calibration_by_task: false``, as sessions 45-47 ran ``goodput-cal``).
 ``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
 two-phase probes run while the batch runs plain, as before session 45; not run by default).
-``goodput-nocut``: ``goodput`` with ``mode_cut_ratio: 0`` (the auto mode's learning blocks and
-re-probes run their full length, learning two-phase first, as before session 52).
+``goodput-cut``: ``goodput`` with ``mode_cut_ratio`` ``CUT_RATIO`` (the auto mode's tried blocks
+that lose by far cut short, learning one phase first; the default in session 52's calls,
+off since); ``goodput-nocut``: ``mode_cut_ratio: 0``, the default (named for those calls).
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
 task's request strength learnt from how well each candidate's blends predicted its steps;
 not run by default).
@@ -88,6 +89,7 @@ SETTING_SUFFIXES = (
 )
 # ``goodput-strength``'s candidate request strengths (pseudo-steps; the default is 6)
 STRENGTH_CHOICES = [1.0, 2.0, 4.0, 8.0, 16.0]
+CUT_RATIO = 0.75  # ``goodput-cut``: the auto mode's cut as session 52's calls ran it
 NAMES = ("no-spec", *(f"static-k{k}" for k in STATIC_KS), "dsd-schedule", "vllm-av", "goodput")
 
 
@@ -177,9 +179,10 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-strength":
         learnt = ctx.goodput.model_copy(update={"request_strength_choices": STRENGTH_CHOICES})
         return _goodput(replace(ctx, goodput=learnt), "auto")
-    if name == "goodput-nocut":
-        uncut = ctx.goodput.model_copy(update={"mode_cut_ratio": 0.0})
-        return _goodput(replace(ctx, goodput=uncut), "auto")
+    if name in ("goodput-cut", "goodput-nocut"):
+        ratio = CUT_RATIO if name == "goodput-cut" else 0.0
+        varied = ctx.goodput.model_copy(update={"mode_cut_ratio": ratio})
+        return _goodput(replace(ctx, goodput=varied), "auto")
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -240,6 +243,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-calone",
             "goodput-nocal",
             "goodput-probeplain",
+            "goodput-cut",
             "goodput-nocut",
             "goodput-strength",
             "goodput-noramp",

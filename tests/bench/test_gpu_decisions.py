@@ -249,13 +249,6 @@ def ragged_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     engine_logger = logging.getLogger("engines.embedded.engine")
     engine_logger.addHandler(RAGGED_LOG)
     with pytest.MonkeyPatch.context() as patch:
-        # The auto mode learns two-phase first here (as before session 52): a run this short
-        # reaches no two-phase step after the default's one-phase first block, and these
-        # tests read what two-phase steps record (the chooser itself: test_step_mode.py)
-        import bench.decisions.arms as arms
-        from policies.model import GoodputSpec
-
-        patch.setattr(arms, "GoodputSpec", lambda: GoodputSpec(mode_cut_ratio=0.0))
         patch.setattr(StepController, "allocate", _spy("goodput", StepController.allocate))
         patch.setattr(
             RowAllocationPlanner, "allocate", _spy("vllm-av", RowAllocationPlanner.allocate)
@@ -933,9 +926,11 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     # default since session 48) or not
     probing = build("goodput-probeplain", context).planner._source.active().spec.goodput
     assert probing.mode_probe_when_plain is True and GoodputSpec().mode_probe_when_plain is False
-    # goodput-nocut: the auto mode's tried blocks run their length (the default cuts them)
+    # goodput-cut: the auto mode's tried blocks cut when they lose by far (off by default);
+    # goodput-nocut: the default, named for session 52's calls
+    cut = build("goodput-cut", context).planner._source.active().spec.goodput
     uncut = build("goodput-nocut", context).planner._source.active().spec.goodput
-    assert uncut.mode_cut_ratio == 0.0 and GoodputSpec().mode_cut_ratio == 0.75
+    assert cut.mode_cut_ratio == 0.75 and uncut.mode_cut_ratio == GoodputSpec().mode_cut_ratio == 0
     for name, calibrated in (("goodput-cal", True), ("goodput-nocal", False)):
         varied = build(name, context).planner._source.active().spec.goodput
         assert varied.shared_calibration is calibrated, name

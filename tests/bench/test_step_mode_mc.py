@@ -8,15 +8,15 @@ from policies.step_mode import ModeSettings
 
 def test_the_chooser_settles_on_the_faster_mode_and_pays_only_while_it_learns() -> None:
     settings = ModeSettings(probe_steps=8, learn_steps=16)
-    uncut = ModeSettings(probe_steps=8, learn_steps=16, cut_ratio=0.0)
+    cut = ModeSettings(probe_steps=8, learn_steps=16, cut_ratio=0.75)
     # Two-phase is half as fast: after learning one-phase runs (with a re-probe block every
     # 512), so a long-lived bucket keeps almost all of the best rate ...
     assert share_of_best(settings, 0.5, 0.05, 2000, seed=0) > 0.98
-    assert share_of_best(uncut, 0.5, 0.05, 2000, seed=0) > 0.98
-    # ... a short one pays for its learning: uncut (before session 52), half of 32 steps at
-    # half the rate; with the cut, 2 two-phase steps after a one-phase block decide it
-    assert 0.7 < share_of_best(uncut, 0.5, 0.05, 32, seed=0) < 0.8
-    assert share_of_best(settings, 0.5, 0.05, 32, seed=0) > 0.95
+    assert share_of_best(cut, 0.5, 0.05, 2000, seed=0) > 0.98
+    # ... a short one pays for its learning: half of 32 steps at half the rate; with the cut
+    # (off by default), 2 two-phase steps after a one-phase block decide it
+    assert 0.7 < share_of_best(settings, 0.5, 0.05, 32, seed=0) < 0.8
+    assert share_of_best(cut, 0.5, 0.05, 32, seed=0) > 0.95
     # Two-phase faster (a negative gap): the share is of two-phase's rate.
     assert share_of_best(settings, -0.2, 0.05, 2000, seed=1) > 0.98
 

@@ -79,6 +79,36 @@ def test_decode_steps_are_split_by_batch_and_mode() -> None:
     assert [m["mode"] for m in modes] == ["plain", "plain", "one-phase", "two-phase"]
 
 
+def test_drafting_steps_set_what_was_expected_against_what_they_gave() -> None:
+    """``drafting_gains``: each one-phase drafting step's expected gain (the planner's field)
+    against its emitted tokens a ms over the same run's plain rate at the nearest row count;
+    priced over measured ms of both. Admitting, two-phase and plain steps are not counted,
+    nor a step with no plain step within 2 rows, nor an older entry without the fields."""
+    plain = [4, 0, 0, 2.0, 0.0, 0.0, 4, 4, 0, 0, 0.0, 0.0, 0.0]  # 2 tokens a ms
+    steps = [
+        plain,
+        [4, 0, 0, 4.0, 0.0, 0.0, 4, 4, 0, 0, 0.0, 0.0, 0.0],  # median of 2 and 4: 4 (upper)
+        [5, 7, 0, 5.0, 0.0, 0.0, 40, 15, 0, 7, 1.2, 2.2, 4.5],  # 3 a ms over 5 / 4: 2.4x
+        [3, 7, 0, 4.0, 0.0, 0.0, 24, 6, 0, 7, 1.1, 2.2, 4.0],  # 1.5 a ms over 3 / 4: 2.0x
+        [40, 7, 0, 4.0, 0.0, 0.0, 24, 6, 0, 7, 1.1, 2.2, 4.0],  # no plain step near 40 rows
+        [4, 7, 1, 9.0, 0.0, 0.0, 32, 9, 0, 7, 1.1, 2.2, 4.0],  # admitting
+        [4, 7, 0, 9.0, 0.0, 1.0, 32, 9, 1, 7, 1.1, 2.2, 4.0],  # two-phase
+        [4, 7, 0, 3.0, 0.0, 0.0, 24, 6],  # before session 43: no planner fields
+    ]
+    call = {
+        "phases": [{"name": "busy", "concurrency": 8}],
+        "runs": [{"policy": "a", "phases": {"busy": {"timeline": steps}}}],
+    }
+    (cell,) = summarise([call])["busy"]["policies"]["a"]["drafting_gains"]
+    assert cell["rows"] == "1-8" and cell["steps"] == 2
+    assert cell["expected_gain"] == pytest.approx(1.15)
+    assert cell["realized_gain"] == pytest.approx((2.4 + 2.0) / 2)
+    assert cell["draft_priced_over_measured"] == pytest.approx((4.5 / 5 + 4.0 / 4) / 2)
+    assert cell["plain_priced_over_measured"] == pytest.approx(2.2 / 4)
+    no_planner = {"runs": [{"policy": "b", "phases": {"busy": {"timeline": [plain]}}}]}
+    assert "drafting_gains" not in summarise([no_planner])["busy"]["policies"]["b"]
+
+
 def test_cli_reads_gzip_writes_json_and_refuses_a_merged_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

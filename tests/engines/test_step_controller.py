@@ -345,9 +345,27 @@ def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_seco
         return seconds, seconds
 
     _, modes = _auto_mode_run(64, timing)
-    assert modes[:8] == [False, False, True, True, False, False, True, True]  # learning
+    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
     assert modes[8:32].count(True) <= 2  # one-phase now, but for one re-probe block of 2
     assert True in modes[8:40]  # ... which does come
+
+
+def test_auto_mode_cuts_a_tried_block_that_loses_by_far_when_the_policy_asks() -> None:
+    """``mode_cut_ratio`` (off by default) reaches the engine's chooser: learning starts
+    one-phase, a two-phase block at a third of one-phase's rate is cut and decides the
+    bucket one-phase at once (policies/step_mode.py)."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = 0.030 if two_phase else 0.010
+        return seconds, seconds
+
+    controller, modes = _auto_mode_run(24, timing, mode_probe_steps=4, mode_cut_ratio=0.75)
+    assert modes[:6] == [False] * 4 + [True] * 2  # the two-phase block cut after 2 steps
+    assert modes[6:] == [False] * 18
+    (bucket,) = controller.step_modes()
+    assert bucket.incumbent is False and bucket.paired_ratio == pytest.approx(1 / 3, rel=0.05)
+    _, default = _auto_mode_run(8, timing, mode_probe_steps=4)
+    assert default[:4] == [True] * 4  # the default: learning two-phase first, blocks whole
 
 
 def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
@@ -364,7 +382,7 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
         return reported, wall + (5.0 if n == 20 else 0.0)  # call 20: idle for 5 s after it
 
     controller, modes = _auto_mode_run(40, timing)
-    assert modes[:8] == [False, False, True, True, False, False, True, True]  # learning
+    assert modes[:8] == [True, True, False, False, True, True, False, False]  # learning
     assert modes[8:32].count(True) <= 2  # one-phase, but for a re-probe block of 2
     (bucket,) = controller.step_modes()
     assert bucket.incumbent is False
@@ -387,7 +405,7 @@ def test_behind_an_overlapping_engine_the_modes_are_told_in_prepare_not_plan() -
 
     controller, modes = _auto_mode_run(64, timing, overlap=True)
     # learning, one step longer than without the overlap (told a call later)
-    assert modes[:9] == [False, False, True, True, False, False, True, True, False]
+    assert modes[:9] == [True, True, False, False, True, True, False, False, True]
     assert modes[9:32].count(True) <= 2  # then one phase but for a re-probe block of 2
     (bucket,) = controller.step_modes()
     assert bucket.incumbent is False
@@ -455,8 +473,7 @@ def test_the_default_step_mode_follows_the_engine() -> None:
     """``step_mode: engine`` (the default) is auto where the engine's rows verify at their own
     widths (two-phase steps then at ``slots_min_batch`` rows, measured against one phase) and
     shared where a step pads its rows to the widest (never two-phase: nothing to save)."""
-    # (learning two-phase first, as before session 52, so the first step shows the mode)
-    goodput = QUIET.model_copy(update={"slots_min_batch": 2, "mode_cut_ratio": 0.0})
+    goodput = QUIET.model_copy(update={"slots_min_batch": 2})
     assert GoodputSpec().step_mode == "engine"
     spec = PolicySpec(kind="goodput", goodput=goodput)
     views = [_view("a", 3, 2, [4, 4, 4]), _view("b", 3, 2, [4, 4, 4])]
@@ -682,14 +699,10 @@ def test_auto_mode_holds_its_probes_while_the_batch_runs_plain() -> None:
         tokens_per_request=(1, 16),
         step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
     )
-    for overlap in (False, True):  # (learning two-phase first, as before session 52)
-        controller, modes = _auto_mode_run(
-            40, timing, overlap=overlap, table=never, mode_cut_ratio=0.0
-        )
+    for overlap in (False, True):
+        controller, modes = _auto_mode_run(40, timing, overlap=overlap, table=never)
         assert not any(modes), modes
         chooser = controller._modes
         assert chooser is not None and chooser.peek(3)  # still wants its two-phase block
-        _, probing = _auto_mode_run(
-            40, timing, table=never, mode_probe_when_plain=True, mode_cut_ratio=0.0
-        )
+        _, probing = _auto_mode_run(40, timing, table=never, mode_probe_when_plain=True)
         assert probing[:2] == [True, True]  # learning as before

@@ -8,9 +8,9 @@ import pytest
 from policies.step_mode import ModeSettings, StepModeChooser
 
 SETTINGS = ModeSettings(probe_steps=4, learn_steps=8, reprobe_steps=40, margin=0.02, decay=1.0)
-# the learning schedule and blocks as before session 52: no block cut short, two-phase first
-UNCUT = ModeSettings(
-    probe_steps=4, learn_steps=8, reprobe_steps=40, margin=0.02, decay=1.0, cut_ratio=0.0
+# with a tried block that loses by far cut short (off by default): learning one phase first
+CUT = ModeSettings(
+    probe_steps=4, learn_steps=8, reprobe_steps=40, margin=0.02, decay=1.0, cut_ratio=0.75
 )
 
 
@@ -27,10 +27,10 @@ def run(chooser: StepModeChooser, rows: int, steps: int, rate: dict[bool, float]
 def test_it_learns_both_modes_then_runs_the_faster_and_reprobes_the_other() -> None:
     chooser = StepModeChooser(SETTINGS)
     modes = run(chooser, 64, 16, {True: 9000.0, False: 7000.0})
-    # blocks of 4, one phase first (the first two-phase block has one measured before it)
-    assert modes == [False] * 4 + [True] * 4 + [False] * 4 + [True] * 4
-    uncut = run(StepModeChooser(UNCUT), 64, 16, {True: 9000.0, False: 7000.0})
-    assert uncut == [True] * 4 + [False] * 4 + [True] * 4 + [False] * 4  # before session 52
+    assert modes == [True] * 4 + [False] * 4 + [True] * 4 + [False] * 4  # blocks of 4
+    # with the cut, one phase first (the first two-phase block has one measured before it)
+    cut = run(StepModeChooser(CUT), 64, 16, {True: 9000.0, False: 7000.0})
+    assert cut == [False] * 4 + [True] * 4 + [False] * 4 + [True] * 4
     later = run(chooser, 64, 72, {True: 9000.0, False: 7000.0})
     # two-phase is faster here; the other mode gets one block of 4 in every 44 decided steps
     # (steps 40-43 of each cycle, counted from the bucket's first step)
@@ -57,7 +57,7 @@ def test_the_faster_mode_wins_per_bucket_and_a_change_of_traffic_is_followed() -
 def test_peek_does_not_advance_the_schedule_and_hysteresis_keeps_the_incumbent() -> None:
     chooser = StepModeChooser(SETTINGS)
     for _ in range(10):
-        assert chooser.peek(64) is False  # learning starts one-phase; peeking moves nothing
+        assert chooser.peek(64) is True  # learning starts two-phase; peeking moves nothing
     run(chooser, 64, 16, {True: 10000.0, False: 10100.0})  # one-phase 1% faster: learnt
     assert chooser.peek(64) is False
     run(chooser, 64, 44, {True: 10150.0, False: 10000.0})  # two-phase 1.5% ahead now: < margin
@@ -113,32 +113,33 @@ def test_pair_decay_is_checked() -> None:
 
 def test_a_tried_block_that_loses_by_far_is_cut_and_decides_a_learning_bucket() -> None:
     """Two-phase at a third of one-phase's rate (the real pair's draining 64-row bucket,
-    session 52): learning runs one-phase first, the first two-phase block stops after
-    ``cut_steps`` steps and the bucket is one-phase from then on, before ``learn_steps``; its
-    re-probes stop as early. Uncut, learning spends two full blocks of 4 and a re-probe 4."""
+    session 52) with ``cut_ratio`` on (off by default): learning runs one-phase first, the
+    first two-phase block stops after ``cut_steps`` steps and the bucket is one-phase from
+    then on, before ``learn_steps``; its re-probes stop as early. Uncut, learning spends two
+    full blocks of 4 and a re-probe 4."""
     rates = {True: 3000.0, False: 9000.0}
-    chooser = StepModeChooser(SETTINGS)
+    chooser = StepModeChooser(CUT)
     modes = run(chooser, 64, 12, rates)
     assert modes == [False] * 4 + [True] * 2 + [False] * 6
     assert chooser.incumbent(64) is False
     assert chooser.advantage(64) == pytest.approx(1 / 3)
     later = run(chooser, 64, 88, rates)  # re-probes at decided steps 40 and 84 of a cycle of 44
     assert later.count(True) == 2 * 2
-    uncut = run(StepModeChooser(UNCUT), 64, 100, rates)
+    uncut = run(StepModeChooser(SETTINGS), 64, 100, rates)
     assert uncut.count(True) == 4 + 4 + 4 + 4  # learning 2 blocks, then 2 re-probes
 
 
 def test_a_cut_needs_every_one_of_its_last_steps_slow_and_the_other_way_round_too() -> None:
     """One stall (a step 5x its price) does not cut a block: the next step is at full speed.
     And a one-phase block losing by far to two-phase is cut as well (learning is symmetric)."""
-    chooser = StepModeChooser(SETTINGS)
+    chooser = StepModeChooser(CUT)
     run(chooser, 64, 4, {True: 9000.0, False: 9000.0})  # the one-phase block
     assert chooser.decide(64) is True
     chooser.record(64, True, 90, 0.05)  # a stall: 1,800 tok/s
     assert chooser.decide(64) is True
     chooser.record(64, True, 90, 0.01)
     assert chooser.decide(64) is True  # not cut: the block runs on
-    faster = StepModeChooser(SETTINGS)
+    faster = StepModeChooser(CUT)
     modes = run(faster, 64, 10, {True: 9000.0, False: 2000.0})
     # the first block is one-phase with nothing before it to lose to: it runs its length;
     # two-phase's block then decides nothing (it wins), one-phase's second block is cut at 2
