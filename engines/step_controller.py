@@ -278,6 +278,11 @@ class StepController:
         # rows, two-phase, tokens emitted, the step's reported seconds). Only steps of batch
         # sizes the chooser is asked about (``slots_min_batch`` rows or more) are kept.
         self._mode_steps: list[tuple[StepModeChooser, int, bool, int, float]] = []
+        # A step of the last engine call set something up on first use (its reports'
+        # ``first_use``): that call's steps are not told to the chooser. Session 52's compiled
+        # 8B warm pass: the first device-allocated burst's steps took 109 ms each against
+        # ~19, and a chooser told them decided its 64-row bucket on them.
+        self._mode_call_set_up = False
         self._call_started_s: float | None = None  # the ``_clock`` at the last ``plan``
         # Where the engine calls ``prepare`` behind each step (its overlap), ``plan`` only
         # takes the clock and the steps (due: the clock then, the previous call's clock, the
@@ -742,6 +747,8 @@ class StepController:
         """A step of the auto mode, kept for its chooser until the next ``plan`` times the
         engine call it was part of (``_tell_modes``)."""
         report = reports[0]
+        if report.first_use:  # this engine call's time holds a one-off set-up: told nothing
+            self._mode_call_set_up = True
         tokens = sum(r.accept_length for r in reports)
         self._mode_steps.append(
             (
@@ -760,6 +767,9 @@ class StepController:
         self._tell_due_modes()
         steps, self._mode_steps = self._mode_steps, []
         started, self._call_started_s = self._call_started_s, now_s
+        if self._mode_call_set_up:  # (StepReport.first_use: not the modes' own cost)
+            self._mode_call_set_up = False
+            steps = []
         if not steps:
             return
         if self._prepares:

@@ -366,6 +366,7 @@ class Engine:
             else:
                 uniforms = torch.stack(drawn)
             try:
+                set_ups = self._set_ups()
                 scoring = self._device_scoring(rows, spec_tokens)
                 allocate = None if scoring is not None else self._allocation(rows)
                 if scoring is not None:
@@ -393,8 +394,9 @@ class Engine:
             if result.on_device:
                 self._defer_scores(rows, [result])
             shared = None if two_phase or any(verified) else _plain_report(result)
+            first_use = self._set_ups() > set_ups
             stepped = [
-                self._postprocess(r, i, verified[i], result, two_phase, shared)
+                self._postprocess(r, i, verified[i], result, two_phase, shared, first_use)
                 for i, r in enumerate(rows)
             ]
             self._unrecorded = [stepped]  # told to the planner while the next step runs
@@ -537,6 +539,7 @@ class Engine:
                 uniforms = torch.zeros(steps, len(rows), self._greedy_uniforms.shape[0])
             else:
                 uniforms = torch.stack([torch.stack(step) for step in drawn])
+            set_ups = self._set_ups()
             scoring = None if plain else self._device_scoring(rows, spec_tokens)
             if plain and self._chains(rows, 0):
                 results = self._start_chain(rows, uniforms[:, :, -1])
@@ -553,7 +556,12 @@ class Engine:
             logger.warning("a burst of %d %s steps failed; stepping once instead", steps, kind)
             return None
         self.step_counts["plain" if plain else "drafting"].add(len(results))
-        return self._burst_events(rows, spec_tokens, results)
+        return self._burst_events(rows, spec_tokens, results, self._set_ups() > set_ups)
+
+    def _set_ups(self) -> int:
+        """The runner's first-use set-ups so far (``ModelRunner.lazy_set_ups``; 0 for test
+        doubles): a runner call during which they grew paid a one-off cost."""
+        return int(getattr(self.runner, "lazy_set_ups", 0))
 
     def _plain_events(
         self, rows: list[Request], results: list[StepResult], skip: set[str] | None = None
@@ -566,10 +574,15 @@ class Engine:
         return self._burst_events(rows, [0] * len(rows), results)
 
     def _burst_events(
-        self, rows: list[Request], spec_tokens: list[int], results: list[StepResult]
+        self,
+        rows: list[Request],
+        spec_tokens: list[int],
+        results: list[StepResult],
+        first_use: bool = False,
     ) -> list[StepEvent]:
         """Each step of a burst in turn, a row's events ending with the step that finishes it
-        (its later tokens are scratch); told to the planner while the next step runs."""
+        (its later tokens are scratch); told to the planner while the next step runs.
+        ``first_use``: the burst set something up on first use (``StepReport.first_use``)."""
         plain = not any(spec_tokens)
         events: list[StepEvent] = []
         recorded: list[list[StepEvent]] = []
@@ -580,7 +593,7 @@ class Engine:
             shared = _plain_report(result) if plain else None
             verified = (result.on_device and result.spec_tokens) or spec_tokens
             stepped = [
-                self._postprocess(r, i, verified[i], result, result.on_device, shared)
+                self._postprocess(r, i, verified[i], result, result.on_device, shared, first_use)
                 for i, r in alive
             ]
             recorded.append(stepped)
@@ -771,9 +784,11 @@ class Engine:
         result: StepResult,
         two_phase: bool = False,
         plain: StepReport | None = None,
+        first_use: bool = False,
     ) -> StepEvent:
         """``plain``: a plain step's report, the same for every row (k = 0, one token, no
-        drafts: built once per step instead of once per row)."""
+        drafts: built once per step instead of once per row). ``first_use``: the runner call
+        set something up on first use (``StepReport.first_use``; plain steps never do)."""
         try:
             report = plain or StepReport(
                 spec_tokens=spec_tokens,
@@ -785,6 +800,7 @@ class Engine:
                     () if result.draft_confidence is None else tuple(result.draft_confidence[index])
                 ),
                 two_phase=two_phase,
+                first_use=first_use,
             )
             request.accept_lengths.append(report.accept_length)
             request.spec_tokens.append(report.spec_tokens)

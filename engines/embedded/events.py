@@ -133,6 +133,10 @@ class StepReport:
     draft_confidence: tuple[float, ...] = ()
     # The step was two-phase: every row drafted all it might, then each verified its own k.
     two_phase: bool = False
+    # The engine call this step ran in set up something for a shape met for the first time
+    # (a device allocation's CUDA graph: ``ModelRunner.lazy_set_ups``), so its time holds that
+    # one-off cost (85 ms for the first on the 8B H100 arm, session 52), not the step's own.
+    first_use: bool = False
 
 
 @dataclass(frozen=True)

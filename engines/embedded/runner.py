@@ -522,6 +522,13 @@ class ModelRunner:
             return graphed, torch.cuda.graph_pool_handle()
         return StaticCall, None
 
+    @property
+    def lazy_set_ups(self) -> int:
+        """What the runner has set up on first use so far, counted (each device allocation's
+        shape, captured as a CUDA graph on a GPU): a step during which it grew paid that
+        one-off cost (``StepReport.first_use``)."""
+        return len(self._allocation_graphs)
+
     def _capture(self) -> None:
         call, pool = self._static_call()
         for batch in reversed(self.batch_sizes):  # largest first so smaller ones reuse the pool

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,13 +281,15 @@ def _auto_mode_run(
     overlap: bool = False,
     num_rows: int = 3,
     table: CostTable = TABLE,
+    set_up_calls: Collection[int] = (),
     **settings: Any,
 ) -> tuple[StepController, list[bool]]:
     """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
     2 rows) for ``steps`` engine calls of one step each; ``timing(n, two_phase)`` gives call
     n's (reported step seconds, wall seconds to the next ``plan`` on the controller's clock).
     ``overlap``: ``prepare`` after each step's ``record``, as the embedded engine calls it
-    behind its steps. The modes each call ran."""
+    behind its steps; ``set_up_calls``: calls whose reports say they set something up on
+    first use (``StepReport.first_use``). The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -325,7 +327,13 @@ def _auto_mode_run(
         reported, wall = timing(n, two_phase)
         reports = [
             StepReport(
-                k, min(k, 3) + 1, [True] * min(k, 3), reported, num_rows, two_phase=two_phase
+                k,
+                min(k, 3) + 1,
+                [True] * min(k, 3),
+                reported,
+                num_rows,
+                two_phase=two_phase,
+                first_use=n in set_up_calls,
             )
             for k in ks
         ]
@@ -366,6 +374,26 @@ def test_auto_mode_cuts_a_tried_block_that_loses_by_far_when_the_policy_asks() -
     assert bucket.incumbent is False and bucket.paired_ratio == pytest.approx(1 / 3, rel=0.05)
     _, default = _auto_mode_run(8, timing, mode_probe_steps=4)
     assert default[:4] == [True] * 4  # the default: learning two-phase first, blocks whole
+
+
+def test_auto_mode_does_not_learn_from_an_engine_call_that_set_something_up() -> None:
+    """Two-phase steps are the faster (8 against 10 ms), but the first two-phase calls also
+    capture their device allocation's graph (0.2 s each; session 52's compiled 8B warm pass:
+    109 ms steps against ~19). Told those, the chooser learns one phase; with their reports'
+    ``first_use`` it leaves them out and learns two."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = (0.2 if n < 2 else 0.008) if two_phase else 0.010
+        return seconds, seconds
+
+    told, _ = _auto_mode_run(40, timing)
+    (bucket,) = told.step_modes()
+    assert bucket.incumbent is False
+    skipped, modes = _auto_mode_run(40, timing, set_up_calls={0, 1})
+    assert modes[:2] == [True, True]  # (learning starts two-phase: those are the set-ups)
+    (bucket,) = skipped.step_modes()
+    assert bucket.incumbent is True
+    assert bucket.two_phase_tok_s == pytest.approx(12 / 0.008, rel=0.01)
 
 
 def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engines.embedded.engine import Engine
-from engines.embedded.events import SamplingParams
+from engines.embedded.events import SamplingParams, TokenEvent
 from engines.embedded.loader import load_runner
 from engines.embedded.request import Request
 from engines.embedded.runner import StepResult
@@ -220,6 +220,41 @@ def test_the_goodput_device_allocation_bursts_and_learns_from_every_step(
     assert controller.scored_late > controller.scored_ahead  # (single steps: the reverse)
     assert "(device)" in controller.last_reason
     assert_bounded(requests, 48)
+
+
+def test_a_step_that_sets_up_a_device_allocation_shape_says_so(agreeing_pair: Pair) -> None:
+    """``StepReport.first_use``: the engine calls during which the runner set up a device
+    allocation's shape for the first time (the ragged static calls' allocation: a CUDA graph
+    capture on a GPU, registered eagerly here) mark their reports, so the step-mode chooser
+    leaves their time out; the calls after them, at shapes already set up, do not."""
+    controller: StepController = goodput_controller(
+        GoodputSpec(
+            step_mode="slots", slots_min_batch=1, probe_probability=0.0, slot_allocation="device"
+        )
+    )
+    options: dict[str, Any] = {"use_cuda_graphs": True, "verify_mode": "ragged"}
+    runner = load_runner(*agreeing_pair, torch.device("cpu"), 4, 256, **options)
+    engine = Engine(runner, 4, 256, spec_burst=STEPS)
+    engine.planner = controller
+    for i in range(6):
+        prompt = random_prompt(4000 + i, PROMPT_LEN)
+        engine.add(greedy_request(f"r{i}", prompt, 40, controller.start(Task.MATH, 1.0, 7)))
+    reports = []
+    while engine.has_work:
+        calls = runner.lazy_set_ups
+        events = engine.step()
+        drafted = [
+            e.report
+            for _, e in events
+            if isinstance(e, TokenEvent) and e.report is not None and e.report.two_phase
+        ]
+        if drafted:
+            grew = runner.lazy_set_ups > calls
+            assert all(r.first_use == grew for r in drafted)
+            reports.append(grew)
+    # some calls set a shape up (each call's reports say whether it did), most did not
+    assert 0 < sum(reports) <= runner.lazy_set_ups < len(reports)
+    assert reports[-1] is False
 
 
 def test_only_a_runner_that_allocates_in_bursts_gets_device_bursts() -> None:
