@@ -724,13 +724,7 @@ class StepController:
         g = active.spec.goodput
         if self._modes is not None and self._modes_spec is g:  # (asked every step)
             return self._modes
-        settings = ModeSettings(
-            probe_steps=g.mode_probe_steps,
-            learn_steps=g.mode_learn_steps,
-            reprobe_steps=g.mode_reprobe_steps,
-            margin=g.mode_margin,
-            cut_ratio=g.mode_cut_ratio,
-        )
+        settings = ModeSettings.of(g)
         if self._modes is None or self._modes.settings != settings:
             self._modes = StepModeChooser(settings)
         self._modes_spec = g

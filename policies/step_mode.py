@@ -47,7 +47,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from policies.model import GoodputSpec
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,18 @@ class ModeSettings:
             raise ValueError("margin must be >= 0, decay and pair_decay in (0, 1]")
         if not 0 <= self.cut_ratio < 1 or self.cut_steps < 1:
             raise ValueError("cut_ratio must be in [0, 1) and cut_steps >= 1")
+
+    @classmethod
+    def of(cls, goodput: GoodputSpec) -> ModeSettings:
+        """The goodput policy's ``mode_*`` settings (the engine's chooser and the simulator's
+        read the same)."""
+        return cls(
+            probe_steps=goodput.mode_probe_steps,
+            learn_steps=goodput.mode_learn_steps,
+            reprobe_steps=goodput.mode_reprobe_steps,
+            margin=goodput.mode_margin,
+            cut_ratio=goodput.mode_cut_ratio,
+        )
 
 
 @dataclass
@@ -176,9 +191,12 @@ class StepModeChooser:
         s = self.settings
         if self._add_pair(state):
             advantage = state.advantage()
-            far = advantage is not None and abs(advantage) > -math.log(s.cut_ratio)
-            if state.incumbent is None and far:  # decided now, before learn_steps
-                state.incumbent = advantage is not None and advantage > 0
+            if (
+                state.incumbent is None
+                and advantage is not None
+                and abs(advantage) > -math.log(s.cut_ratio)
+            ):  # that far apart: decided now, before learn_steps
+                state.incumbent = advantage > 0
             else:
                 self._update_incumbent(state)
         if state.incumbent is None:

@@ -193,15 +193,7 @@ class GoodputAutoChooser:
     def __init__(self, spec: GoodputSpec, one: GoodputChooser, two: AllocatorChooser):
         self._one, self._two = one, two
         self._min_rows = spec.slots_min_batch
-        self._modes = StepModeChooser(
-            ModeSettings(
-                probe_steps=spec.mode_probe_steps,
-                learn_steps=spec.mode_learn_steps,
-                reprobe_steps=spec.mode_reprobe_steps,
-                margin=spec.mode_margin,
-                cut_ratio=spec.mode_cut_ratio,
-            )
-        )
+        self._modes = StepModeChooser(ModeSettings.of(spec))
         self._two_phase = False
         self.last_drafted_share: float | None = None
         self.last_drafted_positions: int | None = None  # None: one-phase, its widest k

@@ -153,3 +153,21 @@ def test_cut_settings_are_checked() -> None:
         ModeSettings(cut_ratio=1.0)
     with pytest.raises(ValueError, match="cut_steps"):
         ModeSettings(cut_steps=0)
+
+
+def test_the_goodput_policy_s_mode_settings_are_the_chooser_s() -> None:
+    """``ModeSettings.of``: every ``mode_*`` setting of the policy file reaches the chooser
+    (the engine's and the simulator's both build theirs with it)."""
+    from policies.model import GoodputSpec
+
+    spec = GoodputSpec(
+        mode_probe_steps=3,
+        mode_learn_steps=5,
+        mode_reprobe_steps=70,
+        mode_margin=0.04,
+        mode_cut_ratio=0.6,
+    )
+    assert ModeSettings.of(spec) == ModeSettings(
+        probe_steps=3, learn_steps=5, reprobe_steps=70, margin=0.04, cut_ratio=0.6
+    )
+    assert ModeSettings.of(GoodputSpec()) == ModeSettings()
