@@ -71,6 +71,10 @@ def test_bad_settings_are_refused() -> None:
         ModeSettings(probe_steps=0)
     with pytest.raises(ValueError, match="decay"):
         ModeSettings(decay=0.0)
+    with pytest.raises(ValueError, match="cut_ratio"):
+        ModeSettings(cut_ratio=1.0)
+    with pytest.raises(ValueError, match="cut_steps"):
+        ModeSettings(cut_steps=0)
 
 
 def test_traffic_that_slows_after_learning_does_not_flip_the_bucket_to_the_slower_mode() -> None:
@@ -146,13 +150,6 @@ def test_a_cut_needs_every_one_of_its_last_steps_slow_and_the_other_way_round_to
     assert modes[:4] == [False] * 4 and modes[4:8] == [True] * 4 and modes[8:10] == [False] * 2
     assert faster.incumbent(64) is True
     assert run(faster, 64, 20, {True: 9000.0, False: 2000.0}) == [True] * 20
-
-
-def test_cut_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="cut_ratio"):
-        ModeSettings(cut_ratio=1.0)
-    with pytest.raises(ValueError, match="cut_steps"):
-        ModeSettings(cut_steps=0)
 
 
 def test_the_goodput_policy_s_mode_settings_are_the_chooser_s() -> None:
