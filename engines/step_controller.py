@@ -980,7 +980,8 @@ class StepController:
 
         def decide() -> int:
             width = self._batch_width(newest)
-            k = width.decide(rows, self._observe(newest))
+            remaining = [views[i].num_remaining for i in shared] if width.reads_rooms else None
+            k = width.decide(rows, self._observe(newest), remaining)
             # Explain the decisions a whole block could follow: near its end a request drafts
             # less or not at all whatever the policy thinks of its task.
             full = max_spec_tokens(self.block_size)

@@ -34,6 +34,11 @@ ceiling now); the engine gives every row that k, clamped to the row's ceiling.
   the probe. The earlier planner held the probed k whenever hysteresis exceeded the cost
   model's width premium (3% against 1.5% at batch 1 on the H200), so one probe to k = 15 was
   kept for good where k = 7 was faster.
+- Drains (``drain_makespan``, off by default): once rows have left and none has joined for
+  ``drain_quiet_decisions`` decisions, the rows still running are done when the one with the
+  most steps left is, so k maximises ``1 / (T(B, k) x max_r room_r / E_r(k))`` (``room_r``:
+  what the row may still emit, ``decide``'s ``remaining``) instead of the batch's tokens a
+  second; ``min_gain`` and ``hysteresis`` apply to that score the same way.
 
 Not thread-safe: one instance per engine, called on that engine's thread. Task rates and the
 step cost come from ``learned(task)`` (``OnlineModels.observe``), read once per step per task.
@@ -90,6 +95,9 @@ class RowWindows:
         # last ``ingest`` brought: (slots, k [rows, steps], accept length [rows, steps]).
         self.expected = np.zeros((0, positions + 1))
         self.decided = np.zeros(0, np.intp)  # the k that decision gave the slot (-1: none)
+        # Rows the last ``ingest`` opened (joined the batch) and closed (left it).
+        self.joined = 0
+        self.left = 0
         self.last_new: tuple[np.ndarray, np.ndarray, np.ndarray] = (
             np.zeros(0, np.intp),
             np.zeros((0, 1), np.intp),
@@ -172,12 +180,16 @@ class RowWindows:
     def _slots(self, row_ids: Sequence[Hashable], tasks: Sequence[Task]) -> list[int]:
         """Each row's slot: rows that left are closed first, so new ones reuse their slots."""
         slot_of = self._slot_of
-        for row_id in slot_of.keys() - set(row_ids):
+        gone = slot_of.keys() - set(row_ids)
+        for row_id in gone:
             self._close(slot_of.pop(row_id))
+        self.left = len(gone)
         slots = list(map(slot_of.get, row_ids))
+        self.joined = 0
         if None in slots:
             for i in [i for i, slot in enumerate(slots) if slot is None]:
                 slots[i] = slot_of[row_ids[i]] = self._open(tasks[i])
+                self.joined += 1
         if len(slot_of) != len(row_ids):
             raise ValueError("a row id appears twice in one step")
         return slots  # type: ignore[return-value]  # no None left
@@ -415,6 +427,10 @@ class BatchWidth:
             )
             self.windows.before_advance = functools.partial(chooser.score, self.windows)
         self._decided = 0  # the last decision: the hold reference (a probe is not one)
+        # Drain (``drain_makespan``): decisions since a row left with none joining since (0:
+        # none), and whether the last decision was made as the batch drained.
+        self._quiet = 0
+        self.draining = False
         self.spec_tokens_now = 0  # the k of the last step, probe or not
         self._plain_run = 0  # steps the batch has run plain in a row (``_reprobe``)
         self.steps = 0
@@ -452,14 +468,19 @@ class BatchWidth:
             }
         )
 
-    def decide(self, rows: Sequence[StepRow], learned: Learned) -> int:
-        """k for every row of this engine step (each row runs it clamped to its ceiling)."""
+    def decide(
+        self, rows: Sequence[StepRow], learned: Learned, remaining: Sequence[int] | None = None
+    ) -> int:
+        """k for every row of this engine step (each row runs it clamped to its ceiling).
+        ``remaining``: per row, the tokens it may still emit (its room), which the drain rule
+        reads (``drain_makespan``); None: not known, the rule stays off."""
         if not rows:
             return 0
         row_ids, tasks, accept_lengths, spec_tokens, ceilings = zip(
             *map(_fields, rows), strict=True
         )
         slots = self.windows.ingest(row_ids, tasks, accept_lengths, spec_tokens)
+        self._track_drain()
         # steps the batch has run plain in a row (those just ingested ran the last k)
         ran = int(self.windows.last_new[1].shape[1])
         self._plain_run = self._plain_run + ran if self.spec_tokens_now == 0 else 0
@@ -475,18 +496,36 @@ class BatchWidth:
         multiple = getattr(cost, "verify_width_multiple", self._spec.verify_width_multiple)
         if multiple != self._multiple:
             self._multiple, self._candidates = multiple, self._candidates_for(multiple)
-        totals = self._expected_totals(slots, ceilings)
+        drain = self.draining and self._spec.drain_makespan and remaining is not None
+        totals, per_row = self._expected_totals(slots, ceilings, per_row=drain)
         self.last_totals = totals
         ceiling = max(0, min(max(ceilings), self._positions))
-        k = self._choose(totals, len(rows), cost, ceiling, fields)
+        worth: Sequence[float] = totals
+        if per_row is not None and remaining is not None:
+            worth = _finishing_rates(per_row, remaining).tolist()
+        k = self._choose(worth, len(rows), cost, ceiling, fields, drain=per_row is not None)
         if self._spec.shared_calibration:  # what each row runs: k within its ceiling
             self.windows.decided[slots] = np.minimum(k, np.asarray(ceilings))
         self.spec_tokens_now = k
         self.steps += 1
         return k
 
-    def _expected_totals(self, slots: np.ndarray, ceilings: Sequence[int]) -> list[float]:
-        """sum over rows of E_r(k) for k = 0..positions, each row's E_r capped at its ceiling.
+    def _track_drain(self) -> None:
+        """``draining``: no row has joined in the last ``drain_quiet_decisions`` decisions,
+        the first of them seeing a row leave (a row that leaves is usually replaced a call
+        later, which ends it)."""
+        windows = self.windows
+        if windows.joined:
+            self._quiet = 0
+        elif self._quiet or windows.left:
+            self._quiet += 1
+        self.draining = self._quiet >= self._spec.drain_quiet_decisions
+
+    def _expected_totals(
+        self, slots: np.ndarray, ceilings: Sequence[int], per_row: bool = False
+    ) -> tuple[list[float], np.ndarray | None]:
+        """sum over rows of E_r(k) for k = 0..positions, each row's E_r capped at its ceiling,
+        and with ``per_row`` every row's own E_r(k) ([rows, positions + 1]; else None).
 
         E_r is the task rates blended with the row's window as ``blend_request_history``
         blends them: ``(beyond + strength x rate) / (trials + strength)`` per position.
@@ -506,7 +545,13 @@ class BatchWidth:
             windows.expected[slots, 1:] = 1.0 + survive.cumsum(axis=1)
             survive *= self.calibrations[tasks][:, None]
         drafted = survive.sum(axis=0).cumsum()
-        return [batch, *(batch + value for value in drafted.tolist())]
+        totals = [batch, *(batch + value for value in drafted.tolist())]
+        if not per_row:
+            return totals, None
+        rows = np.ones((len(slots), self._positions + 1))
+        np.cumsum(survive, axis=1, out=rows[:, 1:])
+        rows[:, 1:] += 1.0
+        return totals, rows
 
     @property
     def calibrations(self) -> np.ndarray:
@@ -608,19 +653,23 @@ class BatchWidth:
 
     def _choose(
         self,
-        totals: Sequence[float],
+        worth: Sequence[float],
         batch: int,
         cost: StepCost,
         ceiling: int,
         fields: Mapping[Task, Mapping[str, Any]],
+        drain: bool = False,
     ) -> int:
+        """The k of the best ``worth[k] / T(B, k)``: ``worth`` the batch's expected tokens a
+        step (a score in tokens a second), or while draining its finishing rate a step
+        (``_finishing_rates``)."""
         spec = self._spec
 
         def score(k: int) -> float:  # the engine clamps every row: the step runs min(k, ceiling)
-            return totals[k] / cost.step_time_s(batch, min(k, ceiling))
+            return worth[k] / cost.step_time_s(batch, min(k, ceiling))
 
         plain_s = cost.step_time_s(batch, 0)
-        plain = totals[0] / plain_s
+        plain = worth[0] / plain_s
         draft_k, draft = 0, 0.0  # the best drafting k, chosen or not
         for k in self._candidates[1:]:
             value = score(k)
@@ -634,7 +683,7 @@ class BatchWidth:
         if draft_k:
             draft_s = cost.step_time_s(batch, min(draft_k, ceiling))
             self.last_drafting = (draft_k, draft / plain, plain_s, draft_s)
-        why, previous = "best", self._decided
+        why, previous = "drain" if drain else "best", self._decided
         if self.steps and previous != best_k:
             if score(previous) * (1.0 + spec.hysteresis) >= score(best_k):
                 best_k, why = previous, "hold"
@@ -646,6 +695,11 @@ class BatchWidth:
             best_k, why = draft_k, "probe"
         self._last = (why, batch, best_k, score(best_k) / plain)
         return best_k
+
+    @property
+    def reads_rooms(self) -> bool:
+        """Whether ``decide`` reads its ``remaining`` (``drain_makespan``)."""
+        return self._spec.drain_makespan
 
     @property
     def reason(self) -> str:
@@ -684,6 +738,15 @@ class BatchWidth:
             if drafted_steps(rates, trials, spec_tokens, target) < self._spec.probe_min_steps:
                 return target
         return None
+
+
+def _finishing_rates(per_row: np.ndarray, remaining: Sequence[int]) -> np.ndarray:
+    """Per k, one over the most steps any row needs to emit what it may still emit at that k
+    (its room over its expected tokens a step, ``per_row[:, k]``; a room below one token
+    counts as one): over T(B, k), the rate at which a draining batch finishes."""
+    room = np.maximum(np.asarray(remaining, dtype=float), 1.0)[:, None]
+    value: np.ndarray = 1.0 / (room / per_row).max(axis=0)
+    return value
 
 
 def describe(last: tuple[str, int, int, float]) -> str:

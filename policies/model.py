@@ -215,6 +215,17 @@ class GoodputSpec(StrictModel):
     # mixed phase in call s52a); at 0.75 it measured inside the noise on three calls and on
     # the compiled 8B arm decided that bucket from two slow first-use steps.
     mode_cut_ratio: float = Field(default=0.0, ge=0, lt=1)
+    # Embedded engine, a batch-wide (one-phase) decision while the batch drains: a row left
+    # ``drain_quiet_decisions`` decisions ago or more, and none has joined since. Nothing new then
+    # shares the steps, and the rows still running are done when the one with the most steps
+    # left is: a k is judged by that (the step's priced time x the most of any row's room,
+    # what it may still emit, over its expected tokens a step at that k) instead of by the
+    # batch's tokens a second. Tokens that drafting wins for a row that would finish early
+    # anyway buy nothing there, and the drafting step slows the longest row down unless it
+    # gains too (the real pair's mixed-phase drains, session 52: 28 steps fewer than plain but
+    # 61 one-row steps at the end against 10, ~1.3% of the phase). Off (false) by default.
+    drain_makespan: bool = False
+    drain_quiet_decisions: int = Field(default=2, ge=1)
     # Auto mode: a two-phase step the chooser wants only to measure (a probe or its learning,
     # the bucket's incumbent one-phase or not yet known) runs one-phase while the batch-wide
     # decision for the step is plain (k = 0), and the chooser's schedule waits for a step

@@ -96,7 +96,8 @@ class GoodputChooser:
                 StepRow(r.spec.key, r.spec.task, r.accept_history, r.k_history, ceiling)
                 for r in batch
             ]
-            return [self._width.decide(rows, self._models.observe)] * len(batch)
+            rooms = [r.remaining for r in batch] if self._width.reads_rooms else None
+            return [self._width.decide(rows, self._models.observe, rooms)] * len(batch)
         return [self._policy.decide(o).spec_tokens for o in self._observations(batch, now_s)]
 
     def task_of(self, request: SimRequest) -> Task:

@@ -45,6 +45,8 @@ two-phase probes run while the batch runs plain, as before session 45; not run b
 ``goodput-cut``: ``goodput`` with ``mode_cut_ratio`` ``CUT_RATIO`` (the auto mode's tried blocks
 that lose by far cut short, learning one phase first; the default in session 52's calls,
 off since); ``goodput-nocut``: ``mode_cut_ratio: 0``, the default (named for those calls).
+``goodput-drain``: ``goodput`` with ``drain_makespan: true`` (a draining batch's k judged by
+when its longest row finishes; off by default).
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
 task's request strength learnt from how well each candidate's blends predicted its steps;
 not run by default).
@@ -183,6 +185,9 @@ def build(name: str, ctx: Context) -> Built:
         ratio = CUT_RATIO if name == "goodput-cut" else 0.0
         varied = ctx.goodput.model_copy(update={"mode_cut_ratio": ratio})
         return _goodput(replace(ctx, goodput=varied), "auto")
+    if name == "goodput-drain":
+        draining = ctx.goodput.model_copy(update={"drain_makespan": True})
+        return _goodput(replace(ctx, goodput=draining), "auto")
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -245,6 +250,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-probeplain",
             "goodput-cut",
             "goodput-nocut",
+            "goodput-drain",
             "goodput-strength",
             "goodput-noramp",
             "goodput-device",

@@ -869,6 +869,7 @@ class Engine:
             context=request.context,
             spec_tokens=request.spec_tokens,
             max_spec_tokens=min(max_spec_tokens(self.block_size), request.num_remaining - 1),
+            num_remaining=request.num_remaining,
         )
 
     def _ask(self, request: Request, view: RequestView) -> int:

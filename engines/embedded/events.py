@@ -116,6 +116,9 @@ class RequestView:
     # The largest k this row can run this step: block_size - 1, or less near the request's
     # end (a step never drafts past what the request may still emit).
     max_spec_tokens: int = 0
+    # What the request may still emit (its max_new_tokens less its output so far; an end of
+    # sequence may come sooner): the batch planner's drain rule reads it.
+    num_remaining: int = 0
 
 
 @dataclass(frozen=True)

@@ -931,6 +931,9 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     cut = build("goodput-cut", context).planner._source.active().spec.goodput
     uncut = build("goodput-nocut", context).planner._source.active().spec.goodput
     assert cut.mode_cut_ratio == 0.75 and uncut.mode_cut_ratio == GoodputSpec().mode_cut_ratio == 0
+    # goodput-drain: a draining batch judged by its longest row (off by default)
+    drain = build("goodput-drain", context).planner._source.active().spec.goodput
+    assert drain.drain_makespan is True and GoodputSpec().drain_makespan is False
     for name, calibrated in (("goodput-cal", True), ("goodput-nocal", False)):
         varied = build(name, context).planner._source.active().spec.goodput
         assert varied.shared_calibration is calibrated, name

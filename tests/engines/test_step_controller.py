@@ -132,6 +132,32 @@ def test_goodput_rows_of_one_step_share_k_from_the_engines_planner() -> None:
     assert other.calibrations() == {}
 
 
+def test_a_draining_batch_is_planned_from_what_its_rows_may_still_emit() -> None:
+    """``drain_makespan``: the rows' rooms (``RequestView.num_remaining``) reach the planner,
+    which judges a draining batch's k by its longest row."""
+    spec = QUIET.model_copy(update={"drain_makespan": True})
+    models = OnlineModels(spec, block_size=16, cost_table=TABLE)
+    goodput = PolicySpec(kind="goodput", goodput=spec)
+    controller = StepController(
+        Source(Active(1, goodput, build_policy(goodput), models)), 16, random.Random(1)
+    )
+    steps = [controller.start(Task.MATH, 0.9, 15) for _ in range(4)]
+
+    def plan(rows: int) -> list[int]:
+        views = [
+            RequestView(f"r{i}", 0, [], rows, 0, {}, [], 15, num_remaining=40 * (i + 1))
+            for i in range(rows)
+        ]
+        return controller.plan(views, steps[:rows])
+
+    plan(4)
+    plan(3)  # a row left ...
+    width = controller.batch_width
+    assert width is not None and width.reads_rooms and not width.draining
+    ks = plan(2)  # ... and none joined since
+    assert width.draining and width.last[0] == "drain" and ks[0] == ks[1] > 0
+
+
 def test_goodput_planner_is_rebuilt_for_a_new_policy_version() -> None:
     source = Source(_goodput(version=1))
     controller = StepController(source, 16, random.Random(1))

@@ -318,7 +318,7 @@ def test_expected_totals_match_the_policy_blend(
         assert len(ks) == 5
         blended = blend_request_history(rates[request.task], ks, lengths, 6.0)
         want = [w + e for w, e in zip(want, expected_by_k(blended), strict=True)]
-    got = width._expected_totals(slots, [15] * rows)
+    got, _ = width._expected_totals(slots, [15] * rows)
     assert got == pytest.approx(want, rel=1e-9)
 
 
@@ -712,7 +712,7 @@ def test_a_learnt_strength_blends_as_the_policy_blend_does() -> None:
     blended = blend_request_history(
         [0.6] * 15, request.spec_tokens, request.accept_lengths, strength
     )
-    assert width._expected_totals(slots, [15]) == pytest.approx(expected_by_k(blended), rel=1e-9)
+    assert width._expected_totals(slots, [15])[0] == pytest.approx(expected_by_k(blended), rel=1e-9)
 
 
 def test_request_strength_choices_must_be_positive() -> None:
@@ -796,3 +796,75 @@ def test_the_calibrations_two_tallies_agree(by_task: bool) -> None:
     for a, b in zip(few, many, strict=True):
         assert a == pytest.approx(b)
     assert sum(few[0]) > 0 and sum(few[1]) > 0
+
+
+# ``drain_makespan``: a draining batch is judged by when its longest row finishes.
+DRAIN = QUIET.model_copy(update={"drain_makespan": True})
+
+
+def _drain_batch(long_task: Task) -> tuple[list[Request], Learned]:
+    """Four math rows (accept 0.9 a position) with 20 tokens left and one row of
+    ``long_task`` with 200; drafting at k = 15 costs 2x a plain step."""
+    learned = Learned({Task.MATH: 0.9, Task.CHAT: 0.3, Task.CODE: 0.9}, block=16)
+    learned.cost = FixedCost(narrow=1.5, wide=2.0)
+    short = [Request(f"m{i}", Task.MATH, remaining=20) for i in range(4)]
+    return [*short, Request("long", long_task, remaining=200)], learned
+
+
+def _decide(width: BatchWidth, requests: list[Request], learned: Learned) -> int:
+    rows = [r.row(16) for r in requests]
+    return width.decide(rows, learned, [r.remaining for r in requests])
+
+
+def test_a_batch_drains_once_rows_have_left_and_none_joined_for_a_few_decisions() -> None:
+    requests, learned = _drain_batch(Task.CHAT)
+    width = BatchWidth(DRAIN, 16, 4)
+    seen = []
+    # a long stretch without joins, then a row leaves: draining from the next decision
+    for batch in (requests, requests, requests, requests[1:], requests[1:], requests[2:]):
+        _decide(width, batch, learned)
+        seen.append(width.draining)
+    assert seen == [False, False, False, False, True, True]
+    newcomer = Request("new", Task.MATH, remaining=20)
+    _decide(width, [*requests[2:], newcomer], learned)  # a row joins: not a drain any more
+    assert not width.draining
+    _decide(width, [*requests[3:], newcomer], learned)  # one leaves and is replaced a call on
+    _decide(width, [*requests[3:], newcomer, Request("next", Task.MATH)], learned)
+    assert not width.draining
+
+
+def test_a_draining_batch_stays_plain_when_drafting_slows_its_longest_row() -> None:
+    requests, learned = _drain_batch(Task.CHAT)  # the long row accepts ~1.4 a step
+    width, throughput = BatchWidth(DRAIN, 16, 4), BatchWidth(QUIET, 16, 4)
+    for batch in (requests, requests, requests[1:], requests[1:]):
+        ks = _decide(width, batch, learned), _decide(throughput, batch, learned)
+    # tokens a second say draft (the math rows' ~8 tokens a step at 2x the time); the chat
+    # row, which finishes last, would emit ~1.4 tokens in 2x a plain step's time
+    assert ks == (0, 15)
+    assert width.reason.startswith("batch[drain] B=4 k=0")
+
+
+def test_a_draining_batch_drafts_when_its_longest_row_gains_and_reads_no_rooms_off() -> None:
+    requests, learned = _drain_batch(Task.MATH)
+    width = BatchWidth(DRAIN, 16, 4)
+    for batch in (requests, requests, requests[1:], requests[1:]):
+        k = _decide(width, batch, learned)
+    assert width.draining and k == 15  # 200 tokens at ~8 a step: 49 step times, not 200
+    # the rule off, or no rooms told: the batch's tokens a second, whatever it drains
+    assert BatchWidth(DRAIN, 16, 4).reads_rooms and not BatchWidth(QUIET, 16, 4).reads_rooms
+    requests, learned = _drain_batch(Task.CHAT)
+    blind = BatchWidth(DRAIN, 16, 4)
+    for batch in (requests, requests, requests[1:], requests[1:]):
+        k = blind.decide([r.row(16) for r in batch], learned)
+    assert blind.draining and k == 15 and blind.reason.startswith("batch[best]")
+
+
+def test_finishing_rates_follow_the_row_with_the_most_steps_left() -> None:
+    from policies.batch_width import _finishing_rates
+
+    per_row = np.array([[1.0, 2.0, 4.0], [1.0, 1.0, 1.5]])
+    rates = _finishing_rates(per_row, [100, 30])
+    # k = 0: 100 steps; k = 1: max(50, 30); k = 2: max(25, 20)
+    assert rates.tolist() == pytest.approx([1 / 100, 1 / 50, 1 / 25])
+    # rooms below a token count as one: the slower row, 1.5 tokens a step at k = 2
+    assert _finishing_rates(per_row, [0, 0]).tolist() == pytest.approx([1.0, 1.0, 1.5])

@@ -50,6 +50,7 @@ async def test_stream_reports_every_step(engine) -> None:
     assert views[0].context == {"task": "math"} and views[0].step_index == 0
     assert histories[-1] == [r.accept_length for r in reports[:-1]]
     assert views[-1].num_generated == sum(len(e.token_ids) for e in events[:-1])
+    assert all(v.num_remaining == 24 - v.num_generated for v in views)  # the planner's room
     assert engine.block_size == BLOCK_SIZE and engine.device == "cpu"
     assert engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
