@@ -102,3 +102,8 @@ def test_every_committed_scenario_loads() -> None:
     kmin1 = load_scenario(SCENARIOS / "mixed-shift-ragged-8b-device-kmin1.yaml")
     assert (base.policies.min_spec_tokens, kmin1.policies.min_spec_tokens) == (4, 1)
     assert kmin1.cost == base.cost and kmin1.phases == base.phases
+    # the drain variant (session 53) turns the batch planner's drain rule on, nothing else
+    drain = load_scenario(SCENARIOS / "mixed-shift-ragged-8b-device-drain.yaml")
+    assert drain.policies.goodput.drain_makespan and not base.policies.goodput.drain_makespan
+    unchanged = drain.policies.goodput.model_copy(update={"drain_makespan": False})
+    assert unchanged == base.policies.goodput and drain.cost == base.cost
