@@ -440,6 +440,7 @@ class BatchWidth:
         self.last_totals: list[float] = []
         # ... and its best drafting k, chosen or not: (k, its expected rate over a plain
         # step's, the priced seconds of a plain step and of that k's): why a batch went plain.
+        # (The rate is tokens a second also where a drain scored the k by its finishing rate.)
         self.last_drafting: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
         # ``shared_calibration``: decayed sums of the drafted tokens the decided rows realized
         # and of those the decisions expected of them; the drafted part of every expectation
@@ -503,7 +504,7 @@ class BatchWidth:
         worth: Sequence[float] = totals
         if per_row is not None and remaining is not None:
             worth = _finishing_rates(per_row, remaining).tolist()
-        k = self._choose(worth, len(rows), cost, ceiling, fields, drain=per_row is not None)
+        k = self._choose(worth, len(rows), cost, ceiling, fields, totals)
         if self._spec.shared_calibration:  # what each row runs: k within its ceiling
             self.windows.decided[slots] = np.minimum(k, np.asarray(ceilings))
         self.spec_tokens_now = k
@@ -658,11 +659,11 @@ class BatchWidth:
         cost: StepCost,
         ceiling: int,
         fields: Mapping[Task, Mapping[str, Any]],
-        drain: bool = False,
+        totals: Sequence[float],
     ) -> int:
         """The k of the best ``worth[k] / T(B, k)``: ``worth`` the batch's expected tokens a
-        step (a score in tokens a second), or while draining its finishing rate a step
-        (``_finishing_rates``)."""
+        step, ``totals`` (a score in tokens a second), or while draining its finishing rate a
+        step (``_finishing_rates``); ``last_drafting`` reports tokens a second either way."""
         spec = self._spec
 
         def score(k: int) -> float:  # the engine clamps every row: the step runs min(k, ceiling)
@@ -682,8 +683,9 @@ class BatchWidth:
         best_k = draft_k if draft > plain * (1.0 + spec.min_gain) else 0
         if draft_k:
             draft_s = cost.step_time_s(batch, min(draft_k, ceiling))
-            self.last_drafting = (draft_k, draft / plain, plain_s, draft_s)
-        why, previous = "drain" if drain else "best", self._decided
+            rate = totals[draft_k] / draft_s / (totals[0] / plain_s)
+            self.last_drafting = (draft_k, rate, plain_s, draft_s)
+        why, previous = "best" if worth is totals else "drain", self._decided
         if self.steps and previous != best_k:
             if score(previous) * (1.0 + spec.hysteresis) >= score(best_k):
                 best_k, why = previous, "hold"

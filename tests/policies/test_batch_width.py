@@ -842,6 +842,10 @@ def test_a_draining_batch_stays_plain_when_drafting_slows_its_longest_row() -> N
     # row, which finishes last, would emit ~1.4 tokens in 2x a plain step's time
     assert ks == (0, 15)
     assert width.reason.startswith("batch[drain] B=4 k=0")
+    # its best drafting k by the drain's score (k = 7: the chat row runs its 1.4 tokens in
+    # 1.5x a plain step there, not 2x), recorded for the harness in tokens a second
+    totals = width.last_totals
+    assert width.last_drafting == pytest.approx((7, totals[7] / 1.5 / totals[0], 1.0, 1.5))
 
 
 def test_a_draining_batch_drafts_when_its_longest_row_gains_and_reads_no_rooms_off() -> None:
