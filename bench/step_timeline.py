@@ -9,6 +9,9 @@ policy over the given raw files (``.json`` or ``.json.gz``) and prints, per phas
 - per row bucket (1, 2, 4, ... rows, rounded up to a power of two) and admitted or not: steps
   per run, seconds per run and tokens emitted per ms: which kind of step a policy wins or
   loses on;
+- its drain (``drain``: the steps after the last one at the phase's concurrency, when no
+  request joins any more and the phase is over once its longest row is): steps, seconds,
+  drafting steps and one-row steps per run;
 - its plain stretches (``plain_stretches``: 16 or more steps of k = 0 at half the phase's
   concurrency or more), with the planner's decision when the timeline carries it;
 - for the full-batch decode steps (the phase's concurrency, nothing admitted): the mean step
@@ -112,6 +115,9 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
     gains = drafting_gains(runs)
     if gains:
         result["drafting_gains"] = gains
+    ends = drain(runs, full)
+    if ends is not None:
+        result["drain"] = ends
     stretches = [
         {"run": index, **stretch}
         for index, timeline in enumerate(runs)
@@ -133,6 +139,27 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
             },
         }
     return result
+
+
+def drain(runs: list[list[list[float]]], full: int | None) -> dict[str, Any] | None:
+    """Per run, the mean of the steps after the run's last step at ``full`` rows (none: the
+    run never filled the batch, and it is left out): steps, seconds, drafting steps (widest
+    k > 0) and steps of one row. None when no run filled it."""
+    tails = []
+    for timeline in runs:
+        last = max((i for i, e in enumerate(timeline) if full and e[ROWS] >= full), default=None)
+        if last is not None:
+            tails.append(timeline[last + 1 :])
+    if not tails:
+        return None
+    n = len(tails)
+    return {
+        "runs": n,
+        "steps_per_run": round(sum(map(len, tails)) / n, 1),
+        "s_per_run": round(sum(e[MS] for tail in tails for e in tail) / n / 1e3, 4),
+        "drafting_steps_per_run": round(sum(e[KMAX] > 0 for t in tails for e in t) / n, 1),
+        "one_row_steps_per_run": round(sum(e[ROWS] == 1 for t in tails for e in t) / n, 1),
+    }
 
 
 def plain_stretches(
@@ -301,6 +328,13 @@ def render(summary: dict[str, Any]) -> str:
                     f"{cell['expected_gain']}, realized {cell['realized_gain']} (priced / "
                     f"measured: draft {cell['draft_priced_over_measured']}, plain "
                     f"{cell['plain_priced_over_measured']})"
+                )
+            ends = info.get("drain")
+            if ends:
+                lines.append(
+                    f"  drain: {ends['steps_per_run']} steps {ends['s_per_run']:.3f} s a run, "
+                    f"{ends['drafting_steps_per_run']} drafting, "
+                    f"{ends['one_row_steps_per_run']} at one row"
                 )
             for stretch in info.get("plain_stretches", []):
                 decision = stretch.get("decision_first")

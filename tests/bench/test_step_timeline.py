@@ -109,6 +109,32 @@ def test_drafting_steps_set_what_was_expected_against_what_they_gave() -> None:
     assert "drafting_gains" not in summarise([no_planner])["busy"]["policies"]["b"]
 
 
+def test_the_drain_is_what_follows_each_runs_last_full_batch_step() -> None:
+    """``drain``: per run, the steps after its last step at the phase's concurrency (a run
+    that never filled the batch is left out), their seconds, drafting and one-row steps."""
+    full = [4, 7, 0, 10.0, 0.0, 0.0, 32, 20]
+    first = [full, [3, 7, 0, 8.0, 0.0, 0.0, 24, 12], full, [2, 0, 0, 4.0, 0.0, 0.0, 2, 2]]
+    first += [[1, 0, 0, 3.0, 0.0, 0.0, 1, 1], [1, 7, 0, 5.0, 0.0, 0.0, 8, 3]]
+    second = [full, [1, 0, 0, 3.0, 0.0, 0.0, 1, 1]]
+    never = [[3, 7, 0, 8.0, 0.0, 0.0, 24, 12]]
+    call = {
+        "phases": [{"name": "busy", "concurrency": 4}],
+        "runs": [
+            {"policy": "a", "phases": {"busy": {"timeline": t}}} for t in (first, second, never)
+        ],
+    }
+    info = summarise([call])["busy"]["policies"]["a"]
+    assert info["drain"] == {
+        "runs": 2,
+        "steps_per_run": 2.0,
+        "s_per_run": round((12.0 + 3.0) / 2 / 1e3, 4),
+        "drafting_steps_per_run": 0.5,
+        "one_row_steps_per_run": 1.5,
+    }
+    call["runs"] = [{"policy": "a", "phases": {"busy": {"timeline": never}}}]
+    assert "drain" not in summarise([call])["busy"]["policies"]["a"]
+
+
 def test_cli_reads_gzip_writes_json_and_refuses_a_merged_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
