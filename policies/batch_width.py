@@ -497,13 +497,13 @@ class BatchWidth:
         multiple = getattr(cost, "verify_width_multiple", self._spec.verify_width_multiple)
         if multiple != self._multiple:
             self._multiple, self._candidates = multiple, self._candidates_for(multiple)
-        drain = self.draining and self._spec.drain_makespan and remaining is not None
-        totals, per_row = self._expected_totals(slots, ceilings, per_row=drain)
+        rooms = remaining if self.draining and self._spec.drain_makespan else None
+        totals, per_row = self._expected_totals(slots, ceilings, per_row=rooms is not None)
         self.last_totals = totals
         ceiling = max(0, min(max(ceilings), self._positions))
         worth: Sequence[float] = totals
-        if per_row is not None and remaining is not None:
-            worth = _finishing_rates(per_row, remaining).tolist()
+        if rooms is not None and per_row is not None:
+            worth = _finishing_rates(per_row, rooms).tolist()
         k = self._choose(worth, len(rows), cost, ceiling, fields, totals)
         if self._spec.shared_calibration:  # what each row runs: k within its ceiling
             self.windows.decided[slots] = np.minimum(k, np.asarray(ceilings))
@@ -661,9 +661,10 @@ class BatchWidth:
         fields: Mapping[Task, Mapping[str, Any]],
         totals: Sequence[float],
     ) -> int:
-        """The k of the best ``worth[k] / T(B, k)``: ``worth`` the batch's expected tokens a
-        step, ``totals`` (a score in tokens a second), or while draining its finishing rate a
-        step (``_finishing_rates``); ``last_drafting`` reports tokens a second either way."""
+        """The k of the best ``worth[k] / T(B, k)``. ``worth`` is ``totals`` (the batch's
+        expected tokens a step: a score in tokens a second) or, while draining, its finishing
+        rate a step (``_finishing_rates``); ``last_drafting`` reports tokens a second either
+        way, from ``totals``."""
         spec = self._spec
 
         def score(k: int) -> float:  # the engine clamps every row: the step runs min(k, ceiling)
