@@ -284,6 +284,9 @@ class StepController:
         # ~19, and a chooser told them decided its 64-row bucket on them.
         self._mode_call_set_up = False
         self._call_started_s: float | None = None  # the ``_clock`` at the last ``plan``
+        # The admissions' prefill the engine ran since then (``prefill_time``): no step
+        # mode's cost, taken out of the wall time the last call's steps are timed by.
+        self._prefill_s = 0.0
         # Where the engine calls ``prepare`` behind each step (its overlap), ``plan`` only
         # takes the clock and the steps (due: the clock then, the previous call's clock, the
         # steps) and ``prepare`` tells the chooser, off the critical path between two steps.
@@ -444,6 +447,12 @@ class StepController:
                 models.record_steps(task, ks, lengths)
             for models, times in pending.times.values():
                 models.record_step_times(times)
+
+    def prefill_time(self, seconds: float) -> None:
+        """The admissions' prefill the engine ran before the call it is about to plan
+        (``TimesPrefills``): left out of the wall time that times the last call's steps for
+        the auto mode's chooser (``_take_modes``)."""
+        self._prefill_s += max(0.0, seconds)
 
     def call_time(self, seconds_per_step: float) -> None:
         """The engine's last decode call, its wall time over its steps (``TimesCalls``):
@@ -761,6 +770,9 @@ class StepController:
         self._tell_due_modes()
         steps, self._mode_steps = self._mode_steps, []
         started, self._call_started_s = self._call_started_s, now_s
+        prefill, self._prefill_s = self._prefill_s, 0.0
+        if started is not None:  # (this call's prefill ran after the last call's steps)
+            started = min(now_s, started + prefill)
         if self._mode_call_set_up:  # (StepReport.first_use: not the modes' own cost)
             self._mode_call_set_up = False
             steps = []
@@ -792,7 +804,13 @@ class StepController:
         compiled 8B arm's call s36f; call s36a's chooser had kept one phase). The wall
         time counts only between ``reported`` and ``3 x reported + MODE_IDLE_S`` (below: a
         clock that is not the engine's; above: the engine waited for work), else the reported
-        times are used; it is shared among the steps in proportion to their reported times."""
+        times are used; it is shared among the steps in proportion to their reported times.
+        The admissions' prefill that ran between the two calls (told by ``prefill_time``) is
+        left out: it runs whenever requests arrive, whatever the mode, and on the real pair
+        an admission's prefill (4-11 ms a burst in call s53b) charged to four plain 64-row
+        steps of ~1.1 ms each made one phase look slower than two (s53b: the 64-row bucket's
+        paired estimate 1.46 for two phases, whose steps emitted 7-24 tokens a ms against
+        plain steps' 27-57)."""
         reported = sum(step[4] for step in steps)
         wall = now_s - started if started is not None else reported
         scale = wall / reported if reported < wall <= 3 * reported + MODE_IDLE_S else 1.0

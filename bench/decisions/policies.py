@@ -47,6 +47,9 @@ that lose by far cut short, learning one phase first; the default in session 52'
 off since); ``goodput-nocut``: ``mode_cut_ratio: 0``, the default (named for those calls).
 ``goodput-drain``: ``goodput`` with ``drain_makespan: true`` (a draining batch's k judged by
 when its longest row finishes; off by default).
+``goodput-prefillblind``: ``goodput`` whose step controller is told no admission's prefill
+(``PrefillBlindController``): its auto mode's chooser times the steps before an admission
+with the prefill in them, as before session 54.
 ``goodput-strength``: ``goodput`` with ``request_strength_choices`` ``STRENGTH_CHOICES`` (each
 task's request strength learnt from how well each candidate's blends predicted its steps;
 not run by default).
@@ -188,6 +191,8 @@ def build(name: str, ctx: Context) -> Built:
     if name == "goodput-drain":
         draining = ctx.goodput.model_copy(update={"drain_makespan": True})
         return _goodput(replace(ctx, goodput=draining), "auto")
+    if name == "goodput-prefillblind":  # (session 54's A/B: the chooser as before the fix)
+        return _goodput(ctx, "auto", controller_type=PrefillBlindController)
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -284,6 +289,7 @@ def _goodput(
     draft_cap: int | None = None,
     allocation: str | None = None,
     slots_min_batch: int | None = None,
+    controller_type: type[StepController] = StepController,
 ) -> Built:
     """The daemon's step controller; on a ragged engine with the goodput policy's per-step
     mode ``ragged_mode``: ``auto`` (``goodput``: per batch size, one-phase shared k or
@@ -293,7 +299,8 @@ def _goodput(
     ``allocation`` (``goodput-device``: "device", ``goodput-host``: "host"; None: the policy
     default's, "device" since session 51): where two-phase steps allocate (``slot_allocation``);
     ``slots_min_batch`` (``goodput-device-min<N>``: N, e.g. 1, so the auto chooser measures both
-    modes at every batch size, not from 32 rows): the policy's own."""
+    modes at every batch size, not from 32 rows): the policy's own. ``controller_type``: the
+    step controller's class (``goodput-prefillblind``: ``PrefillBlindController``)."""
     goodput = ctx.goodput
     if ctx.verify_mode == "ragged":
         update: dict[str, object] = {"step_mode": ragged_mode, "slots_draft_cap": draft_cap}
@@ -309,9 +316,18 @@ def _goodput(
     spec = PolicySpec(kind="goodput", goodput=goodput, **bounds)
     source = FixedPolicySource(spec, GoodputPolicy(goodput), models)
     ragged = ctx.verify_mode == "ragged"
-    controller = StepController(source, ctx.block_size, random.Random(ctx.seed), ragged=ragged)
+    controller = controller_type(source, ctx.block_size, random.Random(ctx.seed), ragged=ragged)
     return Built(
         controller,
         lambda job: controller.start(job.task, 1.0, 0),
         lambda: (controller.host_s, controller.calls),
     )
+
+
+class PrefillBlindController(StepController):
+    """The step controller as it was before session 54: told no admission's prefill, its auto
+    mode's chooser times the steps of the call before an admission with that prefill in them
+    (``StepController.prefill_time``). Harness only, for the A/B of that change."""
+
+    def prefill_time(self, seconds: float) -> None:
+        return None

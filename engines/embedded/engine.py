@@ -34,6 +34,7 @@ from engines.embedded.events import (
     StepPlanner,
     StepReport,
     TimesCalls,
+    TimesPrefills,
     TokenEvent,
 )
 from engines.embedded.request import Request
@@ -269,6 +270,11 @@ class Engine:
         started = time.perf_counter()
         events += self._prefill_admitted(admitted)
         self.last_prefill_s = time.perf_counter() - started if admitted else 0.0
+        if admitted and _implements(self.planner, TimesPrefills):
+            try:
+                cast(TimesPrefills, self.planner).prefill_time(self.last_prefill_s)
+            except Exception:
+                logger.exception("step planner failed to take a prefill's time")
         self._release_ended(events)  # done or failed after the first token: never join the step
         if self.scheduler.running:
             events += self._decode()

@@ -890,7 +890,7 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     """``-kmin<N>`` after a goodput policy: the policy file's ``min_spec_tokens`` N (issue 16:
     "min may be set below 4 for experiments"); the rest of the name builds as before, and
     other policies do not take it."""
-    from bench.decisions.policies import STRENGTH_CHOICES, Context, build
+    from bench.decisions.policies import STRENGTH_CHOICES, Context, PrefillBlindController, build
     from engines.step_controller import StepController
     from policies.costmodel import CostTable
     from policies.model import GoodputSpec
@@ -934,6 +934,13 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     # goodput-drain: a draining batch judged by its longest row (off by default)
     drain = build("goodput-drain", context).planner._source.active().spec.goodput
     assert drain.drain_makespan is True and GoodputSpec().drain_makespan is False
+    # goodput-prefillblind: the step controller told no prefill (the chooser as before s54)
+    blind = build("goodput-prefillblind", context).planner
+    assert isinstance(blind, PrefillBlindController) and blind._prefill_s == 0.0
+    blind.prefill_time(0.5)
+    told = build("goodput", context).planner
+    told.prefill_time(0.5)
+    assert blind._prefill_s == 0.0 and told._prefill_s == 0.5
     for name, calibrated in (("goodput-cal", True), ("goodput-nocal", False)):
         varied = build(name, context).planner._source.active().spec.goodput
         assert varied.shared_calibration is calibrated, name

@@ -308,6 +308,8 @@ def _auto_mode_run(
     num_rows: int = 3,
     table: CostTable = TABLE,
     set_up_calls: Collection[int] = (),
+    prefill: Callable[[int, bool], float] | None = None,
+    tell_prefill: bool = True,
     **settings: Any,
 ) -> tuple[StepController, list[bool]]:
     """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
@@ -315,7 +317,9 @@ def _auto_mode_run(
     n's (reported step seconds, wall seconds to the next ``plan`` on the controller's clock).
     ``overlap``: ``prepare`` after each step's ``record``, as the embedded engine calls it
     behind its steps; ``set_up_calls``: calls whose reports say they set something up on
-    first use (``StepReport.first_use``). The modes each call ran."""
+    first use (``StepReport.first_use``); ``prefill(n, last call two-phase)``: seconds of
+    admissions' prefill the engine runs before call n's ``plan``, told by ``prefill_time``
+    unless ``tell_prefill`` is off. The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -341,6 +345,11 @@ def _auto_mode_run(
     ran: dict[str, list[int]] = {rid: [] for rid in ids}
     modes = []
     for n in range(steps):
+        if prefill is not None:
+            seconds = prefill(n, bool(modes) and modes[-1])
+            now[0] += seconds
+            if seconds and tell_prefill:
+                controller.prefill_time(seconds)
         views = [RequestView(r, n, lengths[r], num_rows, n, {}, ran[r], 15) for r in ids]
         ks = controller.plan(views, rows)
         two_phase = controller.allocates()
@@ -444,6 +453,32 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
     # 5 s (a one-phase step) did not count
     assert bucket.one_phase_tok_s == pytest.approx(12 / 0.011, rel=0.01)
     assert bucket.two_phase_tok_s == pytest.approx(12 / 0.014, rel=0.01)
+
+
+def test_auto_mode_leaves_the_admissions_prefill_out_of_the_steps_it_times() -> None:
+    """The real pair's 64-row bucket (call s53b): an admission's prefill runs before the next
+    call's ``plan``, so timed from one ``plan`` to the next it lands on the steps before it
+    (4-11 ms a burst against ~1.1 ms plain steps), and the chooser judged two-phase steps
+    that emitted a third of plain steps' tokens a second 1.46x as fast. Here two-phase steps
+    cost 12 ms and one-phase ones 10 ms for the same tokens, and a 10 ms prefill follows
+    every one-phase call: told it (``prefill_time``), the chooser runs one phase; timing
+    the prefill into the steps, it would run two."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        seconds = 0.012 if two_phase else 0.010
+        return seconds, seconds
+
+    def prefill(n: int, last_two_phase: bool) -> float:
+        return 0.0 if n == 0 or last_two_phase else 0.010
+
+    told, modes = _auto_mode_run(40, timing, prefill=prefill)
+    (bucket,) = told.step_modes()
+    assert bucket.incumbent is False
+    assert modes[8:32].count(True) <= 2  # one-phase, but for a re-probe block of 2
+    assert bucket.one_phase_tok_s == pytest.approx(12 / 0.010, rel=0.01)
+    untold, _ = _auto_mode_run(40, timing, prefill=prefill, tell_prefill=False)
+    (bucket,) = untold.step_modes()
+    assert bucket.incumbent is True
 
 
 def test_behind_an_overlapping_engine_the_modes_are_told_in_prepare_not_plan() -> None:

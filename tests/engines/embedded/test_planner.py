@@ -119,3 +119,41 @@ def test_a_planner_that_times_calls_is_told_each_calls_wall_time_before_its_step
     for (kind, told), (next_kind, step_s) in zip(planner.log[::2], planner.log[1::2], strict=True):
         assert (kind, next_kind) == ("call", "record")
         assert told >= step_s > 0
+
+
+def test_a_planner_that_times_prefills_is_told_each_admissions_prefill_before_its_plan(
+    agreeing_pair: tuple[Path, Path],
+) -> None:
+    """``TimesPrefills``: when an engine call admits requests, their prefill's seconds reach
+    the planner before that call's ``plan`` (the auto mode's chooser leaves them out of the
+    steps it times); a call that admits nothing tells nothing."""
+
+    class Timing(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[str, float]] = []
+
+        def prefill_time(self, seconds: float) -> None:
+            self.log.append(("prefill", seconds))
+
+        def plan(
+            self, views: Sequence[RequestView], controllers: Sequence[SpecController]
+        ) -> list[int]:
+            self.log.append(("plan", float(len(views))))
+            return super().plan(views, controllers)
+
+    planner = Timing()
+    engine = make_engine(agreeing_pair)
+    engine.planner = planner
+    engine.add(greedy_request("a", random_prompt(3), 6, fixed_k(0)))
+    engine.step()  # admits a, then plans its first decode step
+    assert [kind for kind, _ in planner.log] == ["prefill", "plan"]
+    engine.add(greedy_request("b", random_prompt(4), 6, fixed_k(0)))
+    while engine.has_work:
+        engine.step()
+    kinds = [kind for kind, _ in planner.log]
+    assert kinds[:2] == ["prefill", "plan"]
+    assert kinds.count("prefill") == 2  # one per admitting call, none for the others
+    second = kinds.index("prefill", 1)
+    assert kinds[second + 1] == "plan"
+    assert all(seconds > 0 for kind, seconds in planner.log if kind == "prefill")
