@@ -806,11 +806,10 @@ class StepController:
         clock that is not the engine's; above: the engine waited for work), else the reported
         times are used; it is shared among the steps in proportion to their reported times.
         The admissions' prefill that ran between the two calls (told by ``prefill_time``) is
-        left out: it runs whenever requests arrive, whatever the mode, and on the real pair
-        an admission's prefill (4-11 ms a burst in call s53b) charged to four plain 64-row
-        steps of ~1.1 ms each made one phase look slower than two (s53b: the 64-row bucket's
-        paired estimate 1.46 for two phases, whose steps emitted 7-24 tokens a ms against
-        plain steps' 27-57)."""
+        left out: it runs whenever requests arrive, whatever the mode, and timed into the call
+        before it, it made that call's steps look slower (on the real pair 4-11 ms a burst
+        against ~1.1 ms a plain 64-row step; replayed, the pooled one-phase rate of calls
+        s51d-s53c was 36-38k tokens a second with it, 43-47k without: bench/mode_replay.py)."""
         reported = sum(step[4] for step in steps)
         wall = now_s - started if started is not None else reported
         scale = wall / reported if reported < wall <= 3 * reported + MODE_IDLE_S else 1.0

@@ -456,13 +456,12 @@ def test_auto_mode_times_each_engine_call_by_the_wall_clock() -> None:
 
 
 def test_auto_mode_leaves_the_admissions_prefill_out_of_the_steps_it_times() -> None:
-    """The real pair's 64-row bucket (call s53b): an admission's prefill runs before the next
-    call's ``plan``, so timed from one ``plan`` to the next it lands on the steps before it
-    (4-11 ms a burst against ~1.1 ms plain steps), and the chooser judged two-phase steps
-    that emitted a third of plain steps' tokens a second 1.46x as fast. Here two-phase steps
-    cost 12 ms and one-phase ones 10 ms for the same tokens, and a 10 ms prefill follows
-    every one-phase call: told it (``prefill_time``), the chooser runs one phase; timing
-    the prefill into the steps, it would run two."""
+    """An admission's prefill runs before the next call's ``plan``, so timed from one
+    ``plan`` to the next it lands on the steps before it (the real pair: 4-11 ms a burst
+    against ~1.1 ms plain 64-row steps). Here two-phase steps cost 12 ms and one-phase ones
+    10 ms for the same tokens, and a 10 ms prefill follows every one-phase call: told it
+    (``prefill_time``), the chooser runs one phase; timing the prefill into the steps, it
+    would run two."""
 
     def timing(n: int, two_phase: bool) -> tuple[float, float]:
         seconds = 0.012 if two_phase else 0.010

@@ -1,0 +1,63 @@
+"""bench/mode_replay.py: a policy's recorded steps through the step-mode chooser, with the
+admissions' prefill timed into the call before each admission (as before session 54) or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.mode_replay import calls_of, main, replay
+from policies.step_mode import ModeSettings
+
+# timeline entries: rows, kmax, admitted, ms, wait_ms, alloc_ms, verified, emitted, two-phase
+PLAIN = [64, 0, 0, 1.0, 0.0, 0.0, 64, 64, 0]
+ADMIT = [64, 0, 1, 3.0, 0.0, 0.0, 64, 64, 0]  # 4 steps: 8 ms of prefill on 4 ms of steps
+TWO = [64, 3, 0, 2.0, 0.0, 0.5, 128, 64, 1]
+
+
+def _timeline() -> list[list[float]]:
+    """Plain bursts of 4 (an admission into every other one), then two-phase calls of 4 each
+    time the batch drafts: one phase emits 64 tokens a ms, two phases 32."""
+    steps: list[list[float]] = []
+    for block in range(12):
+        for call in range(2):
+            ms = 1.0 + 0.001 * (2 * block + call)  # (calls of one time: one call)
+            steps += [[*PLAIN[:3], ms, *PLAIN[4:]]] * 4
+        steps += [ADMIT] * 4 if block % 2 else []
+        steps += [[*TWO[:3], 2.0 + 0.001 * block, *TWO[4:]]] * 8
+    return steps
+
+
+def test_calls_are_the_runs_of_steps_of_one_time_and_one_admission_flag() -> None:
+    calls = calls_of(_timeline()[:12])
+    assert [(rows, two, admitted, len(emitted)) for rows, two, admitted, emitted, _ in calls] == [
+        (64, False, False, 4),
+        (64, False, False, 4),
+        (64, True, False, 4),
+    ]
+
+
+def test_the_prefill_moved_onto_the_call_before_slows_that_calls_mode_only_when_blind() -> None:
+    """Admissions follow one-phase calls here: blind, their prefill slows one phase (pooled,
+    and in the 8-step blocks paired with two phases); told, both modes read their own rates."""
+    result = replay([_timeline()], 32, ModeSettings())
+    (blind,), (told,) = result["blind"], result["told"]
+    assert told["one_phase_tok_s"] == pytest.approx(64_000, rel=0.03)
+    assert blind["one_phase_tok_s"] < 0.8 * told["one_phase_tok_s"]
+    assert blind["two_phase_tok_s"] == told["two_phase_tok_s"] == pytest.approx(32_000, rel=0.03)
+    assert told["paired_ratio"] == pytest.approx(0.5, rel=0.04)
+    assert blind["paired_ratio"] > 1.3 * told["paired_ratio"]
+
+
+def test_main_writes_both_ways_per_call(tmp_path: Path) -> None:
+    raw = tmp_path / "call.json"
+    run = {"policy": "goodput", "repeat": 0, "phases": {"mixed": {"timeline": _timeline()}}}
+    raw.write_text(json.dumps({"runs": [run]}))
+    out = tmp_path / "replay.json"
+    assert main([str(raw), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["calls"]["call.json"]) == {"blind", "told"}
+    with pytest.raises(SystemExit, match="no runs of policy"):
+        main([str(raw), "--policy", "vllm-av"])
