@@ -39,6 +39,14 @@ class Recording:
         self.prepared.append(len(views))
 
 
+class Logging(Recording):
+    """``Recording`` that also logs what it is told, in order: (kind, seconds or rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, float]] = []
+
+
 def test_planner_is_asked_once_per_step_and_its_k_is_clamped_per_row(
     agreeing_pair: tuple[Path, Path],
 ) -> None:
@@ -95,11 +103,7 @@ def test_a_planner_that_times_calls_is_told_each_calls_wall_time_before_its_step
     """``TimesCalls``: after every decode call, before that call's steps reach ``record``,
     the call's wall time over its steps (at least the runner's time of each step)."""
 
-    class Timing(Recording):
-        def __init__(self) -> None:
-            super().__init__()
-            self.log: list[tuple[str, float]] = []
-
+    class Timing(Logging):
         def call_time(self, seconds_per_step: float) -> None:
             self.log.append(("call", seconds_per_step))
 
@@ -128,11 +132,7 @@ def test_a_planner_that_times_prefills_is_told_each_admissions_prefill_before_it
     the planner before that call's ``plan`` (the auto mode's chooser leaves them out of the
     steps it times); a call that admits nothing tells nothing."""
 
-    class Timing(Recording):
-        def __init__(self) -> None:
-            super().__init__()
-            self.log: list[tuple[str, float]] = []
-
+    class Timing(Logging):
         def prefill_time(self, seconds: float) -> None:
             self.log.append(("prefill", seconds))
 
