@@ -9,6 +9,9 @@ policy over the given raw files (``.json`` or ``.json.gz``) and prints, per phas
 - per row bucket (1, 2, 4, ... rows, rounded up to a power of two) and admitted or not: steps
   per run, seconds per run and tokens emitted per ms: which kind of step a policy wins or
   loses on;
+- its decode steps by finer row ranges (``row_ranges``: the powers of two halved above 16,
+  the full batch alone): steps and seconds per run, tokens emitted per ms, the share of
+  two-phase steps, and a step's ms, tokens verified and emitted;
 - its drain (``drain``: the steps after the last one at the phase's concurrency, when no
   request joins any more and the phase is over once its longest row is): steps, seconds,
   drafting steps and one-row steps per run;
@@ -111,6 +114,7 @@ def _policy(runs: list[list[list[float]]], full: int | None, min_steps: int) -> 
         "emitted_per_ms": round(sum(e[EMITTED] for e in steps) / total_ms, 3) if total_ms else None,
         "buckets": buckets,
         "modes": _modes(steps, full, n),
+        "row_ranges": row_ranges(steps, full, n),
     }
     gains = drafting_gains(runs)
     if gains:
@@ -248,6 +252,61 @@ def _modes(steps: list[list[float]], full: int | None, runs: int) -> list[dict[s
     ]
 
 
+def ranges_of(full: int) -> list[tuple[int, int]]:
+    """Row ranges of ``row_ranges`` for a phase of concurrency ``full``: 1, the powers of two
+    (2-4, 5-8, 9-16), above 16 each power of two in halves (17-24, 25-32, 33-48, 49-63), and
+    the full batch alone."""
+    out: list[tuple[int, int]] = [(1, 1)]
+    low, high = 2, 4
+    while low < full:
+        top = min(high, full - 1)
+        if high > 16:
+            middle = (low - 1 + high) // 2
+            out += [(low, min(middle, top)), (middle + 1, top)] if middle < top else [(low, top)]
+        else:
+            out.append((low, top))
+        low, high = high + 1, high * 2
+    if full > 1:
+        out.append((full, full))
+    return out
+
+
+def row_ranges(steps: list[list[float]], full: int | None, runs: int) -> list[dict[str, Any]]:
+    """The decode steps (no admission) by rows (``ranges_of`` the phase's concurrency), per
+    run: steps and seconds, emitted tokens a ms, the share of two-phase steps, and a step's
+    ms, tokens verified and tokens emitted; where one policy's steps of a few rows outrun
+    another's (session 55: vLLM's rule against goodput in the 8B arm's mixed drain)."""
+    if full is None:
+        return []
+    top = max([full, *(int(e[ROWS]) for e in steps)])
+    ranges = ranges_of(full) + ([(full + 1, top)] if top > full else [])
+    cells: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
+    for entry in steps:
+        if entry[ADMITTED]:
+            continue
+        rows = int(entry[ROWS])
+        where = next(span for span in ranges if span[0] <= rows <= span[1])
+        cell = cells[where]
+        cell[0] += 1
+        cell[1] += entry[MS]
+        cell[2] += entry[EMITTED]
+        cell[3] += entry[VERIFIED]
+        cell[4] += bool(len(entry) > TWO_PHASE and entry[TWO_PHASE])
+    return [
+        {
+            "rows": f"{low}" if low == high else f"{low}-{high}",
+            "steps_per_run": round(count / runs, 1),
+            "s_per_run": round(ms / runs / 1e3, 3),
+            "emitted_per_ms": round(emitted / ms, 3) if ms else None,
+            "two_phase_share": round(two / count, 3),
+            "ms_per_step": round(ms / count, 3),
+            "verified_per_step": round(verified / count, 1),
+            "emitted_per_step": round(emitted / count, 1),
+        }
+        for (low, high), (count, ms, emitted, verified, two) in sorted(cells.items())
+    ]
+
+
 # row regions of ``drafting_gains``: (label, fewest rows, most rows)
 GAIN_REGIONS = (("1-8", 1, 8), ("9-32", 9, 32), ("33+", 33, 1 << 30))
 
@@ -321,6 +380,13 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"  {cell['batch']:>5} batch {cell['mode']:9s} {cell['steps_per_run']:>7} "
                     f"steps {cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms"
+                )
+            for cell in info.get("row_ranges", []):
+                lines.append(
+                    f"  {cell['rows']:>7} rows: {cell['steps_per_run']:>6} steps "
+                    f"{cell['s_per_run']:.3f} s {cell['emitted_per_ms']} emitted/ms, "
+                    f"two-phase {cell['two_phase_share']:.0%}, {cell['ms_per_step']} ms a step, "
+                    f"{cell['verified_per_step']} verified, {cell['emitted_per_step']} emitted"
                 )
             for cell in info.get("drafting_gains", []):
                 lines.append(

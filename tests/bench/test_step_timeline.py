@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.step_timeline import bucket, main, summarise
+from bench.step_timeline import bucket, main, ranges_of, row_ranges, summarise
 
 
 def _call() -> dict[str, object]:
@@ -27,6 +27,40 @@ def _call() -> dict[str, object]:
 
 def test_buckets_round_rows_up_to_a_power_of_two() -> None:
     assert [bucket(r) for r in (0, 1, 2, 3, 4, 5, 33, 64)] == [1, 1, 2, 4, 4, 8, 64, 64]
+
+
+def test_row_ranges_halve_the_powers_of_two_above_16_and_keep_the_full_batch_alone() -> None:
+    assert ranges_of(1) == [(1, 1)]
+    assert ranges_of(8) == [(1, 1), (2, 4), (5, 7), (8, 8)]
+    assert ranges_of(64) == [
+        (1, 1), (2, 4), (5, 8), (9, 16), (17, 24), (25, 32), (33, 48), (49, 63), (64, 64)
+    ]  # fmt: skip
+    assert ranges_of(40)[-2:] == [(33, 39), (40, 40)]
+
+
+def test_row_ranges_rate_the_decode_steps_by_rows_and_mode() -> None:
+    """``row_ranges``: steps that admit nothing, by rows; per run, with the two-phase share
+    and a step's ms, tokens verified and emitted; rows above the concurrency get a range."""
+    steps = [
+        [64, 7, 0, 20.0, 0.0, 0.0, 448, 300, 1],  # full, two-phase
+        [40, 7, 0, 16.0, 0.0, 0.0, 280, 160, 1],  # 33-48, two-phase
+        [40, 7, 0, 14.0, 0.0, 0.0, 320, 140, 0],  # 33-48, one phase
+        [40, 7, 1, 30.0, 0.0, 0.0, 320, 140, 0],  # admits: left out
+        [20, 0, 0, 10.0, 0.0, 0.0, 20, 20],  # 17-24, plain (an older entry: no mode field)
+        [70, 0, 0, 22.0, 0.0, 0.0, 70, 70, 0],  # above the concurrency
+    ]
+    cells = {cell["rows"]: cell for cell in row_ranges(steps, 64, runs=2)}
+    assert list(cells) == ["17-24", "33-48", "64", "65-70"]
+    mid = cells["33-48"]
+    assert mid["steps_per_run"] == 1.0 and mid["s_per_run"] == 0.015
+    assert mid["emitted_per_ms"] == pytest.approx(10.0) and mid["two_phase_share"] == 0.5
+    assert (mid["ms_per_step"], mid["verified_per_step"], mid["emitted_per_step"]) == (
+        15.0,
+        300.0,
+        150.0,
+    )
+    assert cells["17-24"]["two_phase_share"] == 0.0 and cells["64"]["two_phase_share"] == 1.0
+    assert row_ranges(steps, None, runs=1) == []
 
 
 def test_policies_pool_their_runs_per_row_bucket_and_token_count() -> None:
