@@ -1,5 +1,6 @@
 """What the auto step mode's chooser concluded from the steps a GPU call recorded, with and
-without the admissions' prefill in the steps it times (issue 16, session 54).
+without the admissions' prefill in the steps it times (issue 16, session 54), and with and
+without the plain steps (session 56).
 
 Until session 54 the step controller timed each engine call from one ``plan`` to the next,
 and the engine prefills newly admitted requests before it plans: an admission's prefill
@@ -10,19 +11,25 @@ of the policy's runs, one chooser, as its warm policy kept one), both ways:
 
 - ``blind`` (before session 54): an admitting call's extra time over a call of its kind
   without admission (its prefill) is moved onto the call before it;
-- ``told`` (since): the prefill is left out, the admitting call timed as one without it.
+- ``told`` (since): the prefill is left out, the admitting call timed as one without it;
+- ``drafting`` (since session 56): as ``told``, and plain steps (one phase, k = 0) are timed
+  into neither mode, so paired blocks compare drafting steps only.
 
 Calls are the timeline's runs of consecutive steps that share a time and an admission flag
 (the harness splits a call's time evenly over its steps); a call's kind is its mode and its
 row bucket, and "a call of its kind without admission" is the median per-step ms of such
 calls in the same run. The chooser only records buckets from ``--min-rows`` rows (the
 policy's ``slots_min_batch``). Prints, per policy, each bucket's paired estimate (two-phase
-over one-phase tokens a second) and its pooled rates both ways; ``--json`` writes them.
-Not a counterfactual: the recorded modes are the ones the blind chooser picked.
+over one-phase tokens a second) and its pooled rates each way; ``--json`` writes them.
+``--with-warm`` replays the policy's warm pass first (``warm_runs``, where the harness kept
+one), as its chooser saw it. Not a counterfactual: the recorded modes are the ones the
+recorded chooser picked.
 
     G=bench/results/gpu_decisions
     .venv/bin/python bench/mode_replay.py $G/real-pair_2026-12-07s5{1d,2a,2b,2d,3b,3c}.json.gz \\
       --policy goodput --json bench/results/mode_replay_real_pair_2026-12-07s54.json
+    .venv/bin/python bench/mode_replay.py $G/real-pair_2026-12-07s56{b,d,e}.json.gz \\
+      --policy goodput --with-warm --json bench/results/mode_replay_real_pair_2026-12-07s56.json
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.step_timeline import ADMITTED, EMITTED, MS, ROWS, TWO_PHASE, load
+from bench.step_timeline import ADMITTED, EMITTED, KMAX, MS, ROWS, TWO_PHASE, load
 from policies.step_mode import ModeSettings, StepModeChooser
 
-Call = tuple[int, bool, bool, list[int], float]  # rows, two-phase, admitted, emitted, ms a step
+# rows, two-phase, admitted, emitted, ms a step, widest k
+Call = tuple[int, bool, bool, list[int], float, int]
+WAYS = ("blind", "told", "drafting")
 
 
 def calls_of(timeline: Sequence[Sequence[Any]]) -> list[Call]:
@@ -53,7 +62,8 @@ def calls_of(timeline: Sequence[Sequence[Any]]) -> list[Call]:
         if calls and (calls[-1][4], calls[-1][2]) == key and len(calls[-1][3]) < 16:
             calls[-1][3].append(int(step[EMITTED]))
             continue
-        calls.append((int(step[ROWS]), bool(step[TWO_PHASE]), key[1], [int(step[EMITTED])], key[0]))
+        rows, two_phase, k = int(step[ROWS]), bool(step[TWO_PHASE]), int(step[KMAX])
+        calls.append((rows, two_phase, key[1], [int(step[EMITTED])], key[0], k))
     return calls
 
 
@@ -61,16 +71,16 @@ def replay(
     runs: Sequence[Sequence[Sequence[Any]]], min_rows: int, settings: ModeSettings
 ) -> dict[str, Any]:
     """Both choosers over the runs' timelines in order (see the module docstring)."""
-    choosers = {"blind": StepModeChooser(settings), "told": StepModeChooser(settings)}
+    choosers = {way: StepModeChooser(settings) for way in WAYS}
     for timeline in runs:
         calls = calls_of(timeline)
         plain: dict[tuple[int, bool], list[float]] = defaultdict(list)
-        for rows, two_phase, admitted, _, ms in calls:
+        for rows, two_phase, admitted, _, ms, _ in calls:
             if not admitted:
                 plain[(StepModeChooser.bucket(rows), two_phase)].append(ms)
         usual = {kind: statistics.median(times) for kind, times in plain.items()}
         timed: dict[str, list[list[float]]] = {"blind": [], "told": []}
-        for rows, two_phase, admitted, emitted, ms in calls:
+        for rows, two_phase, admitted, emitted, ms, _ in calls:
             clean = ms
             if admitted:
                 clean = min(ms, usual.get((StepModeChooser.bucket(rows), two_phase), ms))
@@ -80,9 +90,10 @@ def replay(
             if extra > 0 and len(timed["blind"]) > 1:  # onto the call before it
                 before = timed["blind"][-2]
                 before[:] = [t + extra / len(before) for t in before]
+        timed["drafting"] = timed["told"]
         for way, chooser in choosers.items():
-            for (rows, two_phase, _, emitted, _), times in zip(calls, timed[way], strict=True):
-                if rows < min_rows:
+            for (rows, two_phase, _, emitted, _, k), times in zip(calls, timed[way], strict=True):
+                if rows < min_rows or (way == "drafting" and not two_phase and k == 0):
                     continue
                 for tokens, ms in zip(emitted, times, strict=True):
                     chooser.record(rows, two_phase, tokens, ms / 1e3)
@@ -107,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="goodput", help="the policy to replay")
     parser.add_argument("--phase", default="mixed", help="the phase to replay")
     parser.add_argument("--min-rows", type=int, default=32, help="slots_min_batch")
+    parser.add_argument(
+        "--with-warm", action="store_true", help="replay the policy's warm pass first"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "calls": {}}
@@ -117,13 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if not runs:
             raise SystemExit(f"{path}: no runs of policy {args.policy!r}")
+        warm = (data.get("warm_runs") or {}).get(args.policy) if args.with_warm else None
+        runs = ([warm] if warm else []) + runs
         timelines = [r["phases"][args.phase]["timeline"] for r in runs]
         result = replay(timelines, args.min_rows, ModeSettings())
         report["calls"][path.name] = result
         for way, buckets in result.items():
             for b in buckets:
                 print(
-                    f"{path.name} {args.policy} {way:5s} rows<={b['rows']:3d} paired "
+                    f"{path.name} {args.policy} {way:8s} rows<={b['rows']:3d} paired "
                     f"{b['paired_ratio']} ({b['pairs']} pairs) one-phase {b['one_phase_tok_s']} "
                     f"two-phase {b['two_phase_tok_s']} tok/s"
                 )

@@ -294,6 +294,9 @@ class StepController:
             tuple[float, float | None, list[tuple[StepModeChooser, int, bool, int, float]]] | None
         ) = None
         self._prepares = False  # ``prepare`` has been called (an engine that overlaps)
+        # Every auto-mode step as its chooser was told it (rows, two-phase, tokens, ms), kept
+        # while a caller sets a list here (the GPU-decisions harness, per phase); None: off.
+        self.mode_told: list[tuple[int, bool, int, float]] | None = None
         # The engine's last decode call, its wall time over its steps (``call_time``): what
         # its steps, recorded while the next call runs, are priced at in the cost model.
         self._call_step_s = 0.0
@@ -421,8 +424,13 @@ class StepController:
             # priced drafting ~20% low against plain and goodput drafted wide where
             # no-spec was the fastest policy)
             priced = max(seconds, self._call_step_s)
-            if self.step_mode(newest) == "auto" and _two_phase(newest, reports[0].batch_size):
-                self._record_mode(newest, reports)  # (a bucket the chooser is asked about)
+            if (
+                drafting
+                and self.step_mode(newest) == "auto"
+                and _two_phase(newest, reports[0].batch_size)
+            ):  # a drafting step of a bucket the chooser is asked about (a plain one is
+                # neither mode's: the batch-wide decision held both off, ``_skips_probe``)
+                self._record_mode(newest, reports)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
             times.append((reports[0].batch_size, width, drafting, priced))
@@ -481,12 +489,12 @@ class StepController:
         shared, newest = self._split(views, controllers, ks)
         self._slots, self._allocation = None, None
         self._on_device = False
-        probe_k = None  # a probe's step held one-phase while plain: the batch-wide k (0)
+        probe_k = None  # a two-phase step held one-phase while plain: the batch-wide k (0)
         if newest is not None and self._skips_probe(newest, len(shared)):
             probe_k = self._reuse_prepared(views, controllers, shared, newest)
             if probe_k is None:
                 probe_k = self._decide_held(views, controllers, shared, newest)
-        if probe_k == 0:  # (the chooser's schedule not advanced: the probe waits)
+        if probe_k == 0:  # (the chooser's schedule not advanced: its block waits)
             pass
         elif newest is not None and self._two_phase(newest, len(shared), decide=True):
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
@@ -510,15 +518,20 @@ class StepController:
         return ks
 
     def _skips_probe(self, active: ActivePolicy, rows: int) -> bool:
-        """Whether a two-phase step planned now would be the auto mode's measurement only (a
-        probe, or learning: the bucket's incumbent is not two-phase), which the policy runs
-        one-phase while the batch-wide decision is plain (``mode_probe_when_plain`` off)."""
-        if active.spec.goodput.mode_probe_when_plain or self.step_mode(active) != "auto":
-            return False
-        if not _two_phase(active, rows):
+        """Whether a two-phase step planned now waits on the batch-wide decision: the policy
+        runs it plain while that decision is plain (k = 0), where drafting every row's block
+        would buy nothing the shared k does not. In auto mode that holds for the chooser's
+        measurements (a probe, or learning: ``mode_probe_when_plain`` off) and for the steps
+        its two-phase incumbent runs (``mode_two_phase_when_plain`` off)."""
+        goodput = active.spec.goodput
+        if self.step_mode(active) != "auto" or not _two_phase(active, rows):
             return False
         chooser = self._mode_chooser(active)
-        return chooser.peek(rows) and chooser.incumbent(rows) is not True
+        if not chooser.peek(rows):
+            return False
+        if chooser.incumbent(rows) is True:  # the incumbent's own step, not a measurement
+            return not goodput.mode_two_phase_when_plain
+        return not goodput.mode_probe_when_plain
 
     def allocates(self) -> bool:
         """Whether the step just planned is two-phase (the engine then calls ``allocate``)."""
@@ -813,9 +826,12 @@ class StepController:
         reported = sum(step[4] for step in steps)
         wall = now_s - started if started is not None else reported
         scale = wall / reported if reported < wall <= 3 * reported + MODE_IDLE_S else 1.0
+        told = self.mode_told
         for chooser, rows, two_phase, tokens, seconds in steps:
             before = chooser.incumbent(rows)
             chooser.record(rows, two_phase, tokens, seconds * scale)
+            if told is not None:
+                told.append((rows, two_phase, tokens, round(1e3 * seconds * scale, 4)))
             if chooser.incumbent(rows) != before:
                 log.info("%s", chooser.describe(rows))
 
@@ -851,20 +867,10 @@ class StepController:
         self._ahead = None
         shared, newest = self._split(views, controllers, None)
         two_phase = newest is not None and self._two_phase(newest, len(shared), decide=False)
-        # (a probe the policy holds back while plain needs the batch-wide k decided, too)
-        probe = two_phase and newest is not None and self._skips_probe(newest, len(shared))
-        if (
-            two_phase
-            and newest is not None
-            and newest.spec.goodput.slot_allocation == "device"
-            and self.ragged
-            and len(shared) == len(views)
-        ):  # the next step is two-phase on the device: score it now (``slot_scoring``)
-            scoring = self._device_scoring(newest, views, controllers)
-            if scoring is not None:
-                index = {view.request_id: i for i, view in enumerate(views)}
-                self._ahead = (newest.version, index, scoring, self._scores_told)
-        if newest is not None and (not two_phase or probe):
+        # (a two-phase step the policy holds back while plain needs the batch-wide k decided,
+        # too; decided first, so a step it turns plain is not scored for the device)
+        gated = two_phase and newest is not None and self._skips_probe(newest, len(shared))
+        if newest is not None and (not two_phase or gated):
             rows = self._rows_memo  # (``_split``'s, just above)
             assert rows is not None
             if rows.request_ids is None:  # (the same controllers: the same requests)
@@ -884,6 +890,18 @@ class StepController:
             else:
                 k = self._decide_held(views, controllers, shared, newest, ids, mix)
             self._prepared = (k, ids, mix, newest.version, rows)
+            two_phase = two_phase and k > 0
+        if (
+            two_phase
+            and newest is not None
+            and newest.spec.goodput.slot_allocation == "device"
+            and self.ragged
+            and len(shared) == len(views)
+        ):  # the next step is two-phase on the device: score it now (``slot_scoring``)
+            scoring = self._device_scoring(newest, views, controllers)
+            if scoring is not None:
+                index = {view.request_id: i for i, view in enumerate(views)}
+                self._ahead = (newest.version, index, scoring, self._scores_told)
         self.host_s += time.perf_counter() - started
 
     def _split(

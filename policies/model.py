@@ -234,6 +234,13 @@ class GoodputSpec(StrictModel):
     # probes that verified nothing, against 1.47 ms plain steps, 6-8 a run, ~1.4% of the
     # phase). True: probes run whatever the batch-wide decision (before session 45).
     mode_probe_when_plain: bool = False
+    # Auto mode: a step the bucket's two-phase incumbent would run also runs plain while the
+    # batch-wide decision is plain (k = 0), as the probes above do (its schedule not advanced).
+    # An incumbent learnt under other traffic otherwise drafted every row's whole block where
+    # no drafting paid: the real pair's 64-row mixed phase, session 56 (calls s56b, s56e), ran
+    # ~735 two-phase steps a run at 3.4-3.7 ms, 620 verifying nothing, against 1.15 ms plain
+    # steps. True: two-phase whatever the batch-wide decision (before session 56).
+    mode_two_phase_when_plain: bool = False
     # Slots and auto modes: a step with fewer rows than this is planned as in shared mode (one
     # k, one phase). A two-phase step waits on the host between draft and verify (the confidence
     # crosses to the host, the allocator runs, the verify is launched), and a small batch has

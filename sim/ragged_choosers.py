@@ -192,6 +192,7 @@ class GoodputAutoChooser:
 
     def __init__(self, spec: GoodputSpec, one: GoodputChooser, two: AllocatorChooser):
         self._one, self._two = one, two
+        self._spec = spec
         self._min_rows = spec.slots_min_batch
         self._modes = StepModeChooser(ModeSettings.of(spec))
         self._two_phase = False
@@ -201,8 +202,16 @@ class GoodputAutoChooser:
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         rows = len(batch)
-        self._two_phase = rows >= self._min_rows and self._modes.decide(rows)
-        if not self._two_phase:
+        self._two_phase = rows >= self._min_rows and self._modes.peek(rows)
+        if self._two_phase and self._waits_while_plain(rows):
+            spec_tokens = self._one.choose(batch, now_s)
+            if max(spec_tokens, default=0) == 0:  # plain: the schedule is not advanced
+                self._two_phase = False
+                self.last_drafted_share = self.last_drafted_positions = None
+                return spec_tokens
+        if self._two_phase:
+            self._modes.decide(rows)
+        else:
             self.last_drafted_share = self.last_drafted_positions = None
             return self._one.choose(batch, now_s)
         self.two_phase_steps += 1
@@ -211,6 +220,14 @@ class GoodputAutoChooser:
         self.last_drafted_positions = self._two.last_drafted_positions
         return spec_tokens
 
+    def _waits_while_plain(self, rows: int) -> bool:
+        """A two-phase step the batch-wide decision turns plain when it is k = 0, as the
+        engine's (``mode_probe_when_plain`` for the chooser's measurements,
+        ``mode_two_phase_when_plain`` for its two-phase incumbent's steps)."""
+        if self._modes.incumbent(rows) is True:
+            return not self._spec.mode_two_phase_when_plain
+        return not self._spec.mode_probe_when_plain
+
     def record(
         self,
         batch: Sequence[SimRequest],
@@ -218,7 +235,8 @@ class GoodputAutoChooser:
         accept_lengths: Sequence[int],
         step: tuple[float, float, float],
     ) -> None:
-        if len(batch) >= self._min_rows:
+        drafted = self._two_phase or max(spec_tokens, default=0) > 0
+        if drafted and len(batch) >= self._min_rows:  # (a plain step is neither mode's)
             self._modes.record(len(batch), self._two_phase, sum(accept_lengths), step[0])
         self._one.record(batch, spec_tokens, accept_lengths, step)  # the shared models
 

@@ -82,6 +82,10 @@ class PhaseTally:
     # each step verified (sum over rows of k + 1: what a ragged verify computes).
     mixed_k_steps: int = 0
     verify_tokens: int = 0
+    # The auto step mode's steps as its chooser was told them, in order (rows, two-phase,
+    # tokens, ms: ``StepController.mode_told``; session 56: its paired estimates disagreed
+    # with a replay of the harness's own step times, bench/mode_replay.py).
+    mode_told: list[tuple[int, bool, int, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         host_s, calls = self.host
@@ -108,6 +112,7 @@ class PhaseTally:
                 self.verify_tokens / len(self.step_s) if self.step_s else None
             ),
             "timeline": [list(step) for step in self.timeline],
+            "mode_told": [list(step) for step in self.mode_told],
             "reasons": self.top_reasons(),
             "planner_view": self.view,
         }
@@ -189,6 +194,8 @@ def _run_phase(
     unseen_ends: bool = False,
 ) -> PhaseTally:
     tally = PhaseTally()
+    if hasattr(built.planner, "mode_told"):  # (a step controller: its chooser's inputs)
+        built.planner.mode_told = tally.mode_told
     queue = deque(jobs)
     tasks = {job.key: job.task.value for job in jobs}
     # unseen ends: tokens each request may still count (its job's length less what it had)
@@ -273,6 +280,8 @@ def _run_phase(
                 drafting,
             )
     tally.elapsed_s = time.perf_counter() - started
+    if hasattr(built.planner, "mode_told"):
+        built.planner.mode_told = None
     host_after = built.host()
     tally.host = (host_after[0] - host_before[0], host_after[1] - host_before[1])
     return tally

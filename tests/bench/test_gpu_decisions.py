@@ -1193,7 +1193,7 @@ def test_planner_view_says_what_the_step_mode_chooser_measured(
 ) -> None:
     """``planner_view.step_modes``: the auto step mode's buckets (the mode run outside probes,
     each mode's tok/s, the paired ratio it chooses on); none where no chooser runs (goodput on
-    a padded engine runs one shared k)."""
+    a padded engine runs one shared k). ``mode_told``: the chooser's inputs, step by step."""
     padded = {run["policy"]: run for run in json.loads(arm_json.read_text())["runs"]}
     assert all(p["planner_view"]["step_modes"] == [] for p in padded["goodput"]["phases"].values())
     ragged = {run["policy"]: run for run in json.loads(ragged_json.read_text())["runs"]}
@@ -1212,6 +1212,12 @@ def test_planner_view_says_what_the_step_mode_chooser_measured(
             rates = (bucket["one_phase_tok_s"], bucket["two_phase_tok_s"])
             assert all(r is None or r > 0 for r in rates)  # None: no step of it recorded yet
     assert any(b["two_phase_tok_s"] for b in seen)  # (this short run makes no pairs)
+    # ... and every step as its chooser was told it (rows, two-phase, tokens, ms), in order;
+    # none for a policy without a chooser
+    told = [s for p in ragged["goodput-device-min1"]["phases"].values() for s in p["mode_told"]]
+    assert told and any(two for _, two, _, _ in told)
+    assert all(rows >= 1 and tokens >= rows and ms > 0 for rows, _, tokens, ms in told)
+    assert all(p["mode_told"] == [] for p in ragged["static-k7"]["phases"].values())
 
 
 def test_a_chain_variant_chains_its_plain_bursts(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """bench/mode_replay.py: a policy's recorded steps through the step-mode chooser, with the
-admissions' prefill timed into the call before each admission (as before session 54) or not."""
+admissions' prefill timed into the call before each admission (as before session 54) or not,
+and with the plain steps left out (session 56)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def _timeline() -> list[list[float]]:
 
 def test_calls_are_the_runs_of_steps_of_one_time_and_one_admission_flag() -> None:
     calls = calls_of(_timeline()[:12])
-    assert [(rows, two, admitted, len(emitted)) for rows, two, admitted, emitted, _ in calls] == [
-        (64, False, False, 4),
-        (64, False, False, 4),
-        (64, True, False, 4),
+    assert [(rows, two, adm, len(emitted), k) for rows, two, adm, emitted, _, k in calls] == [
+        (64, False, False, 4, 0),
+        (64, False, False, 4, 0),
+        (64, True, False, 4, 3),
     ]
 
 
@@ -58,6 +59,39 @@ def test_main_writes_both_ways_per_call(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     assert main([str(raw), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert set(report["calls"]["call.json"]) == {"blind", "told"}
+    assert set(report["calls"]["call.json"]) == {"blind", "told", "drafting"}
     with pytest.raises(SystemExit, match="no runs of policy"):
         main([str(raw), "--policy", "vllm-av"])
+
+
+ONE = [64, 5, 0, 3.0, 0.0, 0.0, 384, 96, 0]  # one-phase drafting: 32 tokens a ms
+
+
+def test_drafting_leaves_the_plain_steps_out_of_both_modes() -> None:
+    """Plain blocks (64 tokens a ms) beside two-phase ones (32) make two phases look half as
+    fast when the plain steps count as one phase; left out, two phases are paired with the
+    one-phase drafting steps around them (32 a ms too here) and come out level."""
+    steps: list[list[float]] = []
+    for block in range(12):
+        steps += [[*PLAIN[:3], 1.0 + 0.001 * block, *PLAIN[4:]]] * 8
+        steps += [[*ONE[:3], 3.0 + 0.001 * block, *ONE[4:]]] * 8
+        steps += [[*TWO[:3], 2.0 + 0.001 * block, *TWO[4:]]] * 8
+    result = replay([steps], 32, ModeSettings())
+    (told,), (drafting,) = result["told"], result["drafting"]
+    assert told["one_phase_tok_s"] > 1.15 * drafting["one_phase_tok_s"]
+    assert drafting["one_phase_tok_s"] == pytest.approx(32_000, rel=0.03)
+    assert drafting["paired_ratio"] == pytest.approx(1.0, rel=0.04)
+    assert told["paired_ratio"] < 0.8
+
+
+def test_main_replays_the_warm_pass_first_when_asked(tmp_path: Path) -> None:
+    raw = tmp_path / "call.json"
+    run = {"policy": "goodput", "repeat": 0, "phases": {"mixed": {"timeline": _timeline()}}}
+    raw.write_text(json.dumps({"runs": [run], "warm_runs": {"goodput": run}}))
+    out, warm = tmp_path / "replay.json", tmp_path / "warm.json"
+    assert main([str(raw), "--json", str(out)]) == 0
+    assert main([str(raw), "--with-warm", "--json", str(warm)]) == 0
+    pairs = [
+        json.loads(p.read_text())["calls"]["call.json"]["told"][0]["pairs"] for p in (out, warm)
+    ]
+    assert pairs[1] > pairs[0]

@@ -15,6 +15,7 @@ from policies.costmodel import CostTable
 from policies.model import GoodputSpec, PolicySpec
 from policies.online import OnlineModels
 from policies.registry import build_policy
+from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import Decision, Observation, Policy, Task
 
 TABLE = CostTable(
@@ -310,6 +311,7 @@ def _auto_mode_run(
     set_up_calls: Collection[int] = (),
     prefill: Callable[[int, bool], float] | None = None,
     tell_prefill: bool = True,
+    chooser: Callable[[ModeSettings], StepModeChooser] | None = None,
     **settings: Any,
 ) -> tuple[StepController, list[bool]]:
     """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
@@ -319,7 +321,8 @@ def _auto_mode_run(
     behind its steps; ``set_up_calls``: calls whose reports say they set something up on
     first use (``StepReport.first_use``); ``prefill(n, last call two-phase)``: seconds of
     admissions' prefill the engine runs before call n's ``plan``, told by ``prefill_time``
-    unless ``tell_prefill`` is off. The modes each call ran."""
+    unless ``tell_prefill`` is off; ``chooser``: the engine's step-mode chooser as it stands
+    before the first call (built from the policy's settings). The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -339,6 +342,8 @@ def _auto_mode_run(
         random.Random(0),
         clock=lambda: now[0],
     )
+    if chooser is not None:  # (kept by the controller: the same settings)
+        controller._modes, controller._modes_spec = chooser(ModeSettings.of(goodput)), goodput
     rows = [controller.start(Task.MATH, 0.9, 7) for _ in range(num_rows)]
     ids = ["abcdefgh"[i] for i in range(num_rows)]
     lengths: dict[str, list[int]] = {rid: [] for rid in ids}
@@ -377,6 +382,51 @@ def _auto_mode_run(
             controller.prepare(views, rows)
         now[0] += wall
     return controller, modes
+
+
+def _two_phase_incumbent(settings: ModeSettings) -> StepModeChooser:
+    """A chooser whose 3-row bucket has learnt two-phase steps (twice one phase's rate)."""
+    chooser = StepModeChooser(settings)
+    while chooser.incumbent(3) is None:
+        two_phase = chooser.decide(3)
+        chooser.record(3, two_phase, 20 if two_phase else 10, 0.01)
+    assert chooser.incumbent(3) is True
+    return chooser
+
+
+def test_auto_mode_runs_a_two_phase_incumbent_plain_while_the_batch_runs_plain() -> None:
+    """A bucket whose incumbent is two-phase (learnt under other traffic) no longer drafts
+    every row's whole block when the batch-wide decision is plain (k = 0): the real pair's
+    64-row mixed phase in session 56 (calls s56b, s56e) ran ~735 two-phase steps a run at
+    3.4-3.7 ms, 620 of them verifying nothing, against 1.15 ms plain steps (0.44-0.70x no
+    speculation in that phase). The step runs plain; where the batch-wide decision drafts it
+    stays two-phase; ``mode_two_phase_when_plain`` restores the old behaviour."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        return 0.010, 0.010
+
+    never = CostTable(  # drafting costs ten plain steps: no k pays
+        batch_sizes=(1, 64),
+        tokens_per_request=(1, 16),
+        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
+    )
+    for overlap in (False, True):
+        controller, modes = _auto_mode_run(
+            24, timing, overlap=overlap, table=never, chooser=_two_phase_incumbent
+        )
+        assert not any(modes), modes
+        assert controller._modes is not None and controller._modes.incumbent(3) is True
+        _, drafting = _auto_mode_run(24, timing, overlap=overlap, chooser=_two_phase_incumbent)
+        assert all(drafting[:20]), drafting  # drafting pays (TABLE): two-phase as before
+        _, old = _auto_mode_run(
+            24,
+            timing,
+            overlap=overlap,
+            table=never,
+            chooser=_two_phase_incumbent,
+            mode_two_phase_when_plain=True,
+        )
+        assert all(old[:20]), old
 
 
 def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_second() -> None:
@@ -775,8 +825,9 @@ def test_auto_mode_holds_its_probes_while_the_batch_runs_plain() -> None:
     """Where no drafting pays (the batch-wide decision is k = 0), a two-phase step the chooser
     wants only to measure (learning, or a re-probe) would draft every row's whole block for
     nothing (the real pair's 64-row phase, session 45: 4.9 ms probes against 1.47 ms plain
-    steps): the step runs plain, one phase, and the chooser's schedule waits. With
-    ``mode_probe_when_plain`` they run as before."""
+    steps): the step runs plain, one phase, and the chooser's schedule waits; the plain steps
+    are not timed into either mode (a pair of a plain block and a drafting one compares the
+    traffic, not the modes). With ``mode_probe_when_plain`` they run as before."""
 
     def timing(n: int, two_phase: bool) -> tuple[float, float]:
         seconds = 0.013 if two_phase else 0.010
@@ -792,5 +843,6 @@ def test_auto_mode_holds_its_probes_while_the_batch_runs_plain() -> None:
         assert not any(modes), modes
         chooser = controller._modes
         assert chooser is not None and chooser.peek(3)  # still wants its two-phase block
+        assert chooser.rates(3) == (None, None)  # plain steps are neither mode's (session 56)
         _, probing = _auto_mode_run(40, timing, table=never, mode_probe_when_plain=True)
         assert probing[:2] == [True, True]  # learning as before

@@ -186,3 +186,47 @@ def test_goodput_prices_steps_with_the_engines_multiple_on_a_ragged_engine(
     if want == 1:
         auto = choosers["goodput-auto"]._one._models
         assert auto.cost is not None and auto.cost.verify_width_multiple == 1
+
+
+class _Fixed:
+    """A stand-in chooser that answers one k for every row (tests the code above it)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.calls = k, 0
+        self.last_drafted_share: float | None = None
+        self.last_drafted_positions: int | None = None
+
+    def choose(self, batch: Any, now_s: float) -> list[int]:
+        self.calls += 1
+        return [self.k] * len(batch)
+
+    def record(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("one_k", [0, 5])
+def test_goodput_auto_runs_a_two_phase_incumbent_plain_while_one_phase_would(one_k: int) -> None:
+    """The simulator's auto mode gates two-phase steps as the engine's does (session 56): a
+    bucket whose incumbent is two-phase runs a step plain where the batch-wide decision is
+    plain, and a plain step is timed into neither mode; where it drafts, two-phase as before."""
+    from policies.model import GoodputSpec
+    from policies.step_mode import ModeSettings, StepModeChooser
+    from sim.ragged_choosers import GoodputAutoChooser
+
+    spec = GoodputSpec(slots_min_batch=2, mode_probe_steps=2, mode_learn_steps=4)
+    one, two = _Fixed(one_k), _Fixed(9)
+    auto = GoodputAutoChooser(spec, one, two)  # type: ignore[arg-type]
+    modes = StepModeChooser(ModeSettings.of(spec))
+    while modes.incumbent(4) is None:
+        chosen = modes.decide(4)
+        modes.record(4, chosen, 20 if chosen else 10, 0.01)
+    auto._modes = modes
+    pairs = modes.buckets()[0].pairs
+    batch = [object()] * 4
+    for _ in range(6):
+        ks = auto.choose(batch, 0.0)  # type: ignore[arg-type]
+        auto.record(batch, ks, [1] * 4, (0.01, 0.0, 0.0))  # type: ignore[arg-type]
+    assert ks == ([9] * 4 if one_k else [0] * 4)
+    assert auto.two_phase_steps == (6 if one_k else 0)
+    if not one_k:
+        assert modes.buckets()[0].pairs == pairs and modes.incumbent(4) is True
