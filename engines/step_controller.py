@@ -425,11 +425,10 @@ class StepController:
             # no-spec was the fastest policy)
             priced = max(seconds, self._call_step_s)
             if (
-                drafting
+                self._times_mode_step(drafting > 0)
                 and self.step_mode(newest) == "auto"
                 and _two_phase(newest, reports[0].batch_size)
-            ):  # a drafting step of a bucket the chooser is asked about (a plain one is
-                # neither mode's: the batch-wide decision held both off, ``_skips_probe``)
+            ):  # a drafting step of a bucket the chooser is asked about
                 self._record_mode(newest, reports)
             models = newest.models
             _, times = pending.times.setdefault(id(models), (models, []))
@@ -758,6 +757,13 @@ class StepController:
         empty otherwise."""
         modes = self._modes
         return modes.buckets() if modes is not None else []
+
+    def _times_mode_step(self, drafted: bool) -> bool:
+        """Whether a step is timed into the auto mode's chooser: a drafting one only. A plain
+        step is neither mode's (the batch-wide decision held both off: ``_skips_probe``), and
+        a pair of a plain block and a drafting one compares the traffic that flipped the
+        decision, not the modes (session 56)."""
+        return drafted
 
     def _record_mode(self, active: ActivePolicy, reports: Sequence[StepReport]) -> None:
         """A step of the auto mode, kept for its chooser until the next ``plan`` times the

@@ -42,6 +42,9 @@ without it (as before session 48); ``goodput-calone`` with one factor for every 
 (``calibration_by_task: false``, as sessions 45-47 ran ``goodput-cal``).
 ``goodput-probeplain``: ``goodput`` with ``mode_probe_when_plain: true`` (the auto mode's
 two-phase probes run while the batch runs plain, as before session 45; not run by default).
+``goodput-plainmodes``: ``goodput`` with its auto mode as before session 56 (a two-phase
+incumbent's steps run two-phase while the batch runs plain, ``mode_two_phase_when_plain:
+true``, and plain steps are timed into its chooser as one phase: ``PlainModesController``).
 ``goodput-cut``: ``goodput`` with ``mode_cut_ratio`` ``CUT_RATIO`` (the auto mode's tried blocks
 that lose by far cut short, learning one phase first; the default in session 52's calls,
 off since); ``goodput-nocut``: ``mode_cut_ratio: 0``, the default (named for those calls).
@@ -193,6 +196,9 @@ def build(name: str, ctx: Context) -> Built:
         return _goodput(replace(ctx, goodput=draining), "auto")
     if name == "goodput-prefillblind":  # (session 54's A/B: the chooser as before the fix)
         return _goodput(ctx, "auto", controller_type=PrefillBlindController)
+    if name == "goodput-plainmodes":  # (session 56's A/B: the step modes as before it)
+        plain = ctx.goodput.model_copy(update={"mode_two_phase_when_plain": True})
+        return _goodput(replace(ctx, goodput=plain), "auto", controller_type=PlainModesController)
     if name == "goodput-probeplain":
         probing = ctx.goodput.model_copy(update={"mode_probe_when_plain": True})
         return _goodput(replace(ctx, goodput=probing), "auto")
@@ -253,6 +259,7 @@ def build(name: str, ctx: Context) -> Built:
             "goodput-calone",
             "goodput-nocal",
             "goodput-probeplain",
+            "goodput-plainmodes",
             "goodput-cut",
             "goodput-nocut",
             "goodput-drain",
@@ -322,6 +329,15 @@ def _goodput(
         lambda job: controller.start(job.task, 1.0, 0),
         lambda: (controller.host_s, controller.calls),
     )
+
+
+class PlainModesController(StepController):
+    """The step controller as it was before session 56: its auto mode's chooser is told the
+    plain steps too (as one phase). Harness only, with ``mode_two_phase_when_plain: true``, for
+    the A/B of that change (``goodput-plainmodes``)."""
+
+    def _times_mode_step(self, drafted: bool) -> bool:
+        return True
 
 
 class PrefillBlindController(StepController):

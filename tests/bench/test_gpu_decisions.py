@@ -890,7 +890,13 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     """``-kmin<N>`` after a goodput policy: the policy file's ``min_spec_tokens`` N (issue 16:
     "min may be set below 4 for experiments"); the rest of the name builds as before, and
     other policies do not take it."""
-    from bench.decisions.policies import STRENGTH_CHOICES, Context, PrefillBlindController, build
+    from bench.decisions.policies import (
+        STRENGTH_CHOICES,
+        Context,
+        PlainModesController,
+        PrefillBlindController,
+        build,
+    )
     from engines.step_controller import StepController
     from policies.costmodel import CostTable
     from policies.model import GoodputSpec
@@ -941,6 +947,13 @@ def test_kmin_sets_the_goodput_policys_lower_bound_only() -> None:
     told = build("goodput", context).planner
     told.prefill_time(0.5)
     assert blind._prefill_s == 0.0 and told._prefill_s == 0.5
+    # goodput-plainmodes: the auto mode as before session 56 (plain steps timed, a two-phase
+    # incumbent's steps two-phase while plain)
+    plainmodes = build("goodput-plainmodes", context).planner
+    assert isinstance(plainmodes, PlainModesController)
+    assert plainmodes._source.active().spec.goodput.mode_two_phase_when_plain is True
+    assert plainmodes._times_mode_step(False) and not told._times_mode_step(False)
+    assert GoodputSpec().mode_two_phase_when_plain is False
     for name, calibrated in (("goodput-cal", True), ("goodput-nocal", False)):
         varied = build(name, context).planner._source.active().spec.goodput
         assert varied.shared_calibration is calibrated, name
