@@ -202,16 +202,15 @@ class GoodputAutoChooser:
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         rows = len(batch)
-        self._two_phase = rows >= self._min_rows and self._modes.peek(rows)
-        if self._two_phase and self._waits_while_plain(rows):
+        eligible = rows >= self._min_rows
+        if eligible and self._modes.peek(rows) and self._waits_while_plain(rows):
             spec_tokens = self._one.choose(batch, now_s)
             if max(spec_tokens, default=0) == 0:  # plain: the schedule is not advanced
                 self._two_phase = False
                 self.last_drafted_share = self.last_drafted_positions = None
                 return spec_tokens
-        if self._two_phase:
-            self._modes.decide(rows)
-        else:
+        self._two_phase = eligible and self._modes.decide(rows)  # (advanced either way)
+        if not self._two_phase:
             self.last_drafted_share = self.last_drafted_positions = None
             return self._one.choose(batch, now_s)
         self.two_phase_steps += 1

@@ -230,3 +230,21 @@ def test_goodput_auto_runs_a_two_phase_incumbent_plain_while_one_phase_would(one
     assert auto.two_phase_steps == (6 if one_k else 0)
     if not one_k:
         assert modes.buckets()[0].pairs == pairs and modes.incumbent(4) is True
+
+
+def test_goodput_auto_alternates_both_modes_while_its_bucket_learns() -> None:
+    """While a bucket learns, its schedule advances on every drafting step, one-phase ones
+    too: blocks of ``mode_probe_steps`` of each mode in turn (a schedule advanced only on
+    two-phase steps would stay on its first one-phase block for good)."""
+    from policies.model import GoodputSpec
+    from sim.ragged_choosers import GoodputAutoChooser
+
+    spec = GoodputSpec(slots_min_batch=2, mode_probe_steps=2, mode_learn_steps=4)
+    auto = GoodputAutoChooser(spec, _Fixed(5), _Fixed(9))  # type: ignore[arg-type]
+    batch = [object()] * 4
+    modes = []
+    for _ in range(8):
+        ks = auto.choose(batch, 0.0)  # type: ignore[arg-type]
+        modes.append(ks[0] == 9)
+        auto.record(batch, ks, [2] * 4, (0.01, 0.0, 0.0))  # type: ignore[arg-type]
+    assert modes == [True, True, False, False, True, True, False, False]
