@@ -495,7 +495,8 @@ class StepController:
                 probe_k = self._decide_held(views, controllers, shared, newest)
         if probe_k == 0:  # (the chooser's schedule not advanced: its block waits)
             pass
-        elif newest is not None and self._two_phase(newest, len(shared), decide=True):
+        elif newest is not None and self._two_phase(newest, len(shared), decide=False):
+            self._two_phase(newest, len(shared), decide=True)  # (the schedule advances)
             # Two-phase: every row drafts all it may; ``allocate`` picks what it verifies.
             hi = self._two_phase_bounds(newest)[1]
             for i in shared:
@@ -512,6 +513,8 @@ class StepController:
                 k = self._decide_held(views, controllers, shared, newest)
             for i in shared:
                 ks[i] = k
+            if self._times_mode_step(k > 0):  # a one-phase step the chooser counts: its
+                self._two_phase(newest, len(shared), decide=True)  # schedule advances
         self.host_s += time.perf_counter() - started
         self.calls += 1
         return ks
@@ -759,10 +762,11 @@ class StepController:
         return modes.buckets() if modes is not None else []
 
     def _times_mode_step(self, drafted: bool) -> bool:
-        """Whether a step is timed into the auto mode's chooser: a drafting one only. A plain
-        step is neither mode's (the batch-wide decision held both off: ``_skips_probe``), and
-        a pair of a plain block and a drafting one compares the traffic that flipped the
-        decision, not the modes (session 56)."""
+        """Whether a step is timed into the auto mode's chooser and advances its schedule: a
+        drafting one only. A plain step is neither mode's (the batch-wide decision held both
+        off: ``_skips_probe``), a pair of a plain block and a drafting one compares the traffic
+        that flipped the decision, not the modes, and a learning block of one phase that plain
+        steps used up would leave the chooser with two-phase blocks only (session 56)."""
         return drafted
 
     def _record_mode(self, active: ActivePolicy, reports: Sequence[StepReport]) -> None:

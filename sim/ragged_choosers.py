@@ -209,10 +209,14 @@ class GoodputAutoChooser:
                 self._two_phase = False
                 self.last_drafted_share = self.last_drafted_positions = None
                 return spec_tokens
-        self._two_phase = eligible and self._modes.decide(rows)  # (advanced either way)
+        self._two_phase = eligible and self._modes.peek(rows)
         if not self._two_phase:
             self.last_drafted_share = self.last_drafted_positions = None
-            return self._one.choose(batch, now_s)
+            spec_tokens = self._one.choose(batch, now_s)
+            if eligible and max(spec_tokens, default=0) > 0:  # (a plain step: not advanced)
+                self._modes.decide(rows)
+            return spec_tokens
+        self._modes.decide(rows)
         self.two_phase_steps += 1
         spec_tokens = self._two.choose(batch, now_s)
         self.last_drafted_share = self._two.last_drafted_share

@@ -312,6 +312,7 @@ def _auto_mode_run(
     prefill: Callable[[int, bool], float] | None = None,
     tell_prefill: bool = True,
     chooser: Callable[[ModeSettings], StepModeChooser] | None = None,
+    controller_type: type[StepController] = StepController,
     **settings: Any,
 ) -> tuple[StepController, list[bool]]:
     """``num_rows`` rows under goodput's auto step mode (short learning blocks, two-phase from
@@ -322,7 +323,8 @@ def _auto_mode_run(
     first use (``StepReport.first_use``); ``prefill(n, last call two-phase)``: seconds of
     admissions' prefill the engine runs before call n's ``plan``, told by ``prefill_time``
     unless ``tell_prefill`` is off; ``chooser``: the engine's step-mode chooser as it stands
-    before the first call (built from the policy's settings). The modes each call ran."""
+    before the first call (built from the policy's settings); ``controller_type``: the
+    controller's class. The modes each call ran."""
     goodput = QUIET.model_copy(
         update={
             "step_mode": "auto",
@@ -336,7 +338,7 @@ def _auto_mode_run(
     spec = PolicySpec(kind="goodput", goodput=goodput)
     models = OnlineModels(goodput, block_size=16, cost_table=table)
     now = [0.0]
-    controller = StepController(
+    controller = controller_type(
         Source(Active(1, spec, build_policy(spec), models)),
         16,
         random.Random(0),
@@ -427,6 +429,43 @@ def test_auto_mode_runs_a_two_phase_incumbent_plain_while_the_batch_runs_plain()
             mode_two_phase_when_plain=True,
         )
         assert all(old[:20]), old
+
+
+def test_auto_mode_counts_only_drafting_steps_in_its_schedule() -> None:
+    """A learning bucket in its one-phase block stays there while the batch runs plain: plain
+    steps neither time a mode nor advance the schedule, so a block of one phase is one of
+    drafting steps (plain steps using it up left the chooser only two-phase blocks to time).
+    The controller as before session 56 (``_times_mode_step`` true for every step) advances."""
+
+    def timing(n: int, two_phase: bool) -> tuple[float, float]:
+        return 0.010, 0.010
+
+    never = CostTable(  # drafting costs ten plain steps: no k pays
+        batch_sizes=(1, 64),
+        tokens_per_request=(1, 16),
+        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
+    )
+
+    def one_phase_block(settings: ModeSettings) -> StepModeChooser:
+        chooser = StepModeChooser(settings)
+        for _ in range(settings.probe_steps):  # the first (two-phase) learning block, spent
+            chooser.decide(3)
+        assert chooser.incumbent(3) is None and not chooser.peek(3)
+        return chooser
+
+    class Before(StepController):
+        def _times_mode_step(self, drafted: bool) -> bool:
+            return True
+
+    controller, modes = _auto_mode_run(12, timing, table=never, chooser=one_phase_block)
+    assert not any(modes)
+    chooser = controller._modes
+    assert chooser is not None and not chooser.peek(3)  # still its one-phase block
+    assert chooser.rates(3) == (None, None)
+    before, _ = _auto_mode_run(
+        12, timing, table=never, chooser=one_phase_block, controller_type=Before
+    )
+    assert before._modes is not None and before._modes.peek(3)  # advanced to two phases
 
 
 def test_auto_mode_measures_both_modes_and_runs_the_one_that_emits_more_per_second() -> None:

@@ -248,3 +248,23 @@ def test_goodput_auto_alternates_both_modes_while_its_bucket_learns() -> None:
         modes.append(ks[0] == 9)
         auto.record(batch, ks, [2] * 4, (0.01, 0.0, 0.0))  # type: ignore[arg-type]
     assert modes == [True, True, False, False, True, True, False, False]
+
+
+def test_goodput_auto_counts_only_drafting_steps_in_its_schedule() -> None:
+    """As the engine's: plain one-phase steps leave a learning bucket's schedule where it is
+    (its one-phase block waits for steps that draft)."""
+    from policies.model import GoodputSpec
+    from policies.step_mode import ModeSettings, StepModeChooser
+    from sim.ragged_choosers import GoodputAutoChooser
+
+    spec = GoodputSpec(slots_min_batch=2, mode_probe_steps=2, mode_learn_steps=4)
+    auto = GoodputAutoChooser(spec, _Fixed(0), _Fixed(9))  # type: ignore[arg-type]
+    modes = StepModeChooser(ModeSettings.of(spec))
+    modes.decide(4), modes.decide(4)  # the first (two-phase) learning block, spent
+    auto._modes = modes
+    batch = [object()] * 4
+    for _ in range(6):
+        ks = auto.choose(batch, 0.0)  # type: ignore[arg-type]
+        auto.record(batch, ks, [1] * 4, (0.01, 0.0, 0.0))  # type: ignore[arg-type]
+        assert ks == [0] * 4
+    assert not modes.peek(4) and modes.incumbent(4) is None and modes.rates(4) == (None, None)
