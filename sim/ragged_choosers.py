@@ -185,7 +185,9 @@ class GoodputAutoChooser:
     one-phase or two-phase (the per-slot allocator on the draft's confidence), whichever
     emitted more tokens per second of measured step time (``policies.step_mode``, the
     engine's own chooser). Both modes read one set of online models, as the engine's do
-    (``one`` records every step into them)."""
+    (``one`` records every step into them). As the engine's (session 56), a two-phase step runs
+    plain while the one-phase decision is plain, and plain steps are neither timed into the
+    chooser nor counted in its schedule."""
 
     name = "goodput-auto"
     engine_costs: Any = None
