@@ -13,7 +13,9 @@ of the policy's runs, one chooser, as its warm policy kept one), both ways:
   without admission (its prefill) is moved onto the call before it;
 - ``told`` (since): the prefill is left out, the admitting call timed as one without it;
 - ``drafting`` (since session 56): as ``told``, and plain steps (one phase, k = 0) are timed
-  into neither mode, so paired blocks compare drafting steps only.
+  into neither mode, so paired blocks compare drafting steps only;
+- ``live``, where the raw file has them (calls since session 56): the steps exactly as the
+  live chooser was told them (each phase's ``mode_told``), beside the harness's own times.
 
 Calls are the timeline's runs of consecutive steps that share a time and an admission flag
 (the harness splits a call's time evenly over its steps); a call's kind is its mode and its
@@ -68,10 +70,21 @@ def calls_of(timeline: Sequence[Sequence[Any]]) -> list[Call]:
 
 
 def replay(
-    runs: Sequence[Sequence[Sequence[Any]]], min_rows: int, settings: ModeSettings
+    runs: Sequence[Sequence[Sequence[Any]]],
+    min_rows: int,
+    settings: ModeSettings,
+    told: Sequence[Sequence[Sequence[Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Both choosers over the runs' timelines in order (see the module docstring)."""
+    """Each way's chooser over the runs' timelines in order (see the module docstring); with
+    ``told`` (each run's ``mode_told``: the steps as the live chooser was told them, rows,
+    two-phase, tokens, ms), also ``live``: a chooser fed exactly those."""
     choosers = {way: StepModeChooser(settings) for way in WAYS}
+    if told is not None:
+        live = choosers["live"] = StepModeChooser(settings)
+        for entries in told:
+            for rows, two_phase, tokens, ms in entries:
+                if rows >= min_rows:
+                    live.record(int(rows), bool(two_phase), int(tokens), float(ms) / 1e3)
     for timeline in runs:
         calls = calls_of(timeline)
         plain: dict[tuple[int, bool], list[float]] = defaultdict(list)
@@ -91,7 +104,8 @@ def replay(
                 before = timed["blind"][-2]
                 before[:] = [t + extra / len(before) for t in before]
         timed["drafting"] = timed["told"]
-        for way, chooser in choosers.items():
+        for way in WAYS:
+            chooser = choosers[way]
             for (rows, two_phase, _, emitted, _, k), times in zip(calls, timed[way], strict=True):
                 if rows < min_rows or (way == "drafting" and not two_phase and k == 0):
                     continue
@@ -134,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warm = (data.get("warm_runs") or {}).get(args.policy) if args.with_warm else None
         runs = ([warm] if warm else []) + runs
         timelines = [r["phases"][args.phase]["timeline"] for r in runs]
-        result = replay(timelines, args.min_rows, ModeSettings())
+        told = [r["phases"][args.phase].get("mode_told") for r in runs]
+        known = None if any(t is None for t in told) else told  # (since session 56)
+        result = replay(timelines, args.min_rows, ModeSettings(), known)
         report["calls"][path.name] = result
         for way, buckets in result.items():
             for b in buckets:

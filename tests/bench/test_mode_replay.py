@@ -95,3 +95,25 @@ def test_main_replays_the_warm_pass_first_when_asked(tmp_path: Path) -> None:
         json.loads(p.read_text())["calls"]["call.json"]["told"][0]["pairs"] for p in (out, warm)
     ]
     assert pairs[1] > pairs[0]
+
+
+def test_live_replays_the_steps_as_the_chooser_was_told_them(tmp_path: Path) -> None:
+    """With ``mode_told`` in the raw file the ``live`` way feeds a chooser exactly those steps:
+    here told twice as slow for two phases as the harness timed them, so its paired estimate
+    is half the ``drafting`` way's; without ``mode_told`` (older calls) there is no ``live``."""
+    steps: list[list[float]] = []
+    told: list[list[float]] = []
+    for block in range(12):
+        steps += [[*ONE[:3], 3.0 + 0.001 * block, *ONE[4:]]] * 8
+        steps += [[*TWO[:3], 2.0 + 0.001 * block, *TWO[4:]]] * 8
+        told += [[64, False, 96, 3.0]] * 8 + [[64, True, 64, 4.0]] * 8
+    result = replay([steps], 32, ModeSettings(), [told])
+    (drafting,), (live,) = result["drafting"], result["live"]
+    assert live["paired_ratio"] == pytest.approx(0.5 * drafting["paired_ratio"], rel=0.05)
+    raw = tmp_path / "call.json"
+    phases = {"mixed": {"timeline": steps, "mode_told": told}}
+    raw.write_text(json.dumps({"runs": [{"policy": "goodput", "repeat": 0, "phases": phases}]}))
+    out = tmp_path / "replay.json"
+    assert main([str(raw), "--json", str(out)]) == 0
+    assert "live" in json.loads(out.read_text())["calls"]["call.json"]
+    assert "live" not in replay([steps], 32, ModeSettings())
