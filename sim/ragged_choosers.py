@@ -205,19 +205,18 @@ class GoodputAutoChooser:
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         rows = len(batch)
         eligible = rows >= self._min_rows
-        if eligible and self._modes.peek(rows) and self._waits_while_plain(rows):
-            spec_tokens = self._one.choose(batch, now_s)
-            if max(spec_tokens, default=0) == 0:  # plain: the schedule is not advanced
-                self._two_phase = False
-                self.last_drafted_share = self.last_drafted_positions = None
-                return spec_tokens
         self._two_phase = eligible and self._modes.peek(rows)
+        one_phase = None  # the batch-wide decision, where a two-phase step waits on it
+        if self._two_phase and self._waits_while_plain(rows):
+            one_phase = self._one.choose(batch, now_s)
+            self._two_phase = max(one_phase, default=0) > 0
         if not self._two_phase:
             self.last_drafted_share = self.last_drafted_positions = None
-            spec_tokens = self._one.choose(batch, now_s)
-            if eligible and max(spec_tokens, default=0) > 0:  # (a plain step: not advanced)
+            if one_phase is None:
+                one_phase = self._one.choose(batch, now_s)
+            if eligible and max(one_phase, default=0) > 0:  # (a plain step: not advanced)
                 self._modes.decide(rows)
-            return spec_tokens
+            return one_phase
         self._modes.decide(rows)
         self.two_phase_steps += 1
         spec_tokens = self._two.choose(batch, now_s)

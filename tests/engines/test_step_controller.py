@@ -386,6 +386,19 @@ def _auto_mode_run(
     return controller, modes
 
 
+# Drafting costs ten plain steps: no k pays, every batch-wide decision is plain.
+NEVER = CostTable(
+    batch_sizes=(1, 64),
+    tokens_per_request=(1, 16),
+    step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
+)
+
+
+def _flat(n: int, two_phase: bool) -> tuple[float, float]:
+    """Every call 10 ms, reported and wall, whatever its mode."""
+    return 0.010, 0.010
+
+
 def _two_phase_incumbent(settings: ModeSettings) -> StepModeChooser:
     """A chooser whose 3-row bucket has learnt two-phase steps (twice one phase's rate)."""
     chooser = StepModeChooser(settings)
@@ -403,28 +416,19 @@ def test_auto_mode_runs_a_two_phase_incumbent_plain_while_the_batch_runs_plain()
     3.4-3.7 ms, 620 of them verifying nothing, against 1.15 ms plain steps (0.44-0.70x no
     speculation in that phase). The step runs plain; where the batch-wide decision drafts it
     stays two-phase; ``mode_two_phase_when_plain`` restores the old behaviour."""
-
-    def timing(n: int, two_phase: bool) -> tuple[float, float]:
-        return 0.010, 0.010
-
-    never = CostTable(  # drafting costs ten plain steps: no k pays
-        batch_sizes=(1, 64),
-        tokens_per_request=(1, 16),
-        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
-    )
     for overlap in (False, True):
         controller, modes = _auto_mode_run(
-            24, timing, overlap=overlap, table=never, chooser=_two_phase_incumbent
+            24, _flat, overlap=overlap, table=NEVER, chooser=_two_phase_incumbent
         )
         assert not any(modes), modes
         assert controller._modes is not None and controller._modes.incumbent(3) is True
-        _, drafting = _auto_mode_run(24, timing, overlap=overlap, chooser=_two_phase_incumbent)
+        _, drafting = _auto_mode_run(24, _flat, overlap=overlap, chooser=_two_phase_incumbent)
         assert all(drafting[:20]), drafting  # drafting pays (TABLE): two-phase as before
         _, old = _auto_mode_run(
             24,
-            timing,
+            _flat,
             overlap=overlap,
-            table=never,
+            table=NEVER,
             chooser=_two_phase_incumbent,
             mode_two_phase_when_plain=True,
         )
@@ -437,15 +441,6 @@ def test_auto_mode_counts_only_drafting_steps_in_its_schedule() -> None:
     drafting steps (plain steps using it up left the chooser only two-phase blocks to time).
     The controller as before session 56 (``_times_mode_step`` true for every step) advances."""
 
-    def timing(n: int, two_phase: bool) -> tuple[float, float]:
-        return 0.010, 0.010
-
-    never = CostTable(  # drafting costs ten plain steps: no k pays
-        batch_sizes=(1, 64),
-        tokens_per_request=(1, 16),
-        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
-    )
-
     def one_phase_block(settings: ModeSettings) -> StepModeChooser:
         chooser = StepModeChooser(settings)
         for _ in range(settings.probe_steps):  # the first (two-phase) learning block, spent
@@ -457,13 +452,13 @@ def test_auto_mode_counts_only_drafting_steps_in_its_schedule() -> None:
         def _times_mode_step(self, drafted: bool) -> bool:
             return True
 
-    controller, modes = _auto_mode_run(12, timing, table=never, chooser=one_phase_block)
+    controller, modes = _auto_mode_run(12, _flat, table=NEVER, chooser=one_phase_block)
     assert not any(modes)
     chooser = controller._modes
     assert chooser is not None and not chooser.peek(3)  # still its one-phase block
     assert chooser.rates(3) == (None, None)
     before, _ = _auto_mode_run(
-        12, timing, table=never, chooser=one_phase_block, controller_type=Before
+        12, _flat, table=NEVER, chooser=one_phase_block, controller_type=Before
     )
     assert before._modes is not None and before._modes.peek(3)  # advanced to two phases
 
@@ -872,16 +867,11 @@ def test_auto_mode_holds_its_probes_while_the_batch_runs_plain() -> None:
         seconds = 0.013 if two_phase else 0.010
         return seconds, seconds
 
-    never = CostTable(  # drafting costs ten plain steps: no k pays
-        batch_sizes=(1, 64),
-        tokens_per_request=(1, 16),
-        step_time_s=((5e-3, 5e-2), (8e-3, 8e-2)),
-    )
     for overlap in (False, True):
-        controller, modes = _auto_mode_run(40, timing, overlap=overlap, table=never)
+        controller, modes = _auto_mode_run(40, timing, overlap=overlap, table=NEVER)
         assert not any(modes), modes
         chooser = controller._modes
         assert chooser is not None and chooser.peek(3)  # still wants its two-phase block
         assert chooser.rates(3) == (None, None)  # plain steps are neither mode's (session 56)
-        _, probing = _auto_mode_run(40, timing, table=never, mode_probe_when_plain=True)
+        _, probing = _auto_mode_run(40, timing, table=NEVER, mode_probe_when_plain=True)
         assert probing[:2] == [True, True]  # learning as before
