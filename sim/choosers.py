@@ -193,12 +193,12 @@ class Informed:
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         if self._padded:
             assert self._cost is not None, "built with a table, so it has a cost"
-            rows = [_true_rates(r) for r in batch]
+            rows = [true_rates(r) for r in batch]
             k = best_shared_k(rows, self._cost, self._min_k, max_spec_tokens(self._block_size))
             return [k] * len(batch)
         out = []
         for request in batch:
-            rates = _true_rates(request)
+            rates = true_rates(request)
             observation = step_observation(
                 task=request.spec.task,
                 confidence=1.0,
@@ -219,7 +219,7 @@ class Informed:
         return None
 
 
-def _true_rates(request: SimRequest) -> tuple[float, ...]:
+def true_rates(request: SimRequest) -> tuple[float, ...]:
     rates = request.spec.trace.true_rates
     if rates is None:
         raise ValueError("the informed policy needs per-request rates on every trace")

@@ -12,6 +12,7 @@ sets ``acceptance.confidence_auc`` from what a trained pair measured
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import random
@@ -19,16 +20,20 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from policies.baselines.ragged_cost import TableRaggedCost
+import numpy as np
+
+from policies.baselines.ragged_cost import BudgetCosts, TableRaggedCost
+from policies.baselines.slot_budget import allocate_slots, draft_budget, eligible, sorted_scores
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
-from policies.confidence_model import confidence_logit, separation
+from policies.confidence_model import CONFIDENCE_BIAS, confidence_logit, separation
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
 from policies.slot_allocator import AllocatorSettings, SlotAllocator
+from policies.slot_scoring import bounded_budget
 from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import StepRow, Task, max_spec_tokens
-from sim.choosers import GoodputChooser, record_online
+from sim.choosers import GoodputChooser, record_online, true_rates
 from sim.request import SimRequest
 
 
@@ -178,6 +183,80 @@ class VllmAvRaggedChooser(_RaggedBase):
         return self._policy.decide_rows(self._rows(batch), len(batch)).spec_tokens
 
 
+class BayesBoundChooser(_RaggedBase):
+    """A bound, not a policy: the survival any policy that sees no step's outcome ahead of
+    time could at best estimate on this model, allocated by vLLM's budget rule under the
+    policy file's bounds (``policies.slot_scoring.bounded_budget``, as the allocator's).
+
+    It knows each request's true per-position rates (parametric traces) and every
+    mispredicted token already passed, so where the current run of the hard-token model
+    started (``sim/traces.py``: a run restarts after each hard token and every
+    ``block_size`` positions of a full block); from those, the prior of how many of this
+    step's drafts survive. It reads the draft's confidence with the exact likelihood the
+    synthetic confidence is drawn from (``policies.confidence_model``: each drafted
+    position's log-odds, less the bias, times the separation is its log-likelihood ratio of
+    surviving), over every position at once (survival is a prefix, so a confident late
+    position speaks for the earlier ones too), so the posterior of the run's length is exact.
+    What it cannot know is the step's own draw: the rest of the oracle's headroom."""
+
+    def __init__(
+        self,
+        spec: GoodputSpec,
+        table: CostTable,
+        cost: CostModel,
+        block_size: int,
+        min_k: int,
+        auc: float,
+        seed: int,
+    ):
+        super().__init__(spec, table, block_size, auc, seed)
+        self.name = "bayes-bound" if min_k > 1 else "bayes-bound-min1"
+        self.last_drafted_positions = self._k  # every row drafts the whole block
+        self._low = min(min_k, self._k)
+        self._costs = BudgetCosts(TableRaggedCost(cost), self._k)
+
+    def survival(self, batch: Sequence[SimRequest]) -> np.ndarray:
+        """[rows, K] posterior probability that each drafted position survives this step."""
+        k, block = self._k, self._block_size
+        assert self._gap is not None, "built with a confidence AUC"
+        prior = np.ones((len(batch), k + 1))  # P(at least j drafts survive), j = 0..K
+        ratio = np.zeros((len(batch), k + 1))  # log-likelihood of exactly j surviving
+        for i, request in enumerate(batch):
+            rates = true_rates(request)
+            hard = request.spec.trace.hard_positions
+            passed = bisect.bisect_left(hard, request.position)
+            start = hard[passed - 1] + 1 if passed else 0  # the current run's first position
+            offsets = (request.position - start + np.arange(k)) % block
+            conditional = np.where(offsets < k, np.asarray(rates)[np.minimum(offsets, k - 1)], 1)
+            prior[i, 1:] = np.cumprod(conditional)
+            confidence = synthetic_confidence(request, k, self._gap, self._seed)
+            scores = np.log(np.asarray(confidence) / (1.0 - np.asarray(confidence)))
+            ratio[i, 1:] = np.cumsum(self._gap * (scores - CONFIDENCE_BIAS))
+        exactly = prior - np.concatenate((prior[:, 1:], np.zeros((len(batch), 1))), axis=1)
+        with np.errstate(divide="ignore"):
+            log_post = np.log(np.maximum(exactly, 0.0)) + ratio
+        log_post -= log_post.max(axis=1, keepdims=True)
+        posterior = np.exp(log_post)
+        posterior /= posterior.sum(axis=1, keepdims=True)
+        at_least = np.cumsum(posterior[:, ::-1], axis=1)[:, ::-1]  # P(run >= j), j = 0..K
+        return np.asarray(at_least[:, 1:])
+
+    def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
+        self.last_drafted_share = 1.0  # every row drafts
+        if not batch:
+            return []
+        survival = self.survival(batch)
+        capacities = np.full(len(batch), self._k, dtype=np.int64)
+        slots = int(eligible(survival, capacities).sum())
+        costs = self._costs(len(batch), slots)
+        if self._low <= 1:
+            budget = draft_budget(sorted_scores(survival, capacities), len(batch), costs)
+            counts = allocate_slots(survival, capacities, budget)
+        else:
+            counts, _ = bounded_budget(survival, capacities, self._low, len(batch), costs)
+        return [int(c) for c in counts]
+
+
 class GoodputAutoChooser:
     """The goodput policy's ``step_mode: auto`` as the embedded engine runs it on ragged
     verifies: below ``slots_min_batch`` rows one-phase steps (one k for the step, chosen
@@ -286,6 +365,14 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
             chosen.goodput, table, scenario.block_size, scenario.seed, min_k, True, models
         )
         out.append(GoodputAutoChooser(chosen.goodput, one, allocator(models=models)))
+    if chosen.include_bayes_bound:
+        if auc is None:
+            raise ValueError("policies.include_bayes_bound needs acceptance.confidence_auc")
+        bound = functools.partial(
+            BayesBoundChooser, chosen.goodput, table, cost, scenario.block_size
+        )
+        # under the policy file's bounds, and under vLLM's (k from 1) where those differ
+        out.extend(bound(low, auc, scenario.seed) for low in dict.fromkeys((min_k, 1)))
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(

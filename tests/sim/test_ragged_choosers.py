@@ -268,3 +268,101 @@ def test_goodput_auto_counts_only_drafting_steps_in_its_schedule() -> None:
         auto.record(batch, ks, [1] * 4, (0.01, 0.0, 0.0))  # type: ignore[arg-type]
         assert ks == [0] * 4
     assert not modes.peek(4) and modes.incumbent(4) is None and modes.rates(4) == (None, None)
+
+
+def _bound_choosers(tmp_path: Path, auc: float | None, min_k: int = 4) -> dict[str, Any]:
+    """ci-small's bound choosers (``include_bayes_bound``) at this confidence AUC."""
+    from engines.cost_tables import load_cost_table
+    from sim.runner import build_choosers
+
+    text = _ci_small(f"  include_bayes_bound: true\n  min_spec_tokens: {min_k}\n")
+    text = text.replace("confidence_auc: 0.82", f"confidence_auc: {auc}" if auc else "{}")
+    path = tmp_path / "bound.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    table = load_cost_table(scenario.resolve(scenario.cost.table))
+    return {c.name: c for c in build_choosers(scenario, table) if "bound" in c.name}
+
+
+def _traced(hard: list[int], position: int, rates: list[float], step: int = 0) -> Any:
+    from policies.types import Task
+    from sim.request import SimRequest
+    from sim.traces import AcceptanceTrace
+    from sim.workload import RequestSpec
+
+    trace = AcceptanceTrace(4000, tuple(hard), tuple(rates))
+    request = SimRequest(RequestSpec((1, 0, step), Task.MATH, 10, trace), 0, 0.0)
+    request.position = position
+    request.k_history = [0] * step  # (the synthetic confidence's draw is keyed on the step)
+    return request
+
+
+def _drawn_requests(
+    count: int, seed: int, rates: tuple[float, float, float]
+) -> tuple[list[Any], np.ndarray]:
+    """``count`` parametric requests (first rate, last rate, request spread), each at a random
+    position with its own confidence draw, and [count, 15] whether each slot survives."""
+    import random
+
+    from sim.scenario import ParametricTask
+    from sim.traces import parametric_trace
+
+    rng = random.Random(seed)
+    model = ParametricTask(first_rate=rates[0], last_rate=rates[1], request_spread=rates[2])
+    requests = []
+    for step in range(count):
+        trace = parametric_trace(model, 16, 600, rng)
+        own = list(trace.true_rates or ())
+        requests.append(_traced(list(trace.hard_positions), rng.randrange(500), own, step))
+    truth = np.array([[j < r.peek_accepted(15) for j in range(15)] for r in requests])
+    return requests, truth
+
+
+def test_the_bayes_bound_builds_under_both_bounds_and_needs_a_confidence_auc(
+    tmp_path: Path,
+) -> None:
+    assert sorted(_bound_choosers(tmp_path, 0.82)) == ["bayes-bound", "bayes-bound-min1"]
+    assert sorted(_bound_choosers(tmp_path, 0.82, min_k=1)) == ["bayes-bound-min1"]
+    with pytest.raises(ValueError, match="confidence_auc"):
+        _bound_choosers(tmp_path, None)
+
+
+def test_the_bayes_bound_prior_follows_the_run_the_hard_tokens_passed_leave(
+    tmp_path: Path,
+) -> None:
+    """Uninformative confidence (AUC 0.5): the survival is the request's true rates from where
+    its current run stands: a run starts after each hard token passed and again every block of
+    16 positions (the bonus position of a full block always survives), not at position 0."""
+    chooser = _bound_choosers(tmp_path, 0.5)["bayes-bound"]
+    rates = [0.95 - 0.04 * i for i in range(15)]
+    for hard, position, offset in (([], 0, 0), ([9], 12, 2), ([9, 30], 43, 12), ([], 16, 0)):
+        survival = chooser.survival([_traced(hard, position, rates)])[0]
+        runs = (offset + np.arange(15)) % 16
+        expected = np.cumprod([rates[o] if o < 15 else 1.0 for o in runs])
+        np.testing.assert_allclose(survival, expected, rtol=1e-9, err_msg=str((hard, position)))
+
+
+def test_the_bayes_bound_posterior_finds_the_run_when_the_confidence_tells_it(
+    tmp_path: Path,
+) -> None:
+    """Near-perfect confidence (AUC 0.999): the posterior survival is ~1 before the step's own
+    run ends and ~0 after (the run read off the trace, as the oracle reads it), and never rises
+    along the block."""
+    chooser = _bound_choosers(tmp_path, 0.999)["bayes-bound"]
+    requests, truth = _drawn_requests(40, 5, (0.9, 0.6, 0.5))
+    survival = chooser.survival(requests)
+    assert np.all(np.diff(survival, axis=1) <= 1e-12)
+    assert np.abs(survival - truth).mean() < 0.03
+
+
+def test_the_bayes_bound_posterior_is_calibrated_at_a_trained_pairs_auc(tmp_path: Path) -> None:
+    """At AUC 0.78 (the trained pair's) the posterior is calibrated: in each band of predicted
+    survival the share of slots that survive matches the mean prediction (a likelihood weighed
+    wrong, too strong or too weak, misses in the outer bands)."""
+    chooser = _bound_choosers(tmp_path, 0.78)["bayes-bound"]
+    requests, drawn = _drawn_requests(600, 11, (0.85, 0.6, 0.6))
+    survival, truth = chooser.survival(requests).ravel(), drawn.ravel()
+    for low, high in ((0.0, 0.1), (0.1, 0.3), (0.3, 0.7), (0.7, 0.9), (0.9, 1.0)):
+        band = (survival >= low) & (survival < high if high < 1 else survival <= 1)
+        assert band.sum() > 200, (low, high)
+        assert abs(truth[band].mean() - survival[band].mean()) < 0.04, (low, high)

@@ -107,3 +107,8 @@ def test_every_committed_scenario_loads() -> None:
     assert drain.policies.goodput.drain_makespan and not base.policies.goodput.drain_makespan
     unchanged = drain.policies.goodput.model_copy(update={"drain_makespan": False})
     assert unchanged == base.policies.goodput and drain.cost == base.cost
+    # the bound variant (session 57) adds the non-clairvoyant bound, nothing else
+    bound = load_scenario(SCENARIOS / "mixed-shift-ragged-8b-device-bound.yaml")
+    assert bound.policies.include_bayes_bound and not base.policies.include_bayes_bound
+    assert bound.policies.model_copy(update={"include_bayes_bound": False}) == base.policies
+    assert (bound.cost, bound.phases, bound.acceptance) == (base.cost, base.phases, base.acceptance)
