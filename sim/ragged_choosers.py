@@ -183,8 +183,34 @@ class VllmAvRaggedChooser(_RaggedBase):
         return self._policy.decide_rows(self._rows(batch), len(batch)).spec_tokens
 
 
+def run_posterior(prior: np.ndarray, llr: np.ndarray, joint: bool = True) -> np.ndarray:
+    """[rows, K] posterior probability that drafted position j = 1..K survives this step.
+
+    ``prior`` [rows, K + 1]: P(run >= j) for j = 0..K before the confidence (1 at j = 0,
+    non-increasing); ``llr`` [rows, K]: each position's log-likelihood ratio of surviving
+    against not, from its confidence. Survival is a prefix (a run of length a: positions
+    1..a survive), so the likelihood of a run of length a is the sum of the first a ratios.
+    ``joint``: the posterior of the run's length given every position's confidence;
+    otherwise each position j given positions 1..j alone (a later position's confidence read
+    as saying nothing of the earlier ones, as on a real pair), kept non-increasing."""
+    rows, k = llr.shape
+    cumulative = np.concatenate((np.zeros((rows, 1)), np.cumsum(llr, axis=1)), axis=1)
+    exactly = prior - np.concatenate((prior[:, 1:], np.zeros((rows, 1))), axis=1)
+    with np.errstate(divide="ignore"):
+        log_exactly = np.log(np.maximum(exactly, 0.0)) + cumulative  # run == a, a = 0..K
+        if not joint:  # P(run >= j | c_1..j): runs of j or more look alike to positions <= j
+            shorter = np.logaddexp.accumulate(log_exactly, axis=1)[:, :k]  # runs < j
+            longer = np.log(np.maximum(prior[:, 1:], 0.0)) + cumulative[:, 1:]
+            return np.minimum.accumulate(1.0 / (1.0 + np.exp(shorter - longer)), axis=1)
+    log_exactly -= log_exactly.max(axis=1, keepdims=True)
+    posterior = np.exp(log_exactly)
+    posterior /= posterior.sum(axis=1, keepdims=True)
+    at_least = np.cumsum(posterior[:, ::-1], axis=1)[:, ::-1]  # P(run >= j), j = 0..K
+    return np.asarray(at_least[:, 1:])
+
+
 class BayesBoundChooser(_RaggedBase):
-    """A bound, not a policy: the survival any policy that sees no step's outcome ahead of
+    """A reference, not a policy: the survival a policy that sees no step's outcome ahead of
     time could at best estimate on this model, allocated by vLLM's budget rule under the
     policy file's bounds (``policies.slot_scoring.bounded_budget``, as the allocator's).
 
@@ -195,9 +221,11 @@ class BayesBoundChooser(_RaggedBase):
     step's drafts survive. It reads the draft's confidence with the exact likelihood the
     synthetic confidence is drawn from (``policies.confidence_model``: each drafted
     position's log-odds, less the bias, times the separation is its log-likelihood ratio of
-    surviving), over every position at once (survival is a prefix, so a confident late
-    position speaks for the earlier ones too), so the posterior of the run's length is exact.
-    What it cannot know is the step's own draw: the rest of the oracle's headroom."""
+    surviving): ``joint`` over every position at once (the synthetic model's structure: a
+    confident late position speaks for the earlier ones), else each position from those up
+    to it (``run_posterior``). What it cannot know is the step's own draw. Not a bound over
+    every policy: the per-step rule does not value where a step leaves a row's run (a verify
+    that passes a mispredicted token starts the next step on a fresh run)."""
 
     def __init__(
         self,
@@ -208,11 +236,13 @@ class BayesBoundChooser(_RaggedBase):
         min_k: int,
         auc: float,
         seed: int,
+        joint: bool = True,
     ):
         super().__init__(spec, table, block_size, auc, seed)
-        self.name = "bayes-bound" if min_k > 1 else "bayes-bound-min1"
+        self.name = ("bayes-bound" if joint else "bayes-prefix") + ("" if min_k > 1 else "-min1")
         self.last_drafted_positions = self._k  # every row drafts the whole block
         self._low = min(min_k, self._k)
+        self._joint = joint
         self._costs = BudgetCosts(TableRaggedCost(cost), self._k)
 
     def survival(self, batch: Sequence[SimRequest]) -> np.ndarray:
@@ -220,7 +250,7 @@ class BayesBoundChooser(_RaggedBase):
         k, block = self._k, self._block_size
         assert self._gap is not None, "built with a confidence AUC"
         prior = np.ones((len(batch), k + 1))  # P(at least j drafts survive), j = 0..K
-        ratio = np.zeros((len(batch), k + 1))  # log-likelihood of exactly j surviving
+        llr = np.zeros((len(batch), k))
         for i, request in enumerate(batch):
             rates = true_rates(request)
             hard = request.spec.trace.hard_positions
@@ -229,17 +259,9 @@ class BayesBoundChooser(_RaggedBase):
             offsets = (request.position - start + np.arange(k)) % block
             conditional = np.where(offsets < k, np.asarray(rates)[np.minimum(offsets, k - 1)], 1)
             prior[i, 1:] = np.cumprod(conditional)
-            confidence = synthetic_confidence(request, k, self._gap, self._seed)
-            scores = np.log(np.asarray(confidence) / (1.0 - np.asarray(confidence)))
-            ratio[i, 1:] = np.cumsum(self._gap * (scores - CONFIDENCE_BIAS))
-        exactly = prior - np.concatenate((prior[:, 1:], np.zeros((len(batch), 1))), axis=1)
-        with np.errstate(divide="ignore"):
-            log_post = np.log(np.maximum(exactly, 0.0)) + ratio
-        log_post -= log_post.max(axis=1, keepdims=True)
-        posterior = np.exp(log_post)
-        posterior /= posterior.sum(axis=1, keepdims=True)
-        at_least = np.cumsum(posterior[:, ::-1], axis=1)[:, ::-1]  # P(run >= j), j = 0..K
-        return np.asarray(at_least[:, 1:])
+            confidence = np.asarray(synthetic_confidence(request, k, self._gap, self._seed))
+            llr[i] = self._gap * (np.log(confidence / (1.0 - confidence)) - CONFIDENCE_BIAS)
+        return run_posterior(prior, llr, self._joint)
 
     def choose(self, batch: Sequence[SimRequest], now_s: float) -> list[int]:
         self.last_drafted_share = 1.0  # every row drafts
@@ -371,8 +393,9 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
         bound = functools.partial(
             BayesBoundChooser, chosen.goodput, table, cost, scenario.block_size
         )
-        # under the policy file's bounds, and under vLLM's (k from 1) where those differ
-        out.extend(bound(low, auc, scenario.seed) for low in dict.fromkeys((min_k, 1)))
+        # joint and prefix reads, under the policy file's bounds and under vLLM's (k from 1)
+        for joint in (True, False):
+            out.extend(bound(low, auc, scenario.seed, joint) for low in dict.fromkeys((min_k, 1)))
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(

@@ -188,13 +188,13 @@ class Policies(Section):
     # then whichever of one-phase and the allocator's two-phase steps is measured faster), as
     # "goodput-auto": what the embedded engine runs on ragged verifies by default.
     include_goodput_auto: bool = False
-    # Also "bayes-bound": a bound, not a policy. Knows each request's true per-position rates
-    # and every mispredicted token already passed, and reads the draft's confidence with the
-    # exact likelihood the synthetic confidence is drawn from; vLLM's budget rule under the
-    # policy file's bounds over those survivals. What a policy that sees no step's outcome
-    # ahead of time could reach on this model (parametric acceptance, confidence_auc set).
-    # With min_spec_tokens above 1 also "bayes-bound-min1": the same with k from 1, vLLM's
-    # bounds.
+    # Also "bayes-bound" and "bayes-prefix": references, not policies. They know each request's
+    # true per-position rates and every mispredicted token already passed, and read the
+    # draft's confidence with the exact likelihood the synthetic confidence is drawn from
+    # (bound: every position at once, the synthetic model's joint structure; prefix: each
+    # position from those up to it); vLLM's budget rule under the policy file's bounds over
+    # those survivals. Survival as well estimated as this model allows (parametric acceptance,
+    # confidence_auc set). With min_spec_tokens above 1 also "-min1": k from 1, vLLM's bounds.
     include_bayes_bound: bool = False
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)

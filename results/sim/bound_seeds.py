@@ -1,12 +1,13 @@
-"""Seed spread of the non-clairvoyant bound against vLLM's rule on the 8B device scenario.
+"""Seed spread of the exact-posterior references against vLLM's rule on the 8B device scenario.
 
 .venv/bin/python results/sim/bound_seeds.py \
     > results/sim/mixed-shift-ragged-8b-device-bound-seeds.json
 
 Runs scenarios/mixed-shift-ragged-8b-device-bound.yaml with seeds 1-5 (seed 1 is the committed
-run), only the policies kept (default: static-k7, the confidence readers, the bounds and the
-oracle), and reports each seed's goodput, overall and per phase, and each kept policy's ratio
-to vllm-av (vLLM's rule: k from 1), with their mean and sample standard deviation over seeds.
+run), only the policies kept (default: static-k7, the confidence readers, the exact-posterior
+references and the oracle), and reports each seed's goodput, overall and per phase, and each
+kept policy's ratio to vllm-av (vLLM's rule: k from 1), with their mean and sample standard
+deviation over seeds.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ KEEP = (
     "vllm-av",
     "bayes-bound",
     "bayes-bound-min1",
+    "bayes-prefix",
+    "bayes-prefix-min1",
     "oracle",
 )
 BASELINE = "vllm-av"

@@ -281,7 +281,7 @@ def _bound_choosers(tmp_path: Path, auc: float | None, min_k: int = 4) -> dict[s
     path.write_text(text)
     scenario = load_scenario(path)
     table = load_cost_table(scenario.resolve(scenario.cost.table))
-    return {c.name: c for c in build_choosers(scenario, table) if "bound" in c.name}
+    return {c.name: c for c in build_choosers(scenario, table) if c.name.startswith("bayes")}
 
 
 def _traced(hard: list[int], position: int, rates: list[float], step: int = 0) -> Any:
@@ -321,8 +321,16 @@ def _drawn_requests(
 def test_the_bayes_bound_builds_under_both_bounds_and_needs_a_confidence_auc(
     tmp_path: Path,
 ) -> None:
-    assert sorted(_bound_choosers(tmp_path, 0.82)) == ["bayes-bound", "bayes-bound-min1"]
-    assert sorted(_bound_choosers(tmp_path, 0.82, min_k=1)) == ["bayes-bound-min1"]
+    assert sorted(_bound_choosers(tmp_path, 0.82)) == [
+        "bayes-bound",
+        "bayes-bound-min1",
+        "bayes-prefix",
+        "bayes-prefix-min1",
+    ]
+    assert sorted(_bound_choosers(tmp_path, 0.82, min_k=1)) == [
+        "bayes-bound-min1",
+        "bayes-prefix-min1",
+    ]
     with pytest.raises(ValueError, match="confidence_auc"):
         _bound_choosers(tmp_path, None)
 
@@ -366,3 +374,24 @@ def test_the_bayes_bound_posterior_is_calibrated_at_a_trained_pairs_auc(tmp_path
         band = (survival >= low) & (survival < high if high < 1 else survival <= 1)
         assert band.sum() > 200, (low, high)
         assert abs(truth[band].mean() - survival[band].mean()) < 0.04, (low, high)
+
+
+def test_the_prefix_posterior_reads_no_later_position_and_the_joint_one_does() -> None:
+    """``run_posterior``: with ``joint`` off, position j's survival depends on the confidence
+    of positions 1..j only (a late position changed leaves the earlier ones as they were);
+    with it on, a confident late position raises the earlier ones (survival is a prefix).
+    Without information (every ratio 0) both are the prior."""
+    from sim.ragged_choosers import run_posterior
+
+    prior = np.concatenate(([1.0], np.cumprod(np.full(15, 0.8))))[None, :]
+    llr = np.zeros((1, 15))
+    for joint in (True, False):
+        np.testing.assert_allclose(run_posterior(prior, llr, joint)[0], prior[0, 1:])
+    llr[0, :5] = [1.0, -0.5, 0.3, 2.0, -1.0]
+    later = llr.copy()
+    later[0, 10] = 6.0
+    prefix, prefix_later = run_posterior(prior, llr, False), run_posterior(prior, later, False)
+    np.testing.assert_allclose(prefix[0, :10], prefix_later[0, :10])
+    assert np.all(np.diff(prefix_later[0]) <= 1e-12)
+    joint, joint_later = run_posterior(prior, llr, True), run_posterior(prior, later, True)
+    assert np.all(joint_later[0, :10] > joint[0, :10])
