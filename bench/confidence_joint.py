@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from bench.draft_confidence import auc  # noqa: E402
 from engines.embedded.synthetic_profiles import load_profile_set  # noqa: E402
 from policies.confidence_model import confidence_logit, separation  # noqa: E402
+from sim.ragged_choosers import run_posterior  # noqa: E402
 
 EPS = 1e-6
 HISTORY_DECAY = 0.5
@@ -208,6 +209,33 @@ def block_model(
     return survival
 
 
+def run_model(
+    conf: np.ndarray, run: np.ndarray, task: np.ndarray, train: np.ndarray, test: np.ndarray
+) -> np.ndarray:
+    """Survival [test, k]: the exact posterior of the run's length from positions 1..j
+    (``sim.ragged_choosers.run_posterior``, prefix read), on the task's survival curve and a
+    per-position normal likelihood of logit c given whether the position survives (fit on the
+    training steps): the form the simulator's exact-posterior references take, fitted."""
+    k = conf.shape[1]
+    lc = logit(conf)
+    survive = run[:, None] > np.arange(k)[None, :]
+    llr = np.zeros((len(conf), k))
+    for j in range(k):
+        x, y = lc[train, j], survive[train, j]
+        if y.all() or not y.any():
+            continue
+        (m1, s1), (m0, s0) = ((x[c].mean(), x[c].std() + 1e-3) for c in (y, ~y))
+        z = lc[:, j]
+        llr[:, j] = np.log(s0 / s1) - 0.5 * ((z - m1) / s1) ** 2 + 0.5 * ((z - m0) / s0) ** 2
+    prior = np.ones((len(conf), k + 1))
+    for t in set(task.tolist()):
+        mine = task == t
+        curve = (run[train & mine][:, None] > np.arange(k)[None, :]).mean(axis=0)
+        prior[mine, 1:] = np.clip(np.minimum.accumulate(curve), EPS, 1 - EPS)
+    survival: np.ndarray = run_posterior(prior[test], llr[test], joint=False)
+    return survival
+
+
 def extra_features(steps: Steps) -> np.ndarray:
     """Task indicators (all but the last task) and the request's own history."""
     names = sorted(set(steps.task.tolist()))
@@ -238,7 +266,7 @@ def evaluate(steps: Steps) -> dict[str, Any]:
     survive = (run[:, None] > np.arange(k)[None, :]).astype(np.float64)
     fold = (steps.prompt % 2).astype(bool)
     extra = extra_features(steps)
-    names = ("prefix", "prefix+task+history", "block")
+    names = ("prefix", "prefix+task+history", "block", "prefix-run")
     scores = {name: np.empty_like(conf) for name in names}
     for held in (False, True):
         test = fold == held
@@ -246,6 +274,7 @@ def evaluate(steps: Steps) -> dict[str, Any]:
         scores["prefix"][test] = prefix_model(conf, run, train, test)
         scores["prefix+task+history"][test] = prefix_model(conf, run, train, test, extra)
         scores["block"][test] = block_model(conf, run, train, test)
+        scores["prefix-run"][test] = run_model(conf, run, steps.task, train, test)
     result: dict[str, Any] = {"steps": len(conf), "slots": int(survive.size)}
     result["survival_rate"] = round(float(survive.mean()), 4)
     for name, score in scores.items():
@@ -320,7 +349,7 @@ def report(name: str, part: dict[str, Any]) -> None:
         f"first rejection {s['first_rejection']['mean_logit']} "
         f"after it {s['after_rejection']['mean_logit']}"
     )
-    for est in ("prefix", "prefix+task+history", "block"):
+    for est in ("prefix", "prefix+task+history", "block", "prefix-run"):
         e = part[est]
         print(
             f"{'':>9}  {est:>19}: AUC {e['auc_survival']} log-loss {e['log_loss']} survivors/slot "

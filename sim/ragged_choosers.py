@@ -17,7 +17,7 @@ import functools
 import math
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import StepRow, Task, max_spec_tokens
 from sim.choosers import GoodputChooser, record_online, true_rates
 from sim.request import SimRequest
+from sim.traces import parametric_rates
 
 
 def synthetic_confidence(
@@ -237,12 +238,19 @@ class BayesBoundChooser(_RaggedBase):
         auc: float,
         seed: int,
         joint: bool = True,
+        task_rates: Mapping[Task, Sequence[float]] | None = None,
     ):
+        """``task_rates``: the prior from each task's median request instead, every step read
+        as the start of a run (what a policy knows of a request before its history: the
+        task), "bayes-prefix-task"."""
         super().__init__(spec, table, block_size, auc, seed)
-        self.name = ("bayes-bound" if joint else "bayes-prefix") + ("" if min_k > 1 else "-min1")
+        task = "-task" if task_rates is not None else ""
+        bounds = "" if min_k > 1 else "-min1"
+        self.name = ("bayes-bound" if joint else "bayes-prefix") + task + bounds
         self.last_drafted_positions = self._k  # every row drafts the whole block
         self._low = min(min_k, self._k)
         self._joint = joint
+        self._task_rates = task_rates
         self._costs = BudgetCosts(TableRaggedCost(cost), self._k)
 
     def survival(self, batch: Sequence[SimRequest]) -> np.ndarray:
@@ -252,10 +260,13 @@ class BayesBoundChooser(_RaggedBase):
         prior = np.ones((len(batch), k + 1))  # P(at least j drafts survive), j = 0..K
         llr = np.zeros((len(batch), k))
         for i, request in enumerate(batch):
-            rates = true_rates(request)
-            hard = request.spec.trace.hard_positions
-            passed = bisect.bisect_left(hard, request.position)
-            start = hard[passed - 1] + 1 if passed else 0  # the current run's first position
+            if self._task_rates is not None:
+                rates, start = self._task_rates[request.spec.task], request.position
+            else:
+                rates = true_rates(request)
+                hard = request.spec.trace.hard_positions
+                passed = bisect.bisect_left(hard, request.position)
+                start = hard[passed - 1] + 1 if passed else 0  # the current run's first position
             offsets = (request.position - start + np.arange(k)) % block
             conditional = np.where(offsets < k, np.asarray(rates)[np.minimum(offsets, k - 1)], 1)
             prior[i, 1:] = np.cumprod(conditional)
@@ -396,6 +407,11 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
         # joint and prefix reads, under the policy file's bounds and under vLLM's (k from 1)
         for joint in (True, False):
             out.extend(bound(low, auc, scenario.seed, joint) for low in dict.fromkeys((min_k, 1)))
+        tasks = scenario.acceptance.parametric
+        medians = {
+            task: parametric_rates(model, scenario.block_size) for task, model in tasks.items()
+        }
+        out.append(bound(min_k, auc, scenario.seed, False, medians))
     if chosen.include_vllm_av:
         out.append(
             VllmAvRaggedChooser(

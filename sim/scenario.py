@@ -195,6 +195,8 @@ class Policies(Section):
     # position from those up to it); vLLM's budget rule under the policy file's bounds over
     # those survivals. Survival as well estimated as this model allows (parametric acceptance,
     # confidence_auc set). With min_spec_tokens above 1 also "-min1": k from 1, vLLM's bounds.
+    # And "bayes-prefix-task": the prefix read on each task's median rates, every step read as
+    # a run's start (what is known of a request before its history: its task).
     include_bayes_bound: bool = False
     # Goodput policy settings (same keys as the policy file's ``goodput`` section).
     goodput: GoodputSpec = Field(default_factory=GoodputSpec)

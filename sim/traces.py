@@ -91,16 +91,24 @@ def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
 
+def parametric_rates(model: ParametricTask, block_size: int, shift: float = 0.0) -> list[float]:
+    """Per-position conditional rates of a request whose logit offset is ``shift`` (0: the
+    task's median request)."""
+    n = block_size - 1
+    rates = []
+    for i in range(n):
+        base = model.first_rate + (model.last_rate - model.first_rate) * i / max(1, n - 1)
+        rates.append(1.0 / (1.0 + math.exp(-(_logit(base) + shift))))
+    return rates
+
+
 def parametric_trace(
     model: ParametricTask, block_size: int, num_output_tokens: int, rng: random.Random
 ) -> AcceptanceTrace:
     """Sample a full-block run from per-position conditional rates, then convert it."""
     n = block_size - 1
     shift = rng.gauss(0.0, model.request_spread) if model.request_spread > 0 else 0.0
-    rates = []
-    for i in range(n):
-        base = model.first_rate + (model.last_rate - model.first_rate) * i / max(1, n - 1)
-        rates.append(1.0 / (1.0 + math.exp(-(_logit(base) + shift))))
+    rates = parametric_rates(model, block_size, shift)
     lengths: list[int] = []
     produced = 0
     while produced < num_output_tokens:

@@ -36,6 +36,7 @@ KEEP = (
     "bayes-bound-min1",
     "bayes-prefix",
     "bayes-prefix-min1",
+    "bayes-prefix-task",
     "oracle",
 )
 BASELINE = "vllm-av"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from policies.confidence_model import CONFIDENCE_BIAS, separation
+from policies.types import Task
 from sim.runner import run_scenario
 from sim.scenario import load_scenario
 
@@ -285,7 +286,6 @@ def _bound_choosers(tmp_path: Path, auc: float | None, min_k: int = 4) -> dict[s
 
 
 def _traced(hard: list[int], position: int, rates: list[float], step: int = 0) -> Any:
-    from policies.types import Task
     from sim.request import SimRequest
     from sim.traces import AcceptanceTrace
     from sim.workload import RequestSpec
@@ -326,10 +326,12 @@ def test_the_bayes_bound_builds_under_both_bounds_and_needs_a_confidence_auc(
         "bayes-bound-min1",
         "bayes-prefix",
         "bayes-prefix-min1",
+        "bayes-prefix-task",
     ]
     assert sorted(_bound_choosers(tmp_path, 0.82, min_k=1)) == [
         "bayes-bound-min1",
         "bayes-prefix-min1",
+        "bayes-prefix-task-min1",
     ]
     with pytest.raises(ValueError, match="confidence_auc"):
         _bound_choosers(tmp_path, None)
@@ -348,6 +350,15 @@ def test_the_bayes_bound_prior_follows_the_run_the_hard_tokens_passed_leave(
         runs = (offset + np.arange(15)) % 16
         expected = np.cumprod([rates[o] if o < 15 else 1.0 for o in runs])
         np.testing.assert_allclose(survival, expected, rtol=1e-9, err_msg=str((hard, position)))
+    # the task variant: its task's median rates, every step a run's start
+    from sim.scenario import Acceptance
+    from sim.traces import parametric_rates
+
+    task = _bound_choosers(tmp_path, 0.5)["bayes-prefix-task"]
+    median = parametric_rates(Acceptance().parametric[Task.MATH], 16)
+    for hard, position in (([], 0), ([9], 12), ([9, 30], 43)):
+        survival = task.survival([_traced(hard, position, rates)])[0]
+        np.testing.assert_allclose(survival, np.cumprod(median), rtol=1e-9)
 
 
 def test_the_bayes_bound_posterior_finds_the_run_when_the_confidence_tells_it(
