@@ -80,6 +80,24 @@ def sigmoid(x: Floats) -> Floats:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def budgeted_allocation(
+    survival: Floats, capacities: Ints, low: int, rows: int, costs: Callable[[int], Floats]
+) -> tuple[Ints, int]:
+    """k per row and the budget (draft slots the step pays for) of a scored step: the
+    budget rule's d, then d slots spent within k in {0} U [min, capacity]
+    (``slot_scoring.bounded_allocation``, as the device allocates): never past d, whose
+    token count is all the step pays for. Under a minimum above 1 the rule weighs what
+    the bound lets d slots earn (``slot_scoring.bounded_budget``), not the unbounded
+    sorted survivals. ``costs(n)``: the step time with d = 0..n drafts, n the eligible
+    slots."""
+    if low <= 1:
+        scores = sorted_scores(survival, capacities)
+        budget = draft_budget(scores, rows, costs(len(scores)))
+        return allocate_slots(survival, capacities, budget), budget
+    slots = int(eligible(survival, capacities).sum())
+    return bounded_budget(survival, capacities, low, rows, costs(slots))
+
+
 @dataclass(frozen=True)
 class AllocatorSettings:
     max_spec_tokens: int
@@ -378,21 +396,14 @@ class SlotAllocator:
         return confidence_logit, bins
 
     def _allocated(self, survival: Floats, prepared: PreparedStep) -> tuple[Ints, int]:
-        """k per row and the budget (draft slots the step pays for) of a scored step: the
-        budget rule's d, then d slots spent within k in {0} U [min, capacity]
-        (``slot_scoring.bounded_allocation``, as the device allocates): never past d, whose
-        token count is all the step pays for. Under a minimum above 1 the rule weighs what
-        the bound lets d slots earn (``slot_scoring.bounded_budget``), not the unbounded
-        sorted survivals."""
-        capacities = prepared.capacities
+        """k per row and the budget of a scored step (``budgeted_allocation``)."""
         rows, low = len(prepared.rows), self.settings.min_spec_tokens
-        if low <= 1:
-            scores = sorted_scores(survival, capacities)
-            budget = draft_budget(scores, rows, self._costs(prepared.batch_size, len(scores)))
-            return allocate_slots(survival, capacities, budget), budget
-        slots = int(eligible(survival, capacities).sum())
-        return bounded_budget(
-            survival, capacities, low, rows, self._costs(prepared.batch_size, slots)
+        return budgeted_allocation(
+            survival,
+            prepared.capacities,
+            low,
+            rows,
+            lambda slots: self._costs(prepared.batch_size, slots),
         )
 
     def _costs(self, batch_size: int, max_drafts: int) -> Floats:

@@ -23,14 +23,12 @@ from typing import Any
 import numpy as np
 
 from policies.baselines.ragged_cost import BudgetCosts, TableRaggedCost
-from policies.baselines.slot_budget import allocate_slots, draft_budget, eligible, sorted_scores
 from policies.baselines.vllm_av import VllmAdaptiveVerification, VllmAvSettings
 from policies.confidence_model import CONFIDENCE_BIAS, confidence_logit, separation
 from policies.costmodel import CostModel, CostTable
 from policies.model import GoodputSpec
 from policies.online import OnlineModels
-from policies.slot_allocator import AllocatorSettings, SlotAllocator
-from policies.slot_scoring import bounded_budget
+from policies.slot_allocator import AllocatorSettings, SlotAllocator, budgeted_allocation
 from policies.step_mode import ModeSettings, StepModeChooser
 from policies.types import StepRow, Task, max_spec_tokens
 from sim.choosers import GoodputChooser, record_online, true_rates
@@ -210,10 +208,10 @@ def run_posterior(prior: np.ndarray, llr: np.ndarray, joint: bool = True) -> np.
     return np.asarray(at_least[:, 1:])
 
 
-class BayesBoundChooser(_RaggedBase):
+class ExactPosteriorChooser(_RaggedBase):
     """A reference, not a policy: the survival a policy that sees no step's outcome ahead of
     time could at best estimate on this model, allocated by vLLM's budget rule under the
-    policy file's bounds (``policies.slot_scoring.bounded_budget``, as the allocator's).
+    policy file's bounds (``policies.slot_allocator.budgeted_allocation``, as the allocator's).
 
     It knows each request's true per-position rates (parametric traces) and every
     mispredicted token already passed, so where the current run of the hard-token model
@@ -278,15 +276,14 @@ class BayesBoundChooser(_RaggedBase):
         self.last_drafted_share = 1.0  # every row drafts
         if not batch:
             return []
-        survival = self.survival(batch)
         capacities = np.full(len(batch), self._k, dtype=np.int64)
-        slots = int(eligible(survival, capacities).sum())
-        costs = self._costs(len(batch), slots)
-        if self._low <= 1:
-            budget = draft_budget(sorted_scores(survival, capacities), len(batch), costs)
-            counts = allocate_slots(survival, capacities, budget)
-        else:
-            counts, _ = bounded_budget(survival, capacities, self._low, len(batch), costs)
+        counts, _ = budgeted_allocation(
+            self.survival(batch),
+            capacities,
+            self._low,
+            len(batch),
+            lambda slots: self._costs(len(batch), slots),
+        )
         return [int(c) for c in counts]
 
 
@@ -402,7 +399,7 @@ def ragged_choosers(scenario: Any, table: CostTable, cost: CostModel) -> list[An
         if auc is None:
             raise ValueError("policies.include_bayes_bound needs acceptance.confidence_auc")
         bound = functools.partial(
-            BayesBoundChooser, chosen.goodput, table, cost, scenario.block_size
+            ExactPosteriorChooser, chosen.goodput, table, cost, scenario.block_size
         )
         # joint and prefix reads, under the policy file's bounds and under vLLM's (k from 1)
         for joint in (True, False):
